@@ -1,0 +1,107 @@
+#include "bench_util.h"
+
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+namespace longctx::bench {
+
+double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+std::vector<double> time_runs(int reps, const std::function<void()>& fn) {
+  std::vector<double> seconds;
+  for (int r = 0; r < reps; ++r) {
+    const double start = now_seconds();
+    fn();
+    seconds.push_back(now_seconds() - start);
+  }
+  return seconds;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+Record& Record::set(const std::string& key, const std::string& value) {
+  std::string quoted = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  fields_.emplace_back(key, quoted + "\"");
+  return *this;
+}
+
+Record& Record::set(const std::string& key, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, std::isfinite(value) ? "%.6g" : "null", value);
+  fields_.emplace_back(key, buf);
+  return *this;
+}
+
+Record& Record::set(const std::string& key, int64_t value) {
+  fields_.emplace_back(key, std::to_string(value));
+  return *this;
+}
+
+std::string Record::json() const {
+  std::string out = "{";
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (i) out += ", ";
+    out += "\"" + fields_[i].first + "\": " + fields_[i].second;
+  }
+  return out + "}";
+}
+
+std::string Record::get(const std::string& key) const {
+  for (const auto& [k, v] : fields_) {
+    if (k != key) continue;
+    if (v.size() >= 2 && v.front() == '"') return v.substr(1, v.size() - 2);
+    return v;
+  }
+  return "";
+}
+
+void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns) {
+  std::vector<size_t> width(columns.size());
+  for (size_t c = 0; c < columns.size(); ++c) {
+    width[c] = columns[c].size();
+    for (const auto& r : records) width[c] = std::max(width[c], r.get(columns[c]).size());
+  }
+  auto row = [&](auto cell) {
+    for (size_t c = 0; c < columns.size(); ++c) std::printf("%s%*s", c ? "  " : "", int(width[c]), cell(c).c_str());
+    std::printf("\n");
+  };
+  row([&](size_t c) { return columns[c]; });
+  for (const auto& r : records) row([&](size_t c) { return r.get(columns[c]); });
+}
+
+double measure_copy_gbps(size_t bytes, int threads, int reps) {
+  std::unique_ptr<char[]> src(new char[bytes]), dst(new char[bytes]);
+  std::memset(src.get(), 1, bytes);
+  std::memset(dst.get(), 2, bytes);  // fault every page before timing
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  const size_t slice = (bytes + threads - 1) / threads;
+  auto copy = [&] {
+    tbb::parallel_for(0, threads, [&](int t) {
+      const size_t begin = std::min(bytes, size_t(t) * slice), end = std::min(bytes, begin + slice);
+      std::memcpy(dst.get() + begin, src.get() + begin, end - begin);
+    });
+  };
+  copy();
+  const double seconds = median(time_runs(reps, copy));
+  return 2.0 * double(bytes) / seconds / 1e9;
+}
+
+}  // namespace longctx::bench

@@ -1,0 +1,43 @@
+// Shared helpers of longctx-bench: timing, medians, JSON lines, tables, and
+// the machine's copy bandwidth measured in the same run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace longctx::bench {
+
+double now_seconds();
+
+// Runs fn `reps` times and returns each run's seconds.
+std::vector<double> time_runs(int reps, const std::function<void()>& fn);
+double median(std::vector<double> values);
+
+// One measurement: printed as a JSON line and kept for the table.
+class Record {
+ public:
+  Record& set(const std::string& key, const std::string& value);
+  Record& set(const std::string& key, const char* value) { return set(key, std::string(value)); }
+  Record& set(const std::string& key, double value);
+  Record& set(const std::string& key, int64_t value);
+  Record& set(const std::string& key, int value) { return set(key, int64_t{value}); }
+  std::string json() const;
+  std::string get(const std::string& key) const;  // "" when absent
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;  // value already JSON-encoded
+};
+
+// Prints records as an aligned table of the given columns.
+void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns);
+
+// memcpy bandwidth over `bytes` (source read + destination write counted,
+// like every gbps field of longctx-bench), median of `reps`, with `threads`
+// threads each copying a contiguous slice.
+double measure_copy_gbps(size_t bytes, int threads, int reps);
+
+}  // namespace longctx::bench

@@ -1,0 +1,110 @@
+// Typed configuration of the long-context engine, loaded from YAML.
+//
+// Keys follow KTransformers' long-context mode (flat, top level); longctx's own
+// settings live in the nested maps `budget`, `razor` and `quoka`. Every key
+// has a default, documented in docs/config.md (generated from the same table
+// the loader uses, see config_reference_markdown()). Unknown keys, wrong
+// types, out-of-range values and impossible combinations are rejected with
+// an Error(kConfig) whose message reads "FILE:LINE:COL: key 'NAME': PROBLEM".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "longctx/core/dtype.h"
+
+namespace longctx {
+
+// How a block of keys is summarized for scoring (ALGORITHMS.md).
+enum class RepresentativeType { kMax, kMean, kQuest, kFix, kDynamic };
+const char* representative_type_name(RepresentativeType type);
+
+// SHARED: one block set per layer; SEPARATE: one block set per kv head.
+enum class HeadSelectMode { kShared, kSeparate };
+const char* head_select_mode_name(HeadSelectMode mode);
+
+// How several scores are combined into one (GQA groups, QUOKA steps, DYNAMIC).
+enum class Reduce { kSum, kMax, kMean };
+const char* reduce_name(Reduce reduce);
+
+// Where the KV store places its memory.
+struct NumaPolicy {
+  enum class Kind { kAuto, kNone, kNodes };
+  Kind kind = Kind::kAuto;  // auto: spread kv heads over every NUMA node
+  std::vector<int> nodes;   // kNodes: spread over exactly these node indices
+};
+
+struct BudgetConfig {
+  enum class Policy { kUniform, kAdaptive };
+  Policy policy = Policy::kUniform;  // adaptive = Ada-KV per-kv-head budgets
+  double alpha = 0.2;                // adaptive: each head keeps >= alpha * uniform share
+};
+
+struct RazorConfig {
+  std::string retrieval_heads;  // file listing retrieval heads; empty = RazorAttention off
+  int sinks = 4;                // sink tokens kept by non-retrieval heads
+  int buffer_min = 4000;        // S0: recent buffer is max(buffer_min, n_tokens / buffer_ratio)
+  int buffer_ratio = 5;         // C
+};
+
+struct QuokaConfig {
+  bool enabled = false;           // sparse prefill
+  int n_q = 64;                   // queries of a chunk that score the cache
+  int b_sa = 2048;                // cached keys each chunk attends (besides sinks, previous chunk)
+  int b_cp = 0;                   // chunk length for QUOKA; 0 = chunk_size
+  Reduce query_reduce = Reduce::kMax;   // over the retained queries
+  Reduce head_reduce = Reduce::kMean;   // over the query heads of a kv group
+};
+
+struct LongContextConfig {
+  // ---- KTransformers long-context keys ----
+  int chunk_size = 4096;             // prefill chunk, tokens
+  int64_t max_seq_len = 131072;      // capacity of the KV store, tokens
+  int block_size = 128;              // tokens per KV block
+  int local_windows_len = 4096;      // last tokens always attended (GPU window)
+  int initial_len = 128;             // first tokens always attended (sinks)
+  int second_select_num = 32;        // context blocks selected per step
+  int threads_num = 0;               // CPU threads; 0 = every core
+  RepresentativeType representative_type = RepresentativeType::kQuest;  // alias anchor_type
+  int representative_num = 2;        // alias anchor_num; default depends on the type
+  DType kv_type = DType::kF16;       // storage dtype of the KV store
+  int dense_layer_num = 2;           // layers below this attend everything
+  bool preselect_block = false;      // SnapKV-style preselection at the end of prefill
+  int preselect_block_count = 32;    // blocks kept by preselection
+  HeadSelectMode head_select_mode = HeadSelectMode::kShared;
+  int layer_step = 1;                // re-select every layer_step layers
+  int token_step = 1;                // re-select every token_step tokens
+
+  // ---- longctx's own ----
+  Reduce gqa_reduce = Reduce::kSum;      // query heads of a GQA group -> one block score
+  Reduce dynamic_reduce = Reduce::kMax;  // DYNAMIC: max over representatives (mean = InfLLM)
+  NumaPolicy numa;
+  uint64_t dram_budget = 0;              // bytes for the KV store; 0 = 90% of physical memory
+  BudgetConfig budget;
+  RazorConfig razor;
+  QuokaConfig quoka;
+};
+
+// Parses YAML text; `source` names it in error messages (a path or "<string>").
+// `overrides` are "key=value" or "section.key=value" strings applied on top of
+// the file (value parsed as YAML), as from a command line; errors name them.
+LongContextConfig parse_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+
+// Reads and parses a YAML file (Error kIo if it cannot be read).
+LongContextConfig load_config_file(const std::string& path,
+                                   const std::vector<std::string>& overrides = {});
+
+// Checks ranges and combinations of an already-built config (parse_config
+// calls it); throws Error(kConfig) naming the key.
+void validate_config(const LongContextConfig& config);
+
+// The reference of every key (meaning, type, default, range) as Markdown;
+// docs/config.md is this text.
+std::string config_reference_markdown();
+
+// The config as YAML text that parse_config accepts and that round-trips.
+std::string config_to_yaml(const LongContextConfig& config);
+
+}  // namespace longctx

@@ -1,0 +1,53 @@
+// The one error type of longctx. Library code throws longctx::Error on bad
+// input or exhausted resources; it never calls exit() or abort(). Each
+// operation that throws leaves the object it was called on as it was (strong
+// guarantee) unless its comment says otherwise.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace longctx {
+
+enum class ErrorCode {
+  kInvalidArgument,  // a caller passed a value outside the documented range
+  kConfig,           // a configuration file or key is wrong
+  kOutOfMemory,      // a budget (DRAM, pinned, GPU) or the OS refused memory
+  kIo,               // a file could not be opened, read, written or renamed
+  kCorrupt,          // a file's content fails validation (size, offset, checksum)
+  kUnsupported,      // valid request this build or machine cannot serve
+  kInternal,         // a broken invariant inside longctx (a bug)
+};
+
+const char* error_code_name(ErrorCode code);
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// Concatenates anything streamable: str_cat("block ", b, " of ", n).
+template <typename... Args>
+std::string str_cat(Args&&... args) {
+  std::ostringstream out;
+  (out << ... << std::forward<Args>(args));
+  return out.str();
+}
+
+// Throws Error(code, str_cat(args...)).
+template <typename... Args>
+[[noreturn]] void fail(ErrorCode code, Args&&... args) {
+  throw Error(code, str_cat(std::forward<Args>(args)...));
+}
+
+// Human-readable byte count: "1.50 GiB".
+std::string format_bytes(unsigned long long bytes);
+
+}  // namespace longctx
