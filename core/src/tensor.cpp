@@ -1,0 +1,154 @@
+#include "longctx/core/tensor.h"
+
+#include <cstddef>
+#include <type_traits>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+namespace {
+
+// "[4096, 8, 128]"; -1 extents print as "*".
+std::string format_extents(const int64_t* extents, int rank) {
+  std::string text = "[";
+  for (int d = 0; d < rank; ++d) {
+    if (d > 0) text += ", ";
+    text += extents[d] == -1 ? std::string("*") : std::to_string(extents[d]);
+  }
+  return text + "]";
+}
+
+template <typename Ptr>
+BasicTensorView<Ptr> make_contiguous(Ptr data, DType dtype, std::initializer_list<int64_t> shape) {
+  if (shape.size() > static_cast<size_t>(kMaxTensorRank)) {
+    fail(ErrorCode::kInvalidArgument, "make_view: rank ", shape.size(), " ",
+         format_extents(shape.begin(), static_cast<int>(shape.size())), " exceeds the maximum rank ",
+         kMaxTensorRank);
+  }
+  dtype_size(dtype);  // rejects an invalid dtype value
+  BasicTensorView<Ptr> view;
+  view.data = data;
+  view.dtype = dtype;
+  view.rank = static_cast<int>(shape.size());
+  int64_t numel = 1;
+  for (int d = 0; d < view.rank; ++d) {
+    const int64_t extent = shape.begin()[d];
+    if (extent < 0) {
+      fail(ErrorCode::kInvalidArgument, "make_view: negative extent in shape ",
+           format_extents(shape.begin(), view.rank));
+    }
+    if (__builtin_mul_overflow(numel, extent, &numel)) {
+      fail(ErrorCode::kInvalidArgument, "make_view: shape ", format_extents(shape.begin(), view.rank),
+           " has more than 2^63 elements");
+    }
+    view.shape[d] = extent;
+  }
+  int64_t stride = 1;
+  for (int d = view.rank - 1; d >= 0; --d) {
+    view.strides[d] = stride;
+    stride *= view.shape[d] > 0 ? view.shape[d] : 1;  // cannot overflow: bounded by numel
+  }
+  return view;
+}
+
+}  // namespace
+
+template <typename Ptr>
+int64_t BasicTensorView<Ptr>::numel() const {
+  int64_t count = 1;
+  for (int d = 0; d < rank; ++d) count *= shape[d];
+  return count;
+}
+
+// Dimensions of extent 1 may have any stride, and an empty view is contiguous
+// (no element addresses differ), as in PyTorch.
+template <typename Ptr>
+bool BasicTensorView<Ptr>::is_contiguous() const {
+  if (numel() == 0) return true;
+  int64_t expected = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+template <typename Ptr>
+Ptr BasicTensorView<Ptr>::element(std::initializer_list<int64_t> index) const {
+  if (static_cast<int>(index.size()) != rank) {
+    fail(ErrorCode::kInvalidArgument, "element: index ", format_extents(index.begin(), static_cast<int>(index.size())),
+         " has ", index.size(), " entries for ", describe());
+  }
+  int64_t offset = 0;
+  for (int d = 0; d < rank; ++d) {
+    const int64_t i = index.begin()[d];
+    if (i < 0 || i >= shape[d]) {
+      fail(ErrorCode::kInvalidArgument, "element: index ", format_extents(index.begin(), rank),
+           " is out of bounds of ", describe());
+    }
+    offset += i * strides[d];
+  }
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const std::byte, std::byte>;
+  return static_cast<Byte*>(data) + offset * static_cast<int64_t>(dtype_size(dtype));
+}
+
+template <typename Ptr>
+std::string BasicTensorView<Ptr>::describe() const {
+  std::string text = dtype_name(dtype) + format_extents(shape.data(), rank);
+  if (!is_contiguous()) text += " strides " + format_extents(strides.data(), rank);
+  return text;
+}
+
+template struct BasicTensorView<const void*>;
+template struct BasicTensorView<void*>;
+
+TensorView make_view(const void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return make_contiguous<const void*>(data, dtype, shape);
+}
+
+MutableTensorView make_mutable_view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return make_contiguous<void*>(data, dtype, shape);
+}
+
+TensorView as_const(const MutableTensorView& view) {
+  TensorView result;
+  result.data = view.data;
+  result.dtype = view.dtype;
+  result.rank = view.rank;
+  result.shape = view.shape;
+  result.strides = view.strides;
+  return result;
+}
+
+void check_shape(const TensorView& view, const char* what, std::initializer_list<int64_t> shape) {
+  bool matches = view.rank == static_cast<int>(shape.size());
+  for (int d = 0; matches && d < view.rank; ++d) {
+    const int64_t expected = shape.begin()[d];
+    matches = expected == -1 || expected == view.shape[d];
+  }
+  if (!matches) {
+    fail(ErrorCode::kInvalidArgument, what, ": expected shape ",
+         format_extents(shape.begin(), static_cast<int>(shape.size())), ", got ", view.describe());
+  }
+}
+
+void check_dtype(const TensorView& view, const char* what, DType dtype) {
+  if (view.dtype != dtype) {
+    fail(ErrorCode::kInvalidArgument, what, ": expected dtype ", dtype_name(dtype), ", got ",
+         dtype_name(view.dtype));
+  }
+}
+
+void check_inner_contiguous(const TensorView& view, const char* what) {
+  if (view.data == nullptr) {
+    fail(ErrorCode::kInvalidArgument, what, ": data pointer is null (", view.describe(), ")");
+  }
+  const int inner = view.rank - 1;
+  if (inner >= 0 && view.shape[inner] > 1 && view.strides[inner] != 1) {
+    fail(ErrorCode::kInvalidArgument, what, ": innermost dimension must have stride 1, got ",
+         view.describe());
+  }
+}
+
+}  // namespace longctx
