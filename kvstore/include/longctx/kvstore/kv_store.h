@@ -107,7 +107,7 @@ struct Preflight {
   std::vector<uint64_t> bytes_per_node;       // slabs per node index (size: highest node + 1)
   StoreLayout layout;                         // what it was computed for
   int64_t max_seq_len = 0;
-  // "KV store for 131072 tokens x 32 layers: 16.06 GiB (128.00 KiB per token;
+  // "KV store for 131072 tokens x 32 layers: 16.12 GiB (128.00 KiB per token;
   // 8 kv heads x 128 dims f16 + QUEST reps)"
   std::string describe() const;
 };

@@ -1,0 +1,634 @@
+#include "longctx/kvstore/kv_store.h"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "longctx/core/dtype.h"
+#include "longctx/core/error.h"
+#include "longctx/kvstore/snapshot.h"
+#include "representatives.h"
+
+namespace longctx::kvstore {
+
+namespace {
+
+using RT = RepresentativeType;
+
+constexpr size_t kRepPageTargetBytes = size_t{64} << 10;  // rep pages of ~64 KiB stream well
+// Tokens of one block written together: their keys are transposed in a
+// scratch that stays in cache and copied out with memcpy, because scattering
+// 2-byte stores over K^T lines that are not in cache stalls on every line.
+constexpr int kSegmentTokens = 128;
+
+size_t round_up_64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int slots_of(RT type, int rep_num) {
+  switch (type) {
+    case RT::kMax:
+    case RT::kMean:
+      return 1;
+    case RT::kQuest:
+      return 2;
+    case RT::kFix:
+    case RT::kDynamic:
+      return rep_num;
+  }
+  fail(ErrorCode::kInvalidArgument, "StoreLayout: unknown representative_type ", int(type));
+}
+
+// ---- the write path: row copies and K^T transposes ----
+
+// keys [count][head_dim] -> k_t [head_dim][count], in 8 x 8 (16-bit) or
+// 4 x 4 (32-bit) tiles held in 128-bit vectors: loads and stores are whole
+// vectors and the shuffles are SSE2/NEON unpacks (GCC >= 12 and Clang
+// vector extensions). head_dim is a multiple of 8; leftover tokens go
+// element by element.
+using U16x8 = uint16_t __attribute__((vector_size(16)));
+using U32x4 = uint32_t __attribute__((vector_size(16)));
+
+template <typename V>
+V load_vec(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename V>
+void store_vec(void* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+void transpose_8x8(const uint16_t* src, size_t src_stride, uint16_t* dst, size_t dst_stride) {
+  U16x8 r[8], a[8], b[8];
+  for (int i = 0; i < 8; ++i) r[i] = load_vec<U16x8>(src + size_t(i) * src_stride);
+  for (int i = 0; i < 8; i += 2) {  // 16-bit interleave of row pairs
+    a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 2, 10, 3, 11);
+    a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 4, 12, 5, 13, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4)  // 32-bit interleave: 4 rows x 2 columns per vector
+    for (int j = 0; j < 2; ++j) {
+      b[i + 2 * j] = __builtin_shufflevector(a[i + j], a[i + j + 2], 0, 1, 8, 9, 2, 3, 10, 11);
+      b[i + 2 * j + 1] = __builtin_shufflevector(a[i + j], a[i + j + 2], 4, 5, 12, 13, 6, 7, 14, 15);
+    }
+  for (int j = 0; j < 4; ++j) {  // 64-bit interleave: rows 0-3 with rows 4-7
+    store_vec(dst + size_t(2 * j) * dst_stride, __builtin_shufflevector(b[j], b[j + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+    store_vec(dst + size_t(2 * j + 1) * dst_stride, __builtin_shufflevector(b[j], b[j + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+  }
+}
+
+void transpose_4x4(const uint32_t* src, size_t src_stride, uint32_t* dst, size_t dst_stride) {
+  U32x4 r[4];
+  for (int i = 0; i < 4; ++i) r[i] = load_vec<U32x4>(src + size_t(i) * src_stride);
+  const U32x4 a0 = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5), a1 = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
+  const U32x4 a2 = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5), a3 = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
+  store_vec(dst, __builtin_shufflevector(a0, a2, 0, 1, 4, 5));
+  store_vec(dst + dst_stride, __builtin_shufflevector(a0, a2, 2, 3, 6, 7));
+  store_vec(dst + 2 * dst_stride, __builtin_shufflevector(a1, a3, 0, 1, 4, 5));
+  store_vec(dst + 3 * dst_stride, __builtin_shufflevector(a1, a3, 2, 3, 6, 7));
+}
+
+template <typename Elem>
+void transpose(const std::byte* keys, int count, int head_dim, std::byte* k_t) {
+  constexpr int kTile = sizeof(Elem) == 2 ? 8 : 4;
+  const Elem* src = reinterpret_cast<const Elem*>(keys);
+  Elem* dst = reinterpret_cast<Elem*>(k_t);
+  const size_t d = size_t(head_dim), n = size_t(count);
+  size_t t = 0;
+  for (; t + kTile <= n; t += kTile)
+    for (size_t c = 0; c < d; c += kTile) {
+      if constexpr (kTile == 8) transpose_8x8(src + t * d + c, d, dst + c * n + t, n);
+      else transpose_4x4(src + t * d + c, d, dst + c * n + t, n);
+    }
+  for (; t < n; ++t)
+    for (size_t c = 0; c < d; ++c) dst[c * n + t] = src[t * d + c];
+}
+
+// Segments shorter than this write K^T element by element.
+constexpr int kDirectTokens = 8;
+
+// keys [count][head_dim] -> columns [offset, offset + count) of a block's K^T.
+template <typename Elem>
+void scatter_columns(const std::byte* keys, int count, int head_dim, std::byte* k_t, int block_size, int offset) {
+  const Elem* src = reinterpret_cast<const Elem*>(keys);
+  Elem* dst = reinterpret_cast<Elem*>(k_t) + offset;
+  for (size_t c = 0; c < size_t(head_dim); ++c)
+    for (size_t t = 0; t < size_t(count); ++t) dst[c * size_t(block_size) + t] = src[t * size_t(head_dim) + c];
+}
+
+// One head's rows are n_kv_heads rows apart in a [n, n_kv_heads, head_dim]
+// input, usually a new 4 KiB page per row, where hardware prefetchers stop:
+// copy_rows prefetches the rows kPrefetchRows ahead by hand.
+constexpr int kPrefetchRows = 6;
+
+// Rows of head_dim elements, `src_stride` bytes apart, into consecutive rows
+// of dst in kv_type. The same dtype is a copy of the bits, as in convert(),
+// without its per-call checks (this runs once per token and head).
+void copy_rows(const std::byte* src, int64_t src_stride, DType src_dtype, std::byte* dst, DType kv_type, int count,
+               int head_dim) {
+  const size_t row_bytes = size_t(head_dim) * dtype_size(kv_type);
+  const size_t src_row_bytes = size_t(head_dim) * dtype_size(src_dtype);
+  auto prefetch_row = [&](int i) {
+    const std::byte* row = src + i * src_stride;
+    for (size_t at = 0; at < src_row_bytes; at += 64) __builtin_prefetch(row + at);
+  };
+  for (int i = 0; i < std::min(count, kPrefetchRows); ++i) prefetch_row(i);
+  for (int i = 0; i < count; ++i) {
+    if (i + kPrefetchRows < count) prefetch_row(i + kPrefetchRows);
+    const std::byte* row = src + i * src_stride;
+    if (src_dtype == kv_type) std::memcpy(dst + size_t(i) * row_bytes, row, row_bytes);
+    else convert(row, src_dtype, dst + size_t(i) * row_bytes, kv_type, size_t(head_dim));
+  }
+}
+
+// Per-thread buffers of the write path, grown on demand and kept.
+struct WriteScratch {
+  std::vector<std::byte> keys;    // [segment][head_dim] kv_type
+  std::vector<std::byte> k_t;     // [head_dim][segment] kv_type
+  std::vector<float> importance;  // [segment]
+  detail::RepScratch reps;
+};
+
+WriteScratch& write_scratch() {
+  thread_local WriteScratch scratch;
+  return scratch;
+}
+
+void check_importance(const TensorView& importance, const std::string& what, int64_t n, int n_kv_heads) {
+  check_shape(importance, what.c_str(), {n, n_kv_heads});
+  check_dtype(importance, what.c_str(), DType::kF32);
+  if (n == 0) return;
+  check_inner_contiguous(importance, what.c_str());
+  const float* data = static_cast<const float*>(importance.data);
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < n_kv_heads; ++h) {
+      const float x = data[t * importance.strides[0] + h * importance.strides[1]];
+      if (!std::isfinite(x)) fail(ErrorCode::kInvalidArgument, what, ": value ", x, " at [", t, ", ", h, "] is not finite");
+    }
+}
+
+}  // namespace
+
+// ---- layout and preflight ----------------------------------------------------
+
+StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& config) {
+  if (shape.n_layers < 1) fail(ErrorCode::kInvalidArgument, "KV store shape: n_layers is ", shape.n_layers, ", must be >= 1");
+  if (shape.n_kv_heads < 1)
+    fail(ErrorCode::kInvalidArgument, "KV store shape: n_kv_heads is ", shape.n_kv_heads, ", must be >= 1");
+  if (shape.head_dim < 8 || shape.head_dim > 512 || shape.head_dim % 8 != 0)
+    fail(ErrorCode::kInvalidArgument, "KV store shape: head_dim is ", shape.head_dim,
+         ", must be a multiple of 8 in [8, 512]");
+  if (config.block_size < 1)
+    fail(ErrorCode::kInvalidArgument, "KV store: block_size is ", config.block_size, ", must be >= 1");
+  const RT type = config.representative_type;
+  if ((type == RT::kFix || type == RT::kDynamic) &&
+      (config.representative_num < 1 || config.representative_num > config.block_size))
+    fail(ErrorCode::kInvalidArgument, "KV store: representative_num is ", config.representative_num, " for ",
+         representative_type_name(type), ", must be in [1, block_size = ", config.block_size, "]");
+
+  StoreLayout l;
+  l.shape = shape;
+  l.block_size = config.block_size;
+  l.kv_type = config.kv_type;
+  l.rep_type = type;
+  l.rep_num = config.representative_num;
+  l.rep_slots = slots_of(type, config.representative_num);
+  const size_t es = dtype_size(config.kv_type);
+  const size_t bs = size_t(config.block_size);
+  const size_t d = size_t(shape.head_dim);
+  l.page_bytes = round_up_64(2 * bs * d * es);
+
+  size_t end = round_up_64(size_t(l.rep_slots) * d * es);  // keys
+  if (type == RT::kMean) {
+    l.record_sum_offset = end;
+    end = round_up_64(end + d * sizeof(float));
+  }
+  if (type == RT::kDynamic) {
+    l.record_importance_offset = end;
+    end = round_up_64(end + bs * sizeof(float));
+  }
+  if (type == RT::kFix || type == RT::kDynamic) {
+    l.record_offsets_offset = end;
+    end = round_up_64(end + size_t(l.rep_num) * sizeof(int32_t));
+  }
+  l.record_bytes = end;
+  l.records_per_rep_page = std::max<size_t>(1, kRepPageTargetBytes / l.record_bytes);
+  l.rep_page_bytes = l.records_per_rep_page * l.record_bytes;
+  return l;
+}
+
+Preflight preflight(const StoreLayout& layout, int64_t max_seq_len, const std::vector<int>& head_nodes) {
+  if (max_seq_len < 1) fail(ErrorCode::kInvalidArgument, "KV store: max_seq_len is ", max_seq_len, ", must be >= 1");
+  if (head_nodes.size() != size_t(layout.shape.n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "KV store preflight: ", head_nodes.size(), " head nodes for ",
+         layout.shape.n_kv_heads, " kv heads");
+  Preflight p;
+  p.layout = layout;
+  p.max_seq_len = max_seq_len;
+  const uint64_t es = dtype_size(layout.kv_type);
+  p.kv_bytes_per_token_per_layer = 2 * uint64_t(layout.shape.n_kv_heads) * uint64_t(layout.shape.head_dim) * es;
+  p.rep_bytes_per_block_per_layer = uint64_t(layout.shape.n_kv_heads) * layout.record_bytes;
+  p.blocks_per_head = uint64_t(ceil_div(max_seq_len, layout.block_size));
+  const uint64_t rep_pages_per_head = uint64_t(ceil_div(int64_t(p.blocks_per_head), int64_t(layout.records_per_rep_page)));
+
+  int max_node = 0;
+  for (int node : head_nodes) {
+    if (node < 0) fail(ErrorCode::kInvalidArgument, "KV store preflight: negative node index ", node);
+    max_node = std::max(max_node, node);
+  }
+  std::vector<uint64_t> heads_on(size_t(max_node) + 1, 0);
+  for (int node : head_nodes) ++heads_on[size_t(node)];
+  p.bytes_per_node.assign(heads_on.size(), 0);
+  for (size_t node = 0; node < heads_on.size(); ++node) {
+    if (heads_on[node] == 0) continue;
+    const uint64_t heads = heads_on[node] * uint64_t(layout.shape.n_layers);
+    p.bytes_per_node[node] = BlockPool::slab_bytes_for(size_t(heads * p.blocks_per_head), layout.page_bytes) +
+                             BlockPool::slab_bytes_for(size_t(heads * rep_pages_per_head), layout.rep_page_bytes);
+    p.total_bytes += p.bytes_per_node[node];
+  }
+  return p;
+}
+
+std::string Preflight::describe() const {
+  size_t nodes = 0;
+  for (uint64_t b : bytes_per_node) nodes += b > 0 ? 1 : 0;
+  return str_cat("KV store for ", max_seq_len, " tokens x ", layout.shape.n_layers, " layers: ", format_bytes(total_bytes),
+                 " (", format_bytes(kv_bytes_per_token_per_layer * uint64_t(layout.shape.n_layers)), " per token; ",
+                 layout.shape.n_kv_heads, " kv heads x ", layout.shape.head_dim, " dims ", dtype_name(layout.kv_type),
+                 " + ", representative_type_name(layout.rep_type), " reps",
+                 nodes > 1 ? str_cat(", on ", nodes, " NUMA nodes") : std::string(), ")");
+}
+
+// ---- partition ---------------------------------------------------------------
+
+int64_t Partition::context_begin_of(int64_t block, int block_size) const {
+  return std::clamp(block * block_size, initial_end, local_begin);
+}
+
+int64_t Partition::context_end_of(int64_t block, int block_size) const {
+  return std::clamp((block + 1) * block_size, initial_end, local_begin);
+}
+
+// ---- the store -----------------------------------------------------------------
+
+KVStore::KVStore(const KVShape& shape, const LongContextConfig& config, MemoryBudget& budget,
+                 const NumaTopology& topology)
+    : config_(config),
+      layout_(StoreLayout::make(shape, config)),
+      budget_(budget),
+      topology_(topology),
+      head_nodes_(place_kv_heads(shape.n_kv_heads, resolve_numa_nodes(config.numa, topology))) {
+  if (config.initial_len < 0 || config.local_windows_len < 0)
+    fail(ErrorCode::kInvalidArgument, "KV store: initial_len (", config.initial_len, ") and local_windows_len (",
+         config.local_windows_len, ") must be >= 0");
+  const Preflight plan = preflight(layout_, config.max_seq_len, head_nodes_);
+  if (plan.total_bytes > budget.available())
+    fail(ErrorCode::kOutOfMemory, plan.describe(), " does not fit: needs ", plan.total_bytes, " bytes, ",
+         budget.name(), " has ", format_bytes(budget.available()), " (", budget.available(), " bytes) available of ",
+         format_bytes(budget.limit()), "; lower max_seq_len, choose a smaller kv_type or representative_type, "
+         "or raise dram_budget");
+
+  page_pools_.resize(size_t(topology.node_count()));
+  rep_pools_.resize(size_t(topology.node_count()));
+  for (int node : head_nodes_) {
+    if (page_pools_.at(size_t(node))) continue;
+    page_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.page_bytes, budget);
+    rep_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.rep_page_bytes, budget);
+  }
+  heads_.resize(size_t(shape.n_layers) * size_t(shape.n_kv_heads));
+  n_tokens_.assign(size_t(shape.n_layers), 0);
+}
+
+KVStore::~KVStore() {
+  try {
+    clear();
+  } catch (...) {
+    // The pools unmap their slabs anyway; nothing else to undo.
+  }
+}
+
+void KVStore::append(int layer, const TensorView& k, const TensorView& v, const TensorView& importance) {
+  const int n_layers = layout_.shape.n_layers;
+  const int n_heads = layout_.shape.n_kv_heads;
+  const int d = layout_.shape.head_dim;
+  if (layer < 0 || layer >= n_layers)
+    fail(ErrorCode::kInvalidArgument, "KV store append: layer ", layer, " out of range [0, ", n_layers, ")");
+  const std::string where = str_cat("KV store append (layer ", layer, "): ");
+  check_shape(k, (where + "k").c_str(), {-1, n_heads, d});
+  const int64_t n = k.shape[0];
+  if (n < 0) fail(ErrorCode::kInvalidArgument, where, "k has ", n, " tokens");
+  check_shape(v, (where + "v").c_str(), {n, n_heads, d});
+  const bool has_importance = importance.rank != 0;
+  if (has_importance) check_importance(importance, where + "importance", n, n_heads);
+  if (n == 0) return;
+  check_inner_contiguous(k, (where + "k").c_str());
+  check_inner_contiguous(v, (where + "v").c_str());
+  dtype_size(k.dtype);  // throws for a dtype outside the enum, before anything changes
+  dtype_size(v.dtype);
+  const int64_t n0 = n_tokens_[size_t(layer)];
+  if (n > config_.max_seq_len - n0)
+    fail(ErrorCode::kInvalidArgument, where, n0, " tokens held + ", n, " appended would exceed max_seq_len ",
+         config_.max_seq_len);
+
+  // Reserve list capacity, then take every page of every head; only then
+  // change anything (the inserts below cannot throw).
+  const int bs = layout_.block_size;
+  const size_t rpp = layout_.records_per_rep_page;
+  const size_t blocks_after = size_t(ceil_div(n0 + n, bs));
+  const size_t rep_pages_after = (blocks_after + rpp - 1) / rpp;
+  const size_t max_blocks = size_t(ceil_div(config_.max_seq_len, bs));
+  for (int h = 0; h < n_heads; ++h) {
+    HeadCache& hc = head_cache(layer, h);
+    if (hc.pages.capacity() < blocks_after)
+      hc.pages.reserve(std::min(max_blocks, std::max(blocks_after, 2 * hc.pages.capacity())));
+    if (hc.rep_pages.capacity() < rep_pages_after) hc.rep_pages.reserve(rep_pages_after);
+  }
+  std::vector<std::vector<std::byte*>> new_pages(static_cast<size_t>(n_heads));
+  std::vector<std::vector<std::byte*>> new_rep_pages(static_cast<size_t>(n_heads));
+  bool need_pages = false;
+  for (int h = 0; h < n_heads; ++h) need_pages = need_pages || blocks_after > head_cache(layer, h).pages.size();
+  if (need_pages) {
+    // In parallel: pools zero reused pages as they hand them out, outside their lock.
+    try {
+      tbb::parallel_for(0, n_heads, [&](int h) {
+        const HeadCache& hc = head_cache(layer, h);
+        if (blocks_after > hc.pages.size())
+          new_pages[size_t(h)] = page_pool(h).allocate(blocks_after - hc.pages.size());
+        if (rep_pages_after > hc.rep_pages.size())
+          new_rep_pages[size_t(h)] = rep_pool(h).allocate(rep_pages_after - hc.rep_pages.size());
+      });
+    } catch (...) {
+      // parallel_for returns once every task has ended: each list holds what its head got.
+      for (int h = 0; h < n_heads; ++h) {
+        if (!new_pages[size_t(h)].empty()) page_pool(h).release(new_pages[size_t(h)]);
+        if (!new_rep_pages[size_t(h)].empty()) rep_pool(h).release(new_rep_pages[size_t(h)]);
+      }
+      throw;
+    }
+  }
+  for (int h = 0; h < n_heads; ++h) {
+    HeadCache& hc = head_cache(layer, h);
+    hc.pages.insert(hc.pages.end(), new_pages[size_t(h)].begin(), new_pages[size_t(h)].end());
+    hc.rep_pages.insert(hc.rep_pages.end(), new_rep_pages[size_t(h)].begin(), new_rep_pages[size_t(h)].end());
+  }
+
+  const bool use_importance = has_importance && layout_.rep_type == RT::kDynamic;
+  tbb::parallel_for(0, n_heads, [&](int h) { write_head(layer, h, n0, k, v, use_importance ? &importance : nullptr); });
+  n_tokens_[size_t(layer)] = n0 + n;
+}
+
+void KVStore::write_head(int layer, int kv_head, int64_t first_token, const TensorView& k, const TensorView& v,
+                         const TensorView* importance) {
+  const StoreLayout& L = layout_;
+  const DType kv = L.kv_type;
+  const size_t es = dtype_size(kv);
+  const int bs = L.block_size;
+  const int d = L.shape.head_dim;
+  const size_t row_bytes = size_t(d) * es;
+  const size_t k_es = dtype_size(k.dtype);
+  const size_t v_es = dtype_size(v.dtype);
+  HeadCache& hc = head_cache(layer, kv_head);
+  const int64_t n = k.shape[0];
+
+  WriteScratch& scratch = write_scratch();
+  const size_t segment_max = size_t(std::min<int64_t>({kSegmentTokens, bs, n}));
+  if (scratch.keys.size() < segment_max * row_bytes) {
+    scratch.keys.resize(segment_max * row_bytes);
+    scratch.k_t.resize(segment_max * row_bytes);
+  }
+  if (scratch.importance.size() < segment_max) scratch.importance.resize(segment_max);
+
+  for (int64_t t = 0; t < n;) {
+    const int64_t pos = first_token + t;
+    const int64_t b = pos / bs;
+    const int offset = int(pos % bs);
+    const int count = int(std::min<int64_t>({kSegmentTokens, bs - offset, n - t}));
+    std::byte* page = hc.pages[size_t(b)];
+    std::byte* v_rows = page + size_t(bs) * row_bytes + size_t(offset) * row_bytes;
+    const auto* k_src = static_cast<const std::byte*>(k.data) + (t * k.strides[0] + kv_head * k.strides[1]) * int64_t(k_es);
+    const auto* v_src = static_cast<const std::byte*>(v.data) + (t * v.strides[0] + kv_head * v.strides[1]) * int64_t(v_es);
+    copy_rows(k_src, k.strides[0] * int64_t(k_es), k.dtype, scratch.keys.data(), kv, count, d);
+    copy_rows(v_src, v.strides[0] * int64_t(v_es), v.dtype, v_rows, kv, count, d);
+    // K^T: transpose in the scratch, then copy out, in one piece when the
+    // segment is the whole block (channel rows are then back to back). A few
+    // tokens (decode) go straight to the page.
+    if (count < kDirectTokens) {
+      if (es == 4) scatter_columns<uint32_t>(scratch.keys.data(), count, d, page, bs, offset);
+      else scatter_columns<uint16_t>(scratch.keys.data(), count, d, page, bs, offset);
+    } else {
+      if (es == 4) transpose<uint32_t>(scratch.keys.data(), count, d, scratch.k_t.data());
+      else transpose<uint16_t>(scratch.keys.data(), count, d, scratch.k_t.data());
+      const size_t run = size_t(count) * es;
+      if (count == bs) {
+        std::memcpy(page, scratch.k_t.data(), size_t(d) * run);
+      } else {
+        for (int c = 0; c < d; ++c)
+          std::memcpy(page + (size_t(c) * size_t(bs) + size_t(offset)) * es, scratch.k_t.data() + size_t(c) * run, run);
+      }
+    }
+
+    detail::Segment segment;
+    segment.offset = offset;
+    segment.count = count;
+    segment.keys = scratch.keys.data();
+    if (importance != nullptr) {
+      const float* data = static_cast<const float*>(importance->data);
+      for (int i = 0; i < count; ++i)
+        scratch.importance[size_t(i)] = data[(t + i) * importance->strides[0] + kv_head * importance->strides[1]];
+      segment.importance = scratch.importance.data();
+    }
+    detail::update_record(L, record_of(hc, b), page, segment, scratch.reps);
+    t += count;
+  }
+}
+
+std::byte* KVStore::record_of(const HeadCache& hc, int64_t block) const {
+  const size_t rpp = layout_.records_per_rep_page;
+  return hc.rep_pages[size_t(block) / rpp] + (size_t(block) % rpp) * layout_.record_bytes;
+}
+
+void KVStore::add_importance(int layer, int64_t first_token, const TensorView& importance) {
+  const int n_heads = layout_.shape.n_kv_heads;
+  if (layout_.rep_type != RT::kDynamic)
+    fail(ErrorCode::kInvalidArgument, "KV store add_importance: representative_type is ",
+         representative_type_name(layout_.rep_type), ", only DYNAMIC keeps importance");
+  check_layer(layer, "add_importance");
+  const std::string what = str_cat("KV store add_importance (layer ", layer, "): importance");
+  check_shape(importance, what.c_str(), {-1, n_heads});
+  const int64_t n = importance.shape[0];
+  const int64_t held = n_tokens_[size_t(layer)];
+  if (first_token < 0 || first_token > held || n > held - first_token)
+    fail(ErrorCode::kInvalidArgument, "KV store add_importance: tokens [", first_token, ", ", first_token + n,
+         ") out of range: layer ", layer, " holds ", held, " tokens");
+  check_importance(importance, what, n, n_heads);
+  if (n == 0) return;
+
+  const int bs = layout_.block_size;
+  tbb::parallel_for(0, n_heads, [&](int h) {
+    const HeadCache& hc = head_cache(layer, h);
+    const float* data = static_cast<const float*>(importance.data);
+    detail::RepScratch scratch;
+    for (int64_t b = first_token / bs; b <= (first_token + n - 1) / bs; ++b) {
+      std::byte* record = record_of(hc, b);
+      float* stored = detail::record_importance(layout_, record);
+      const int64_t begin = std::max(first_token, b * bs);
+      const int64_t end = std::min(first_token + n, (b + 1) * bs);
+      for (int64_t t = begin; t < end; ++t)
+        stored[t - b * bs] += data[(t - first_token) * importance.strides[0] + h * importance.strides[1]];
+      const int n_filled = int(std::min<int64_t>(bs, held - b * bs));
+      detail::repick_dynamic(layout_, record, hc.pages[size_t(b)], n_filled, scratch);
+    }
+  });
+}
+
+void KVStore::clear() {
+  for (int layer = 0; layer < layout_.shape.n_layers; ++layer) {
+    for (int h = 0; h < layout_.shape.n_kv_heads; ++h) {
+      HeadCache& hc = head_cache(layer, h);
+      if (!hc.pages.empty()) page_pool(h).release(hc.pages);
+      if (!hc.rep_pages.empty()) rep_pool(h).release(hc.rep_pages);
+      hc.pages.clear();
+      hc.rep_pages.clear();
+    }
+    n_tokens_[size_t(layer)] = 0;
+  }
+}
+
+// ---- reading -------------------------------------------------------------------
+
+void KVStore::check_layer(int layer, const char* what) const {
+  if (layer < 0 || layer >= layout_.shape.n_layers)
+    fail(ErrorCode::kInvalidArgument, "KV store ", what, ": layer ", layer, " out of range [0, ", layout_.shape.n_layers, ")");
+}
+
+void KVStore::check_block(int layer, int kv_head, int64_t block, const char* what) const {
+  check_layer(layer, what);
+  if (kv_head < 0 || kv_head >= layout_.shape.n_kv_heads)
+    fail(ErrorCode::kInvalidArgument, "KV store ", what, ": kv head ", kv_head, " out of range [0, ",
+         layout_.shape.n_kv_heads, ") (layer ", layer, ")");
+  if (block < 0 || block >= n_blocks(layer))
+    fail(ErrorCode::kInvalidArgument, "KV store ", what, ": block ", block, " out of range [0, ", n_blocks(layer),
+         ") (layer ", layer, " holds ", n_tokens(layer), " tokens, kv head ", kv_head, ")");
+}
+
+int64_t KVStore::n_tokens(int layer) const {
+  check_layer(layer, "n_tokens");
+  return n_tokens_[size_t(layer)];
+}
+
+int64_t KVStore::n_blocks(int layer) const { return ceil_div(n_tokens(layer), layout_.block_size); }
+
+Partition KVStore::partition(int layer) const {
+  const int bs = layout_.block_size;
+  Partition p;
+  p.n_tokens = n_tokens(layer);
+  p.initial_end = std::min<int64_t>(config_.initial_len, p.n_tokens);
+  p.local_begin = std::max<int64_t>(p.initial_end, p.n_tokens - config_.local_windows_len);
+  p.first_context_block = p.initial_end / bs;
+  p.end_context_block = p.local_begin > p.initial_end ? ceil_div(p.local_begin, bs) : p.first_context_block;
+  return p;
+}
+
+BlockView KVStore::block(int layer, int kv_head, int64_t block) const {
+  check_block(layer, kv_head, block, "block");
+  const std::byte* page = head_cache(layer, kv_head).pages[size_t(block)];
+  BlockView view;
+  view.k_t = page;
+  view.v = page + size_t(layout_.block_size) * size_t(layout_.shape.head_dim) * dtype_size(layout_.kv_type);
+  view.n_filled = int(std::min<int64_t>(layout_.block_size, n_tokens(layer) - block * layout_.block_size));
+  return view;
+}
+
+const std::byte* KVStore::rep_record(int layer, int kv_head, int64_t block) const {
+  check_block(layer, kv_head, block, "rep_record");
+  return record_of(head_cache(layer, kv_head), block);
+}
+
+int KVStore::valid_rep_slots(int layer, int kv_head, int64_t block) const {
+  check_block(layer, kv_head, block, "valid_rep_slots");
+  const int n_filled = int(std::min<int64_t>(layout_.block_size, n_tokens(layer) - block * layout_.block_size));
+  return detail::valid_slots(layout_, n_filled);
+}
+
+MemoryStats KVStore::memory_stats() const {
+  MemoryStats s;
+  s.budget_bytes = budget_.limit();
+  s.budget_used_bytes = budget_.used();
+  s.reserved_bytes_per_node.assign(page_pools_.size(), 0);
+  for (size_t node = 0; node < page_pools_.size(); ++node) {
+    for (const auto* pool : {page_pools_[node].get(), rep_pools_[node].get()}) {
+      if (pool == nullptr) continue;
+      s.reserved_bytes_per_node[node] += pool->reserved_bytes();
+      s.used_bytes += uint64_t(pool->pages_in_use()) * pool->page_bytes();
+    }
+    s.reserved_bytes += s.reserved_bytes_per_node[node];
+  }
+  return s;
+}
+
+// ---- snapshot access -------------------------------------------------------------
+
+namespace {
+void check_snapshot_head(const KVStore& s, int kv_head, const char* what) {
+  if (kv_head < 0 || kv_head >= s.layout().shape.n_kv_heads)
+    fail(ErrorCode::kInvalidArgument, "SnapshotAccess::", what, ": kv head ", kv_head, " out of range [0, ",
+         s.layout().shape.n_kv_heads, ")");
+}
+}  // namespace
+
+void SnapshotAccess::install(KVStore& s, std::vector<std::vector<std::byte*>> pages,
+                             std::vector<std::vector<std::byte*>> rep_pages, std::vector<int64_t> n_tokens) {
+  const StoreLayout& L = s.layout_;
+  const size_t n_lists = size_t(L.shape.n_layers) * size_t(L.shape.n_kv_heads);
+  if (pages.size() != n_lists || rep_pages.size() != n_lists || n_tokens.size() != size_t(L.shape.n_layers))
+    fail(ErrorCode::kInternal, "SnapshotAccess::install: ", pages.size(), " page lists, ", rep_pages.size(),
+         " rep page lists and ", n_tokens.size(), " token counts for ", L.shape.n_layers, " layers x ",
+         L.shape.n_kv_heads, " kv heads");
+  for (int layer = 0; layer < L.shape.n_layers; ++layer) {
+    const int64_t n = n_tokens[size_t(layer)];
+    if (n < 0 || n > s.config_.max_seq_len)
+      fail(ErrorCode::kInternal, "SnapshotAccess::install: layer ", layer, " has ", n, " tokens, max_seq_len is ",
+           s.config_.max_seq_len);
+    const size_t blocks = size_t(ceil_div(n, L.block_size));
+    const size_t reps = (blocks + L.records_per_rep_page - 1) / L.records_per_rep_page;
+    for (int h = 0; h < L.shape.n_kv_heads; ++h) {
+      const size_t i = size_t(layer) * size_t(L.shape.n_kv_heads) + size_t(h);
+      if (pages[i].size() != blocks || rep_pages[i].size() != reps)
+        fail(ErrorCode::kInternal, "SnapshotAccess::install: layer ", layer, " kv head ", h, " gets ", pages[i].size(),
+             " pages and ", rep_pages[i].size(), " rep pages for ", n, " tokens (needs ", blocks, " and ", reps, ")");
+    }
+  }
+  s.clear();
+  for (size_t i = 0; i < n_lists; ++i) {
+    s.heads_[i].pages = std::move(pages[i]);
+    s.heads_[i].rep_pages = std::move(rep_pages[i]);
+  }
+  s.n_tokens_ = std::move(n_tokens);
+}
+
+std::vector<std::byte*> SnapshotAccess::allocate_pages(KVStore& s, int kv_head, size_t n) {
+  check_snapshot_head(s, kv_head, "allocate_pages");
+  return s.page_pool(kv_head).allocate(n);
+}
+
+std::vector<std::byte*> SnapshotAccess::allocate_rep_pages(KVStore& s, int kv_head, size_t n) {
+  check_snapshot_head(s, kv_head, "allocate_rep_pages");
+  return s.rep_pool(kv_head).allocate(n);
+}
+
+void SnapshotAccess::release_pages(KVStore& s, int kv_head, const std::vector<std::byte*>& pages) {
+  check_snapshot_head(s, kv_head, "release_pages");
+  s.page_pool(kv_head).release(pages);
+}
+
+void SnapshotAccess::release_rep_pages(KVStore& s, int kv_head, const std::vector<std::byte*>& pages) {
+  check_snapshot_head(s, kv_head, "release_rep_pages");
+  s.rep_pool(kv_head).release(pages);
+}
+
+}  // namespace longctx::kvstore

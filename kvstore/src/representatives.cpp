@@ -1,0 +1,221 @@
+#include "representatives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "longctx/core/dtype.h"
+
+namespace longctx::kvstore::detail {
+
+namespace {
+
+using RT = RepresentativeType;
+
+size_t key_bytes(const StoreLayout& layout) {
+  return size_t(layout.shape.head_dim) * dtype_size(layout.kv_type);
+}
+
+std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
+  return record + size_t(j) * key_bytes(layout);
+}
+
+int32_t* record_offsets(const StoreLayout& layout, std::byte* record) {
+  return reinterpret_cast<int32_t*>(record + layout.record_offsets_offset);
+}
+
+// 4 floats as one value (GCC/Clang vector extension, one SSE2/NEON
+// register): element-wise operators compile to vector instructions.
+using F32x4 = float __attribute__((vector_size(16)));
+F32x4 load_f32x4(const float* p) {
+  F32x4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+void store_f32x4(float* p, F32x4 v) { std::memcpy(p, &v, sizeof v); }
+
+constexpr int kTileTokens = 32;  // keys widened to f32 at a time (stays in L1)
+
+// Runs f(keys_f32, t0, n) over the segment's keys widened to f32, in tiles
+// of kTileTokens tokens, in token order.
+template <typename F>
+void for_each_f32_tile(const StoreLayout& layout, const Segment& seg, RepScratch& s, F&& f) {
+  const size_t d = size_t(layout.shape.head_dim);
+  const size_t row_bytes = d * dtype_size(layout.kv_type);
+  for (int t0 = 0; t0 < seg.count; t0 += kTileTokens) {
+    const int n = std::min(kTileTokens, seg.count - t0);
+    convert(seg.keys + size_t(t0) * row_bytes, layout.kv_type, s.keys_f32.data(), DType::kF32, size_t(n) * d);
+    f(s.keys_f32.data(), t0, n);
+  }
+}
+
+// MAX (and QUEST's min in a second accumulator): start from the record, or
+// from the segment's first token when the block is new; the extremes of
+// stored values are stored values, so the round trip through kv_type is exact.
+template <bool kWithMin>
+void update_extremes(const StoreLayout& layout, std::byte* record, const Segment& seg, RepScratch& s) {
+  const size_t d = size_t(layout.shape.head_dim);
+  float* mx = s.acc0.data();
+  float* mn = s.acc1.data();
+  const bool fresh = seg.offset == 0;
+  if (!fresh) {
+    convert(slot(layout, record, 0), layout.kv_type, mx, DType::kF32, d);
+    if constexpr (kWithMin) convert(slot(layout, record, 1), layout.kv_type, mn, DType::kF32, d);
+  }
+  for_each_f32_tile(layout, seg, s, [&](const float* keys, int t0, int n) {
+    int first = 0;
+    if (fresh && t0 == 0) {
+      std::copy_n(keys, d, mx);
+      if constexpr (kWithMin) std::copy_n(keys, d, mn);
+      first = 1;
+    }
+    // Channels in groups of 8 (head_dim is a multiple of 8) so the running
+    // extremes stay in registers while the tile's tokens stream by.
+    for (size_t c0 = 0; c0 < d; c0 += 8) {
+      F32x4 hi0 = load_f32x4(mx + c0), hi1 = load_f32x4(mx + c0 + 4);
+      F32x4 lo0 = load_f32x4(mn + c0), lo1 = load_f32x4(mn + c0 + 4);
+      for (int t = first; t < n; ++t) {
+        const F32x4 k0 = load_f32x4(keys + size_t(t) * d + c0), k1 = load_f32x4(keys + size_t(t) * d + c0 + 4);
+        hi0 = k0 > hi0 ? k0 : hi0;
+        hi1 = k1 > hi1 ? k1 : hi1;
+        if constexpr (kWithMin) {
+          lo0 = k0 < lo0 ? k0 : lo0;
+          lo1 = k1 < lo1 ? k1 : lo1;
+        }
+      }
+      store_f32x4(mx + c0, hi0);
+      store_f32x4(mx + c0 + 4, hi1);
+      if constexpr (kWithMin) {
+        store_f32x4(mn + c0, lo0);
+        store_f32x4(mn + c0 + 4, lo1);
+      }
+    }
+  });
+  convert(mx, DType::kF32, slot(layout, record, 0), layout.kv_type, d);
+  if constexpr (kWithMin) convert(mn, DType::kF32, slot(layout, record, 1), layout.kv_type, d);
+}
+
+// MEAN: the fp32 sum lives in the record and grows token by token in token
+// order, so chunked and whole appends give the same bits.
+void update_mean(const StoreLayout& layout, std::byte* record, const Segment& seg, RepScratch& s) {
+  const size_t d = size_t(layout.shape.head_dim);
+  float* sum = reinterpret_cast<float*>(record + layout.record_sum_offset);
+  if (seg.offset == 0) std::fill_n(sum, d, 0.f);
+  for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) {
+    for (size_t c0 = 0; c0 < d; c0 += 8) {  // as in update_extremes; still one add per token, in order
+      F32x4 acc0 = load_f32x4(sum + c0), acc1 = load_f32x4(sum + c0 + 4);
+      for (int t = 0; t < n; ++t) {
+        acc0 += load_f32x4(keys + size_t(t) * d + c0);
+        acc1 += load_f32x4(keys + size_t(t) * d + c0 + 4);
+      }
+      store_f32x4(sum + c0, acc0);
+      store_f32x4(sum + c0 + 4, acc1);
+    }
+  });
+  const float n_filled = float(seg.offset + seg.count);
+  float* mean = s.acc0.data();
+  for (size_t c = 0; c < d; ++c) mean[c] = sum[c] / n_filled;
+  convert(mean, DType::kF32, slot(layout, record, 0), layout.kv_type, d);
+}
+
+void update_fix(const StoreLayout& layout, std::byte* record, const Segment& seg) {
+  const int bs = layout.block_size;
+  const int r = layout.rep_num;
+  int32_t* offsets = record_offsets(layout, record);
+  if (seg.offset == 0)
+    for (int j = 0; j < r; ++j) offsets[j] = fix_offset(j, bs, r);
+  const size_t kb = key_bytes(layout);
+  for (int j = 0; j < r; ++j) {
+    const int at = fix_offset(j, bs, r) - seg.offset;
+    if (at >= 0 && at < seg.count) std::memcpy(slot(layout, record, j), seg.keys + size_t(at) * kb, kb);
+  }
+}
+
+// Copies the key of token `offset` out of the block's K^T (one element per
+// channel row) into a record slot.
+template <typename Elem>
+void gather_key(const std::byte* k_t, int block_size, int head_dim, int offset, std::byte* dst) {
+  const Elem* src = reinterpret_cast<const Elem*>(k_t) + offset;
+  Elem* out = reinterpret_cast<Elem*>(dst);
+  for (int c = 0; c < head_dim; ++c) out[c] = src[size_t(c) * size_t(block_size)];
+}
+
+}  // namespace
+
+int valid_slots(const StoreLayout& layout, int n_filled) {
+  switch (layout.rep_type) {
+    case RT::kMax:
+    case RT::kMean:
+    case RT::kQuest:
+      return n_filled > 0 ? layout.rep_slots : 0;
+    case RT::kFix: {
+      int valid = 0;
+      while (valid < layout.rep_num && fix_offset(valid, layout.block_size, layout.rep_num) < n_filled) ++valid;
+      return valid;
+    }
+    case RT::kDynamic:
+      return std::min(n_filled, layout.rep_num);
+  }
+  return 0;
+}
+
+void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byte* k_t, int n_filled,
+                    RepScratch& s) {
+  const float* importance = record_importance(layout, record);
+  const int picked = std::min(n_filled, layout.rep_num);
+  std::vector<int>& order = s.order;
+  order.resize(size_t(n_filled));
+  for (int t = 0; t < n_filled; ++t) order[size_t(t)] = t;
+  // Highest importance first, ties to the lower offset: a strict total order,
+  // so the pick depends on the importances only.
+  std::partial_sort(order.begin(), order.begin() + picked, order.end(), [importance](int a, int b) {
+    return importance[a] > importance[b] || (importance[a] == importance[b] && a < b);
+  });
+  int32_t* offsets = record_offsets(layout, record);
+  const size_t kb = key_bytes(layout);
+  for (int j = 0; j < layout.rep_num; ++j) {
+    std::byte* dst = slot(layout, record, j);
+    if (j >= picked) {
+      offsets[j] = -1;
+      std::memset(dst, 0, kb);
+      continue;
+    }
+    offsets[j] = order[size_t(j)];
+    if (dtype_size(layout.kv_type) == 4)
+      gather_key<uint32_t>(k_t, layout.block_size, layout.shape.head_dim, order[size_t(j)], dst);
+    else
+      gather_key<uint16_t>(k_t, layout.block_size, layout.shape.head_dim, order[size_t(j)], dst);
+  }
+}
+
+void update_record(const StoreLayout& layout, std::byte* record, const std::byte* k_t, const Segment& seg,
+                   RepScratch& scratch) {
+  const size_t d = size_t(layout.shape.head_dim);
+  if (scratch.acc0.size() < d) {
+    scratch.acc0.resize(d);
+    scratch.acc1.resize(d);
+    scratch.keys_f32.resize(size_t(kTileTokens) * d);
+  }
+  switch (layout.rep_type) {
+    case RT::kMax:
+      update_extremes</*kWithMin=*/false>(layout, record, seg, scratch);
+      break;
+    case RT::kQuest:
+      update_extremes</*kWithMin=*/true>(layout, record, seg, scratch);
+      break;
+    case RT::kMean:
+      update_mean(layout, record, seg, scratch);
+      break;
+    case RT::kFix:
+      update_fix(layout, record, seg);
+      break;
+    case RT::kDynamic: {
+      float* importance = record_importance(layout, record);
+      for (int t = 0; t < seg.count; ++t)
+        importance[seg.offset + t] = seg.importance != nullptr ? seg.importance[t] : 0.f;
+      repick_dynamic(layout, record, k_t, seg.offset + seg.count, scratch);
+      break;
+    }
+  }
+}
+
+}  // namespace longctx::kvstore::detail

@@ -1,0 +1,407 @@
+// Test helpers for the KV store: random inputs, a plain reference of what the
+// store must hold (values rounded to kv_type, representatives from their
+// definitions in kv_store.h, fp64 where numerical), and readers that decode
+// pages and records through the documented layout (SnapshotAccess page lists
+// plus byte offsets), not through the store's accessors.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longctx/core/config.h"
+#include "longctx/core/dtype.h"
+#include "longctx/core/tensor.h"
+#include "longctx/kvstore/kv_store.h"
+#include "longctx/kvstore/memory_budget.h"
+#include "longctx/kvstore/numa.h"
+#include "longctx/kvstore/snapshot.h"
+
+namespace longctx::kvstore::testref {
+
+// ---- scalar encoding (the rounding contract is longctx's scalar functions) ----
+
+inline void encode(std::byte* base, DType dtype, size_t i, float x) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(base + 4 * i, &x, 4);
+      return;
+    case DType::kF16: {
+      const uint16_t bits = f32_to_f16_bits(x);
+      std::memcpy(base + 2 * i, &bits, 2);
+      return;
+    }
+    case DType::kBF16: {
+      const uint16_t bits = f32_to_bf16_bits(x);
+      std::memcpy(base + 2 * i, &bits, 2);
+      return;
+    }
+  }
+}
+
+inline float decode(const std::byte* base, DType dtype, size_t i) {
+  if (dtype == DType::kF32) {
+    float x;
+    std::memcpy(&x, base + 4 * i, 4);
+    return x;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, base + 2 * i, 2);
+  return dtype == DType::kF16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+}
+
+inline float round_to(DType dtype, float x) {
+  std::byte buf[4]{};
+  encode(buf, dtype, 0, x);
+  return decode(buf, dtype, 0);
+}
+
+// Unit roundoff (half the machine epsilon) and half the smallest subnormal.
+inline double unit_roundoff(DType dtype) {
+  return dtype == DType::kF32 ? std::ldexp(1.0, -24) : dtype == DType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+}
+inline double half_min_subnormal(DType dtype) {
+  return dtype == DType::kF32 ? std::ldexp(1.0, -150) : dtype == DType::kF16 ? std::ldexp(1.0, -25) : std::ldexp(1.0, -134);
+}
+
+// ---- a store with everything it needs -------------------------------------------
+
+struct TestStore {
+  KVShape shape;
+  LongContextConfig config;
+  std::unique_ptr<NumaTopology> topology;
+  std::unique_ptr<MemoryBudget> budget;
+  std::unique_ptr<KVStore> store;
+};
+
+inline LongContextConfig small_config(int block_size, DType kv_type, RepresentativeType rep, int rep_num,
+                                      int64_t max_seq_len) {
+  LongContextConfig c;
+  c.block_size = block_size;
+  c.kv_type = kv_type;
+  c.representative_type = rep;
+  c.representative_num = rep_num;
+  c.max_seq_len = max_seq_len;
+  c.initial_len = 0;
+  c.local_windows_len = 0;
+  return c;
+}
+
+inline TestStore make_store(const KVShape& shape, const LongContextConfig& config,
+                            uint64_t budget_bytes = uint64_t{1} << 34, const std::string& topology = "") {
+  TestStore t;
+  t.shape = shape;
+  t.config = config;
+  t.topology = std::make_unique<NumaTopology>(topology.empty() ? NumaTopology::detect()
+                                                               : NumaTopology::synthetic(topology));
+  t.budget = std::make_unique<MemoryBudget>(budget_bytes);
+  t.store = std::make_unique<KVStore>(shape, config, *t.budget, *t.topology);
+  return t;
+}
+
+// ---- inputs ------------------------------------------------------------------------
+
+// K or V of n tokens, [n, heads, dim] in `dtype`, optionally laid out with
+// padded (non-contiguous) strides; `values` holds the decoded inputs.
+struct Input {
+  DType dtype = DType::kF32;
+  int64_t n = 0;
+  int heads = 0, dim = 0;
+  std::vector<std::byte> buffer;
+  TensorView view;
+  std::vector<float> values;  // [n][heads][dim]
+  float at(int64_t t, int h, int c) const { return values[(size_t(t) * heads + h) * dim + c]; }
+};
+
+// Values with full f32 mantissas in [-8, 8], a few tiny ones (f16 subnormals)
+// and exact ties, so rounding and max/min ties are exercised.
+inline float random_value(std::mt19937& rng) {
+  std::uniform_real_distribution<float> uni(-8.f, 8.f);
+  const uint32_t kind = rng() % 16;
+  if (kind == 0) return uni(rng) * 1e-6f;
+  if (kind == 1) return 0.5f;
+  return uni(rng);
+}
+
+inline Input random_input(std::mt19937& rng, int64_t n, int heads, int dim, DType dtype, bool strided) {
+  Input in;
+  in.dtype = dtype;
+  in.n = n;
+  in.heads = heads;
+  in.dim = dim;
+  const int64_t row = strided ? dim + 8 : dim;               // head stride
+  const int64_t tok = strided ? heads * row + 3 : heads * row;  // token stride
+  const size_t es = dtype_size(dtype);
+  in.buffer.assign(size_t(std::max<int64_t>(n, 1) * tok) * es, std::byte{0x7f});  // padding is garbage
+  in.values.resize(size_t(n) * heads * dim);
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int c = 0; c < dim; ++c) {
+        const size_t at = size_t(t * tok + h * row + c);
+        encode(in.buffer.data(), dtype, at, random_value(rng));
+        in.values[(size_t(t) * heads + h) * dim + c] = decode(in.buffer.data(), dtype, at);
+      }
+  in.view.data = in.buffer.data();
+  in.view.dtype = dtype;
+  in.view.rank = 3;
+  in.view.shape = {n, heads, dim, 0};
+  in.view.strides = {tok, row, 1, 0};
+  return in;
+}
+
+// Tokens [begin, end) of a [n, ...] view.
+inline TensorView slice_tokens(const TensorView& view, int64_t begin, int64_t end) {
+  TensorView s = view;
+  s.data = static_cast<const std::byte*>(view.data) + begin * view.strides[0] * int64_t(dtype_size(view.dtype));
+  s.shape[0] = end - begin;
+  return s;
+}
+
+// Importances with many exact ties (DYNAMIC breaks them by offset).
+inline std::vector<float> random_importance(std::mt19937& rng, int64_t n, int heads) {
+  static const float kLevels[] = {0.f, 0.25f, 0.5f, 1.f, 2.f, -1.f, 3.75f};
+  std::vector<float> imp(size_t(n) * heads);
+  for (auto& x : imp) x = kLevels[rng() % 7];
+  return imp;
+}
+
+inline TensorView importance_view(const std::vector<float>& imp, int64_t begin, int64_t end, int heads) {
+  return make_view(imp.data() + size_t(begin) * heads, DType::kF32, {end - begin, heads});
+}
+
+// ---- the reference store ----------------------------------------------------------
+
+struct RefHead {
+  std::vector<float> k, v;        // [n][dim], rounded to kv_type
+  std::vector<float> importance;  // [n], fp32 sums in call order
+};
+
+struct RefLayer {
+  int64_t n = 0;
+  std::vector<RefHead> heads;
+};
+
+inline void ref_append(RefLayer& ref, const Input& k, const Input& v, int64_t begin, int64_t end,
+                       const float* importance /* [n][heads] of the whole input, or null */, DType kv_type) {
+  if (ref.heads.empty()) ref.heads.resize(size_t(k.heads));
+  for (int h = 0; h < k.heads; ++h) {
+    RefHead& rh = ref.heads[size_t(h)];
+    for (int64_t t = begin; t < end; ++t) {
+      for (int c = 0; c < k.dim; ++c) {
+        rh.k.push_back(round_to(kv_type, k.at(t, h, c)));
+        rh.v.push_back(round_to(kv_type, v.at(t, h, c)));
+      }
+      rh.importance.push_back(importance != nullptr ? importance[size_t(t) * k.heads + h] : 0.f);
+    }
+  }
+  ref.n += end - begin;
+}
+
+inline void ref_add_importance(RefLayer& ref, int64_t first, const std::vector<float>& delta, int heads) {
+  const int64_t n = int64_t(delta.size()) / heads;
+  for (int h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < n; ++t) ref.heads[size_t(h)].importance[size_t(first + t)] += delta[size_t(t) * heads + h];
+}
+
+// Raw bytes of block b's page and record, found through the documented layout.
+inline const std::byte* page_of(const KVStore& s, int layer, int h, int64_t b) {
+  return SnapshotAccess::pages(s, layer, h).at(size_t(b));
+}
+inline const std::byte* record_of(const KVStore& s, int layer, int h, int64_t b) {
+  const StoreLayout& L = s.layout();
+  return SnapshotAccess::rep_pages(s, layer, h).at(size_t(b) / L.records_per_rep_page) +
+         (size_t(b) % L.records_per_rep_page) * L.record_bytes;
+}
+
+// The page block b must hold, byte for byte.
+inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead& rh, int64_t n, int64_t b) {
+  const int bs = L.block_size, d = L.shape.head_dim;
+  std::vector<std::byte> page(L.page_bytes, std::byte{0});
+  std::byte* v_base = page.data() + size_t(bs) * d * dtype_size(L.kv_type);
+  for (int t = 0; t < bs && b * bs + t < n; ++t)
+    for (int c = 0; c < d; ++c) {
+      const size_t src = (size_t(b) * bs + t) * d + c;
+      encode(page.data(), L.kv_type, size_t(c) * bs + t, rh.k[src]);
+      encode(v_base, L.kv_type, size_t(t) * d + c, rh.v[src]);
+    }
+  return page;
+}
+
+// The record block b must hold, byte for byte. MEAN's sum and mean are not
+// exact by definition: they are checked against fp64 bounds (failures go to
+// `problems`) and then copied from `actual`.
+inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHead& rh, int64_t n, int64_t b,
+                                              const std::byte* actual, std::string& problems) {
+  const int bs = L.block_size, d = L.shape.head_dim, R = L.rep_num;
+  const int n_filled = int(std::min<int64_t>(bs, n - b * bs));
+  const size_t key_bytes = size_t(d) * dtype_size(L.kv_type);
+  std::vector<std::byte> rec(L.record_bytes, std::byte{0});
+  auto key = [&](int t, int c) { return rh.k[(size_t(b) * bs + t) * d + c]; };
+  auto put_key = [&](int slot, int t) {
+    for (int c = 0; c < d; ++c) encode(rec.data() + slot * key_bytes, L.kv_type, size_t(c), key(t, c));
+  };
+  auto put_i32 = [&](size_t offset, int j, int32_t x) { std::memcpy(rec.data() + offset + 4 * size_t(j), &x, 4); };
+
+  switch (L.rep_type) {
+    case RepresentativeType::kMax:
+    case RepresentativeType::kQuest:
+      for (int c = 0; c < d; ++c) {
+        double mx = -INFINITY, mn = INFINITY;
+        for (int t = 0; t < n_filled; ++t) mx = std::max<double>(mx, key(t, c)), mn = std::min<double>(mn, key(t, c));
+        encode(rec.data(), L.kv_type, size_t(c), float(mx));
+        if (L.rep_type == RepresentativeType::kQuest) encode(rec.data() + key_bytes, L.kv_type, size_t(c), float(mn));
+      }
+      break;
+    case RepresentativeType::kMean: {
+      const double u32 = unit_roundoff(DType::kF32), ukv = unit_roundoff(L.kv_type);
+      const double gamma = (n_filled - 1) * u32 / (1 - (n_filled - 1) * u32);
+      for (int c = 0; c < d; ++c) {
+        double sum = 0, abs_sum = 0;
+        for (int t = 0; t < n_filled; ++t) sum += key(t, c), abs_sum += std::fabs(key(t, c));
+        float stored_sum;
+        std::memcpy(&stored_sum, actual + L.record_sum_offset + 4 * size_t(c), 4);
+        // Recursive fp32 summation: |fl(S) - S| <= gamma_{n-1} * sum |k|.
+        if (!(std::fabs(stored_sum - sum) <= gamma * abs_sum))
+          problems += "sum[" + std::to_string(c) + "] " + std::to_string(stored_sum) + " vs " + std::to_string(sum) + "; ";
+        // mean = rnd_kv(fl32(fl(S) / n)): the sum's error, one fp32 division, one kv_type rounding.
+        const double m = sum / n_filled;
+        const double e_sum = gamma * abs_sum / n_filled;
+        const double e_div = e_sum + u32 * (std::fabs(m) + e_sum);
+        const double tol = e_div + ukv * (std::fabs(m) + e_div) + half_min_subnormal(L.kv_type);
+        const float stored_mean = decode(actual, L.kv_type, size_t(c));
+        if (!(std::fabs(stored_mean - m) <= tol))
+          problems += "mean[" + std::to_string(c) + "] " + std::to_string(stored_mean) + " vs " + std::to_string(m) + "; ";
+      }
+      std::memcpy(rec.data(), actual, key_bytes);
+      std::memcpy(rec.data() + L.record_sum_offset, actual + L.record_sum_offset, size_t(d) * 4);
+      break;
+    }
+    case RepresentativeType::kFix:
+      for (int j = 0; j < R; ++j) {
+        const int offset = int(int64_t(j) * bs / R);
+        put_i32(L.record_offsets_offset, j, offset);
+        if (offset < n_filled) put_key(j, offset);
+      }
+      break;
+    case RepresentativeType::kDynamic: {
+      std::vector<int> order(static_cast<size_t>(n_filled));
+      std::iota(order.begin(), order.end(), 0);
+      const float* imp = rh.importance.data() + size_t(b) * bs;
+      std::stable_sort(order.begin(), order.end(), [imp](int a, int c) { return imp[a] > imp[c]; });
+      for (int t = 0; t < n_filled; ++t) std::memcpy(rec.data() + L.record_importance_offset + 4 * size_t(t), &imp[t], 4);
+      for (int j = 0; j < R; ++j) {
+        if (j < n_filled) {
+          put_i32(L.record_offsets_offset, j, order[size_t(j)]);
+          put_key(j, order[size_t(j)]);
+        } else {
+          put_i32(L.record_offsets_offset, j, -1);
+        }
+      }
+      break;
+    }
+  }
+  return rec;
+}
+
+// Slots the record of a block holding n_filled tokens must call valid.
+inline int expected_valid_slots(const StoreLayout& L, int n_filled) {
+  switch (L.rep_type) {
+    case RepresentativeType::kMax:
+    case RepresentativeType::kMean:
+      return 1;
+    case RepresentativeType::kQuest:
+      return 2;
+    case RepresentativeType::kFix: {
+      int valid = 0;
+      for (int j = 0; j < L.rep_num; ++j) valid += int64_t(j) * L.block_size / L.rep_num < n_filled ? 1 : 0;
+      return valid;
+    }
+    case RepresentativeType::kDynamic:
+      return std::min(n_filled, L.rep_num);
+  }
+  return -1;
+}
+
+// Every page and record of `layer` against the reference, plus the accessors
+// pointing where the layout says.
+inline ::testing::AssertionResult layer_matches(const KVStore& s, int layer, const RefLayer& ref) {
+  const StoreLayout& L = s.layout();
+  if (s.n_tokens(layer) != ref.n)
+    return ::testing::AssertionFailure() << "layer " << layer << " n_tokens " << s.n_tokens(layer) << " vs " << ref.n;
+  const int64_t blocks = (ref.n + L.block_size - 1) / L.block_size;
+  if (s.n_blocks(layer) != blocks) return ::testing::AssertionFailure() << "n_blocks " << s.n_blocks(layer);
+  for (int h = 0; h < L.shape.n_kv_heads; ++h) {
+    if (SnapshotAccess::pages(s, layer, h).size() != size_t(blocks))
+      return ::testing::AssertionFailure() << "layer " << layer << " head " << h << " has "
+                                           << SnapshotAccess::pages(s, layer, h).size() << " pages";
+    for (int64_t b = 0; b < blocks; ++b) {
+      const RefHead& rh = ref.heads[size_t(h)];
+      const std::byte* page = page_of(s, layer, h, b);
+      const auto want_page = expected_page(L, rh, ref.n, b);
+      if (std::memcmp(page, want_page.data(), L.page_bytes) != 0) {
+        size_t at = 0;
+        while (page[at] == want_page[at]) ++at;
+        return ::testing::AssertionFailure() << "layer " << layer << " head " << h << " block " << b
+                                             << ": page differs at byte " << at << " of " << L.page_bytes;
+      }
+      const BlockView view = s.block(layer, h, b);
+      const int n_filled = int(std::min<int64_t>(L.block_size, ref.n - b * L.block_size));
+      if (view.k_t != page || view.v != page + size_t(L.block_size) * L.shape.head_dim * dtype_size(L.kv_type) ||
+          view.n_filled != n_filled)
+        return ::testing::AssertionFailure() << "block() view of layer " << layer << " head " << h << " block " << b;
+      const std::byte* rec = record_of(s, layer, h, b);
+      if (s.rep_record(layer, h, b) != rec)
+        return ::testing::AssertionFailure() << "rep_record() of block " << b << " is not where the layout says";
+      std::string problems;
+      const auto want_rec = expected_record(L, rh, ref.n, b, rec, problems);
+      if (!problems.empty())
+        return ::testing::AssertionFailure() << "layer " << layer << " head " << h << " block " << b << ": " << problems;
+      if (std::memcmp(rec, want_rec.data(), L.record_bytes) != 0) {
+        size_t at = 0;
+        while (rec[at] == want_rec[at]) ++at;
+        return ::testing::AssertionFailure() << "layer " << layer << " head " << h << " block " << b << " (n_filled "
+                                             << n_filled << "): record differs at byte " << at << " of "
+                                             << L.record_bytes;
+      }
+      if (s.valid_rep_slots(layer, h, b) != expected_valid_slots(L, n_filled))
+        return ::testing::AssertionFailure() << "valid_rep_slots " << s.valid_rep_slots(layer, h, b) << " vs "
+                                             << expected_valid_slots(L, n_filled);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Token counts and the bytes of every page and record, for before/after checks.
+struct StoreBytes {
+  std::vector<int64_t> n_tokens;
+  std::vector<std::vector<std::byte>> blobs;
+  bool operator==(const StoreBytes&) const = default;
+};
+
+inline StoreBytes store_bytes(const KVStore& s) {
+  const StoreLayout& L = s.layout();
+  StoreBytes out;
+  for (int layer = 0; layer < L.shape.n_layers; ++layer) {
+    out.n_tokens.push_back(s.n_tokens(layer));
+    for (int h = 0; h < L.shape.n_kv_heads; ++h) {
+      const auto& pages = SnapshotAccess::pages(s, layer, h);
+      for (size_t b = 0; b < pages.size(); ++b) {
+        out.blobs.emplace_back(pages[b], pages[b] + L.page_bytes);
+        const std::byte* rec = record_of(s, layer, h, int64_t(b));
+        out.blobs.emplace_back(rec, rec + L.record_bytes);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace longctx::kvstore::testref
