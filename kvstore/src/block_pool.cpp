@@ -172,7 +172,7 @@ size_t BlockPool::page_index_of(const std::byte* page) const {
   return slab * pages_per_slab_ + offset / page_bytes_;
 }
 
-std::vector<std::byte*> BlockPool::allocate(size_t n) {
+std::vector<std::byte*> BlockPool::allocate(size_t n, bool zero) {
   std::vector<std::byte*> pages;
   size_t reused = 0;  // pages[0, reused) come from the free list and need zeroing
   {
@@ -205,7 +205,8 @@ std::vector<std::byte*> BlockPool::allocate(size_t n) {
   }
   // The pages are the caller's now; zero them without holding the lock.
   // Fresh pages come straight from mmap and are already zero.
-  for (size_t i = 0; i < reused; ++i) std::memset(pages[i], 0, page_bytes_);
+  if (zero)
+    for (size_t i = 0; i < reused; ++i) std::memset(pages[i], 0, page_bytes_);
   return pages;
 }
 

@@ -293,12 +293,13 @@ KVStore::KVStore(const KVShape& shape, const LongContextConfig& config, MemoryBu
          format_bytes(budget.limit()), "; lower max_seq_len, choose a smaller kv_type or representative_type, "
          "or raise dram_budget");
 
+  const bool bind = config.numa.kind != NumaPolicy::Kind::kNone;  // numa: none lets the OS place pages
   page_pools_.resize(size_t(topology.node_count()));
   rep_pools_.resize(size_t(topology.node_count()));
   for (int node : head_nodes_) {
     if (page_pools_.at(size_t(node))) continue;
-    page_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.page_bytes, budget);
-    rep_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.rep_page_bytes, budget);
+    page_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.page_bytes, budget, bind);
+    rep_pools_[size_t(node)] = std::make_unique<BlockPool>(topology, node, layout_.rep_page_bytes, budget, bind);
   }
   heads_.resize(size_t(shape.n_layers) * size_t(shape.n_kv_heads));
   n_tokens_.assign(size_t(shape.n_layers), 0);
@@ -357,8 +358,17 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
     try {
       tbb::parallel_for(0, n_heads, [&](int h) {
         const HeadCache& hc = head_cache(layer, h);
-        if (blocks_after > hc.pages.size())
-          new_pages[size_t(h)] = page_pool(h).allocate(blocks_after - hc.pages.size());
+        if (blocks_after > hc.pages.size()) {
+          // New blocks start at a block boundary >= n0, so every new page but
+          // a partial last one is overwritten whole by this append: only that
+          // one needs zeroing (unfilled slots must read as zero).
+          auto& pages = new_pages[size_t(h)];
+          pages = page_pool(h).allocate(blocks_after - hc.pages.size(), /*zero=*/false);
+          if ((n0 + n) % bs != 0) std::memset(pages.back(), 0, layout_.page_bytes);
+          const size_t data_bytes = 2 * size_t(bs) * size_t(d) * dtype_size(layout_.kv_type);
+          if (data_bytes < layout_.page_bytes)  // the 64-byte round-up tail is never written
+            for (std::byte* page : pages) std::memset(page + data_bytes, 0, layout_.page_bytes - data_bytes);
+        }
         if (rep_pages_after > hc.rep_pages.size())
           new_rep_pages[size_t(h)] = rep_pool(h).allocate(rep_pages_after - hc.rep_pages.size());
       });

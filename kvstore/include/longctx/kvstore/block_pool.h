@@ -18,7 +18,8 @@ constexpr size_t kSlabBytes = size_t{2} << 20;  // 2 MiB: one transparent huge p
 // Slabs are 2 MiB-aligned multiples of 2 MiB, advised MADV_HUGEPAGE, bound to
 // the node with hwloc when the topology is this system, and counted against
 // the budget from the moment they are mapped until the pool is destroyed.
-// Pages are zero-filled when handed out. Thread-safe.
+// Pages are zero-filled when handed out, unless the caller will overwrite
+// every byte and says so (zero = false). Thread-safe.
 class BlockPool {
  public:
   // bind_memory = false leaves placement to the OS (numa policy 'none'). Binding
@@ -31,7 +32,7 @@ class BlockPool {
   ~BlockPool();
 
   // Hands out n pages, or throws (Error kOutOfMemory) leaving pool and budget unchanged.
-  std::vector<std::byte*> allocate(size_t n);
+  std::vector<std::byte*> allocate(size_t n, bool zero = true);
   // Returns pages to the free list (the slab stays mapped and counted). A
   // pointer that is not a page of this pool in use throws Error(kInvalidArgument)
   // and nothing is released.
