@@ -1,0 +1,213 @@
+// Decode attention over the KV store: argument checks, the flash-decoding
+// plan (pieces of each kv head's selected tokens), the parallel run of the
+// pieces (attention_hwy.cpp) and their LSE merge.
+#include "longctx/cpu/attention.h"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "attention_kernel.h"
+#include "longctx/core/error.h"
+
+namespace longctx::cpu {
+namespace {
+
+// Default piece size (params.split_tokens == 0). It depends only on the
+// selection, never on the thread count, so the result is bit-identical
+// whatever the number of threads: about kTargetPieces pieces over all kv
+// heads (enough to keep a large machine busy even with one kv head), at least
+// kMinPieceTokens tokens each (so the per-piece work of reading q, writing
+// and merging g x head_dim outputs stays small next to the K/V it reads),
+// rounded to kPieceAlign tokens so block-aligned selections cut at block ends.
+constexpr int64_t kTargetPieces = 256;
+constexpr int64_t kMinPieceTokens = 256;
+constexpr int64_t kPieceAlign = 128;
+// A tiny params.split_tokens over a long selection is raised so that the
+// pieces' outputs (g x head_dim floats each) stay a bounded scratch.
+constexpr int64_t kMaxPieces = 65536;
+
+int64_t default_split_tokens(int64_t total_tokens) {
+  const int64_t per_piece = std::max(kMinPieceTokens, (total_tokens + kTargetPieces - 1) / kTargetPieces);
+  return (per_piece + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+}
+
+// A piece: slices [first_slice, end_slice) of one kv head.
+struct Piece {
+  int kv_head = 0;
+  size_t first_slice = 0;
+  size_t end_slice = 0;
+};
+
+void check_arguments(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
+                     const DecodeAttentionParams& params, const MutableTensorView& out, const MutableTensorView& lse) {
+  const kvstore::KVShape& shape = store.layout().shape;
+  if (layer < 0 || layer >= shape.n_layers) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention: layer ", layer, " out of range [0, ", shape.n_layers, ")");
+  }
+  check_dtype(q, "decode_attention q", DType::kF32);
+  check_shape(q, "decode_attention q", {-1, shape.head_dim});
+  check_inner_contiguous(q, "decode_attention q");
+  const int64_t n_q_heads = q.shape[0];
+  if (n_q_heads < 1 || n_q_heads % shape.n_kv_heads != 0) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention q: ", n_q_heads,
+         " query heads is not a positive multiple of the store's ", shape.n_kv_heads, " kv heads");
+  }
+  check_dtype(as_const(out), "decode_attention out", DType::kF32);
+  check_shape(as_const(out), "decode_attention out", {n_q_heads, shape.head_dim});
+  check_inner_contiguous(as_const(out), "decode_attention out");
+  check_dtype(as_const(lse), "decode_attention lse", DType::kF32);
+  check_shape(as_const(lse), "decode_attention lse", {n_q_heads});
+  check_inner_contiguous(as_const(lse), "decode_attention lse");
+  if (!std::isfinite(params.scale)) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention params.scale: ", params.scale, " is not finite");
+  }
+  if (params.split_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention params.split_tokens: ", params.split_tokens,
+         " is negative (0 chooses automatically)");
+  }
+
+  if (selection.spans.size() != size_t(shape.n_kv_heads)) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention selection: spans for ", selection.spans.size(),
+         " kv heads, the store has ", shape.n_kv_heads);
+  }
+  const int64_t n_tokens = store.n_tokens(layer);
+  for (size_t h = 0; h < selection.spans.size(); ++h) {
+    const std::vector<TokenSpan>& spans = selection.spans[h];
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const TokenSpan& s = spans[i];
+      if (s.begin < 0 || s.end > n_tokens || s.begin >= s.end) {
+        fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
+             ", ", s.end, ") is empty or outside the tokens [0, ", n_tokens, ") of layer ", layer);
+      }
+      if (i > 0 && s.begin < spans[i - 1].end) {
+        fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
+             ", ", s.end, ") starts before the end of span ", i - 1, " [", spans[i - 1].begin, ", ",
+             spans[i - 1].end, "); spans must be sorted and non-overlapping");
+      }
+    }
+  }
+}
+
+// Cuts each kv head's selected tokens, in order, into pieces of split_tokens
+// tokens (a head's last piece may be shorter) made of block slices.
+void plan_pieces(const kvstore::KVStore& store, int layer, const Selection& selection, int64_t split_tokens,
+                 std::vector<detail::BlockSlice>& slices, std::vector<Piece>& pieces) {
+  const int block_size = store.layout().block_size;
+  for (size_t h = 0; h < selection.spans.size(); ++h) {
+    int64_t in_piece = split_tokens;  // tokens in the last piece; full: the next token opens one
+    for (const TokenSpan& span : selection.spans[h]) {
+      for (int64_t t = span.begin; t < span.end;) {
+        if (in_piece == split_tokens) {
+          pieces.push_back({int(h), slices.size(), slices.size()});
+          in_piece = 0;
+        }
+        const int64_t block = t / block_size;
+        const int64_t block_begin = block * block_size;
+        const int64_t room = split_tokens - in_piece;
+        const int64_t end = std::min(span.end, block_begin + block_size);
+        const int64_t slice_end = end - t <= room ? end : t + room;
+        const kvstore::BlockView view = store.block(layer, int(h), block);
+        slices.push_back({view.k_t, view.v, int(t - block_begin), int(slice_end - block_begin)});
+        pieces.back().end_slice = slices.size();
+        in_piece += slice_end - t;
+        t = slice_end;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
+                      const DecodeAttentionParams& params, const MutableTensorView& out,
+                      const MutableTensorView& lse) {
+  check_arguments(store, layer, q, selection, params, out, lse);
+  const kvstore::StoreLayout& layout = store.layout();
+  const int n_kv_heads = layout.shape.n_kv_heads;
+  const int dim = layout.shape.head_dim;
+  const int n_q_heads = int(q.shape[0]);
+  const int g = n_q_heads / n_kv_heads;
+  const float scale = params.scale != 0.f ? params.scale : 1.f / std::sqrt(float(dim));
+
+  // q times the scale, contiguous (also makes out aliasing q harmless).
+  std::vector<float> q_scaled(size_t(n_q_heads) * dim);
+  for (int h = 0; h < n_q_heads; ++h) {
+    const float* row = static_cast<const float*>(q.data) + h * q.strides[0];
+    for (int c = 0; c < dim; ++c) q_scaled[size_t(h) * dim + c] = row[c] * scale;
+  }
+
+  int64_t total_tokens = 0;
+  for (const auto& spans : selection.spans)
+    for (const TokenSpan& s : spans) total_tokens += s.end - s.begin;
+  const int64_t split_tokens =
+      params.split_tokens > 0 ? std::max(params.split_tokens, (total_tokens + kMaxPieces - 1) / kMaxPieces)
+                              : default_split_tokens(total_tokens);
+
+  std::vector<detail::BlockSlice> slices;
+  std::vector<Piece> pieces;
+  plan_pieces(store, layer, selection, split_tokens, slices, pieces);
+
+  const size_t piece_floats = size_t(g) * dim;
+  std::vector<float> piece_out(pieces.size() * piece_floats);
+  std::vector<float> piece_lse(pieces.size() * size_t(g));
+  tbb::parallel_for(size_t(0), pieces.size(), [&](size_t p) {
+    detail::PieceArgs args;
+    args.q = q_scaled.data() + size_t(pieces[p].kv_head) * piece_floats;
+    args.g = g;
+    args.head_dim = dim;
+    args.block_size = layout.block_size;
+    args.kv_type = layout.kv_type;
+    args.slices = slices.data() + pieces[p].first_slice;
+    args.n_slices = pieces[p].end_slice - pieces[p].first_slice;
+    args.out = piece_out.data() + p * piece_floats;
+    args.lse = piece_lse.data() + p * size_t(g);
+    detail::attend_piece(args);
+  });
+
+  // Merge each kv head's pieces in piece order (a fixed order: deterministic)
+  // into its first piece, then write the group's rows.
+  size_t p = 0;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    const size_t first = p;
+    for (; p < pieces.size() && pieces[p].kv_head == h; ++p) {
+      if (p == first) continue;
+      merge_attention(&piece_out[first * piece_floats], &piece_lse[first * g], &piece_out[p * piece_floats],
+                      &piece_lse[p * g], &piece_out[first * piece_floats], &piece_lse[first * g], g, dim);
+    }
+    for (int i = 0; i < g; ++i) {
+      const int qh = h * g + i;
+      float* out_row = static_cast<float*>(out.data) + qh * out.strides[0];
+      float* lse_at = static_cast<float*>(lse.data) + qh * lse.strides[0];
+      if (p == first) {  // no token selected for this kv head
+        std::fill(out_row, out_row + dim, 0.f);
+        *lse_at = -std::numeric_limits<float>::infinity();
+      } else {
+        std::copy_n(&piece_out[first * piece_floats + size_t(i) * dim], dim, out_row);
+        *lse_at = piece_lse[first * g + i];
+      }
+    }
+  }
+}
+
+void dense_decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q,
+                            const DecodeAttentionParams& params, const MutableTensorView& out,
+                            const MutableTensorView& lse) {
+  const int n_layers = store.layout().shape.n_layers;
+  if (layer < 0 || layer >= n_layers) {
+    fail(ErrorCode::kInvalidArgument, "dense_decode_attention: layer ", layer, " out of range [0, ", n_layers, ")");
+  }
+  const int64_t n_tokens = store.n_tokens(layer);
+  Selection all;
+  all.spans.resize(size_t(store.layout().shape.n_kv_heads));
+  if (n_tokens > 0) {
+    for (auto& spans : all.spans) spans.push_back({0, n_tokens});
+  }
+  decode_attention(store, layer, q, all, params, out, lse);
+}
+
+}  // namespace longctx::cpu

@@ -1,0 +1,314 @@
+// Decode attention over the slices of one flash-decoding piece, written once
+// over Highway and dispatched at run time to the best target of this CPU.
+//
+// For a chunk of at most kChunkTokens consecutive tokens of a block:
+//  1. scores: for a tile of consecutive tokens, s[i][t] += q[i][c] * K^T[c][t]
+//     over the channels c (one vector load of K^T row c serves every query
+//     head of the group; f16/bf16 widened to f32 on load);
+//  2. online softmax per query head: running max m, running sum l, the
+//     accumulator rescaled by exp(m_old - m_new) when the max grows;
+//  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group.
+// Query heads are taken kMaxGroup at a time so their accumulators stay in
+// registers; with more heads than that, K/V are re-read from cache, not DRAM.
+// While a slice computes, the next slice's lines are prefetched into L2 in
+// address order (LinePrefetch), at the pace the kernel reads.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attention_kernel.h"
+
+// foreach_target.h re-includes this file once per target, looked up through
+// the include directories: cpu/include/../src is this folder.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/attention_hwy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace longctx::cpu::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using D1 = hn::CappedTag<float, 1>;  // one lane, for tails
+
+// Tokens scored before their softmax update and V pass (bounds the scratch).
+constexpr int kChunkTokens = 128;
+
+// Query heads processed together: with 2-4 vectors of accumulators each, 8
+// heads fit the 32 vector registers of AVX-512, 4 heads the 16 of AVX2/SSE4.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kMaxGroup = 8;
+#else
+constexpr int kMaxGroup = 4;
+#endif
+
+// Vectors of tokens (scores) or channels (V) per tile for G heads: enough
+// independent FMA chains to hide the FMA latency, few enough for the registers.
+template <int G>
+constexpr int kTileVectors = G <= 2 ? 4 : 2;
+
+// The element type a storage dtype is loaded as (bf16 is widened with integer ops).
+template <DType kType>
+struct Stored;
+template <>
+struct Stored<DType::kF32> {
+  using T = float;
+};
+template <>
+struct Stored<DType::kF16> {
+  using T = hwy::float16_t;
+};
+template <>
+struct Stored<DType::kBF16> {
+  using T = uint16_t;
+};
+
+template <DType kType, class D>
+HWY_INLINE hn::Vec<D> LoadF32(D d, const typename Stored<kType>::T* p) {
+  if constexpr (kType == DType::kF32) {
+    return hn::LoadU(d, p);
+  } else if constexpr (kType == DType::kF16) {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), p));
+  } else {
+    const hn::RebindToUnsigned<D> du32;
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint16_t, D>(), p))));
+  }
+}
+
+// Calls fn(std::integral_constant<int, G>()) for a run-time G in [1, kMaxGroup].
+template <class Fn, int... I>
+HWY_INLINE void WithGroupSize(int group, Fn&& fn, std::integer_sequence<int, I...>) {
+  ((group == I + 1 ? fn(std::integral_constant<int, I + 1>()) : void()), ...);
+}
+
+// Software prefetch of a byte range into L2, in address order, paced by the
+// kernel's own reads: Step(bytes) after reading `bytes` of the current slice
+// requests as many bytes of the next one. The kernel walks a block page down
+// its rows (K^T rows for a score tile, V rows for a channel tile), a pattern
+// that DRAM and the hardware prefetchers serve at about half the bandwidth of
+// a sequential read; requested in order while this slice computes, the next
+// slice's lines then come from L2.
+class LinePrefetch {
+ public:
+  LinePrefetch() = default;
+  LinePrefetch(const void* begin, const void* end)
+      : at_(static_cast<const char*>(begin)), end_(static_cast<const char*>(end)) {}
+  HWY_INLINE void Step(size_t bytes) {
+    credit_ += bytes;
+    for (; credit_ >= kLineBytes && at_ < end_; credit_ -= kLineBytes, at_ += kLineBytes) {
+      __builtin_prefetch(at_, 0, 2);
+    }
+  }
+
+ private:
+  static constexpr size_t kLineBytes = 64;
+  const char* at_ = nullptr;
+  const char* end_ = nullptr;
+  size_t credit_ = 0;
+};
+
+// scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
+// q) and the NV vectors of tokens starting at block offset t (score index j).
+template <DType kType, int G, int NV, class D>
+HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kType>::T* k_t, int block_size, int t,
+                          float* scores, int j, LinePrefetch& prefetch) {
+  const size_t lanes = hn::Lanes(d);
+  hn::Vec<D> acc[G][NV];
+  for (auto& head : acc)
+    for (auto& a : head) a = hn::Zero(d);
+  const auto* k = k_t + t;
+  for (int c = 0; c < dim; ++c, k += block_size) {
+    prefetch.Step(NV * lanes * sizeof(*k));
+    hn::Vec<D> key[NV];
+    for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
+    for (int i = 0; i < G; ++i) {
+      const auto qc = hn::Set(d, q[i * dim + c]);
+      for (int u = 0; u < NV; ++u) acc[i][u] = hn::MulAdd(qc, key[u], acc[i][u]);
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < NV; ++u) hn::StoreU(acc[i][u], d, scores + i * kChunkTokens + j + u * lanes);
+}
+
+// Scores of G query heads for tokens [t0, t0 + n) of a block.
+template <DType kType, int G>
+void ScoreHeads(const float* q, int dim, const typename Stored<kType>::T* k_t, int block_size, int t0, int n,
+                float* scores, LinePrefetch& prefetch) {
+  const DF df;
+  constexpr int kNV = kTileVectors<G>;
+  const int lanes = static_cast<int>(hn::Lanes(df));
+  int j = 0;
+  for (; j + kNV * lanes <= n; j += kNV * lanes) {
+    ScoreTile<kType, G, kNV>(df, q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
+  }
+  for (; j + lanes <= n; j += lanes) ScoreTile<kType, G, 1>(df, q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
+  for (; j < n; ++j) ScoreTile<kType, G, 1>(D1(), q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
+}
+
+// acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of channels.
+template <DType kType, int G, int NV, class D>
+HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, int dim, int c,
+                               float* acc, LinePrefetch& prefetch) {
+  const size_t lanes = hn::Lanes(d);
+  hn::Vec<D> sum[G][NV];
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < NV; ++u) sum[i][u] = hn::LoadU(d, acc + i * dim + c + u * lanes);
+  const auto* row = v + c;
+  for (int j = 0; j < n; ++j, row += dim) {
+    prefetch.Step(NV * lanes * sizeof(*row));
+    hn::Vec<D> value[NV];
+    for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
+    for (int i = 0; i < G; ++i) {
+      const auto pj = hn::Set(d, p[i * kChunkTokens + j]);
+      for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(pj, value[u], sum[i][u]);
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < NV; ++u) hn::StoreU(sum[i][u], d, acc + i * dim + c + u * lanes);
+}
+
+// acc (G rows of dim) += p . V over n tokens; v points at the first token's row.
+template <DType kType, int G>
+void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, int dim, float* acc,
+                     LinePrefetch& prefetch) {
+  const DF df;
+  constexpr int kNV = kTileVectors<G>;
+  const int lanes = static_cast<int>(hn::Lanes(df));
+  int c = 0;
+  for (; c + kNV * lanes <= dim; c += kNV * lanes) AccumulateTile<kType, G, kNV>(df, p, n, v, dim, c, acc, prefetch);
+  for (; c + lanes <= dim; c += lanes) AccumulateTile<kType, G, 1>(df, p, n, v, dim, c, acc, prefetch);
+  for (; c < dim; ++c) AccumulateTile<kType, G, 1>(D1(), p, n, v, dim, c, acc, prefetch);
+}
+
+void ScaleRow(float* x, int n, float factor) {
+  const DF df;
+  const int lanes = static_cast<int>(hn::Lanes(df));
+  const auto f = hn::Set(df, factor);
+  int j = 0;
+  for (; j + lanes <= n; j += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, x + j), f), df, x + j);
+  for (; j < n; ++j) x[j] *= factor;
+}
+
+// Online softmax update of one query head with n new scores s (replaced in
+// place by p = exp(s - m_new)). Returns exp(m_old - m_new), the factor that
+// rescales what was accumulated before (0 when nothing was).
+float SoftmaxUpdate(float* s, int n, float& m, float& l) {
+  const DF df;
+  const D1 d1;
+  const int lanes = static_cast<int>(hn::Lanes(df));
+  auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
+  int j = 0;
+  for (; j + lanes <= n; j += lanes) vmax = hn::Max(vmax, hn::LoadU(df, s + j));
+  float chunk_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  for (; j < n; ++j) chunk_max = std::max(chunk_max, s[j]);
+
+  const float m_new = std::max(m, chunk_max);
+  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
+  auto vsum = hn::Zero(df);
+  const auto vm = hn::Set(df, m_new);
+  for (j = 0; j + lanes <= n; j += lanes) {
+    const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), vm));
+    hn::StoreU(p, df, s + j);
+    vsum = hn::Add(vsum, p);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+  for (; j < n; ++j) {
+    const auto p = hn::Exp(d1, hn::Sub(hn::LoadU(d1, s + j), hn::Set(d1, m_new)));
+    hn::StoreU(p, d1, s + j);
+    sum += hn::GetLane(p);
+  }
+  l = l * alpha + sum;
+  m = m_new;
+  return alpha;
+}
+
+template <DType kType>
+void AttendPieceOf(const PieceArgs& a) {
+  using T = typename Stored<kType>::T;
+  constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
+  const int g = a.g;
+  const int dim = a.head_dim;
+  std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
+  std::vector<float> m(size_t(g), -std::numeric_limits<float>::infinity());
+  std::vector<float> l(size_t(g), 0.f);
+  float* acc = a.out;  // unnormalized until the end
+  std::fill(acc, acc + size_t(g) * dim, 0.f);
+
+  int64_t seen = 0;
+  for (size_t s = 0; s < a.n_slices; ++s) {
+    const BlockSlice& slice = a.slices[s];
+    // The next slice streams into L2 while this one computes.
+    LinePrefetch next_k, next_v;
+    if (s + 1 < a.n_slices) {
+      const BlockSlice& next = a.slices[s + 1];
+      next_k = LinePrefetch(reinterpret_cast<const T*>(next.k_t) + next.begin,
+                            reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size + next.end);
+      next_v = LinePrefetch(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim,
+                            reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim);
+    }
+    const T* k_t = reinterpret_cast<const T*>(slice.k_t);
+    const T* v = reinterpret_cast<const T*>(slice.v);
+    for (int t0 = slice.begin; t0 < slice.end; t0 += kChunkTokens) {
+      const int n = std::min(kChunkTokens, slice.end - t0);
+      for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
+        WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
+          ScoreHeads<kType, decltype(group)::value>(a.q + size_t(h0) * dim, dim, k_t, a.block_size, t0, n,
+                                         scores.data() + size_t(h0) * kChunkTokens, next_k);
+        }, kGroups);
+      }
+      for (int i = 0; i < g; ++i) {
+        const float alpha = SoftmaxUpdate(scores.data() + size_t(i) * kChunkTokens, n, m[size_t(i)], l[size_t(i)]);
+        if (alpha != 1.f) ScaleRow(acc + size_t(i) * dim, dim, alpha);
+      }
+      for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
+        WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
+          AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
+                                                         v + size_t(t0) * dim, dim, acc + size_t(h0) * dim, next_v);
+        }, kGroups);
+      }
+      seen += n;
+    }
+  }
+
+  for (int i = 0; i < g; ++i) {
+    if (seen == 0) {
+      a.lse[i] = -std::numeric_limits<float>::infinity();  // out stays 0
+      continue;
+    }
+    // l >= 1: the token that set the max contributes exp(0).
+    ScaleRow(acc + size_t(i) * dim, dim, 1.f / l[size_t(i)]);
+    a.lse[i] = m[size_t(i)] + std::log(l[size_t(i)]);
+  }
+}
+
+void AttendPiece(const PieceArgs& args) {
+  switch (args.kv_type) {
+    case DType::kF32:
+      return AttendPieceOf<DType::kF32>(args);
+    case DType::kF16:
+      return AttendPieceOf<DType::kF16>(args);
+    case DType::kBF16:
+      return AttendPieceOf<DType::kBF16>(args);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace longctx::cpu::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace longctx::cpu::detail {
+
+HWY_EXPORT(AttendPiece);
+
+void attend_piece(const PieceArgs& args) { HWY_DYNAMIC_DISPATCH(AttendPiece)(args); }
+
+}  // namespace longctx::cpu::detail
+#endif  // HWY_ONCE

@@ -1,0 +1,133 @@
+// Highway kernel of block scoring (score_kernels.h): dot products of prepared
+// f32 queries with the key vectors of representative records stored in
+// f32/f16/bf16, fp32 accumulation. Each key vector is loaded once for up to
+// four queries; the hot case (one query: sums over the GQA group folded into
+// it) keeps two accumulators so the FMA latency does not bind.
+#include <algorithm>
+#include <limits>
+
+#include "score_kernels.h"
+
+// foreach_target.h re-includes this file once per target; the path is looked
+// up through the include directories (cpu/include/../src is this folder).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/score_hwy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace longctx::cpu::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF32 = hn::ScalableTag<float>;
+using VF32 = hn::Vec<DF32>;
+
+constexpr int kMaxQueriesPerPass = 4;
+
+// Elements [i, i + Lanes) of a kv_type array, widened to f32.
+template <DType kT>
+HWY_INLINE VF32 LoadKey(const std::byte* keys, size_t i) {
+  const DF32 df;
+  if constexpr (kT == DType::kF32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(keys) + i);
+  } else if constexpr (kT == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF32> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(keys) + i));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF32> db;
+    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(keys) + i));
+  }
+}
+
+// dots[q] = dot(queries + q * len, key) for kQ queries, len elements.
+template <DType kT, int kQ>
+HWY_INLINE void Dots(const float* queries, const std::byte* key, size_t len, float* dots) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  VF32 even[kQ];
+  VF32 odd[kQ];
+  for (int q = 0; q < kQ; ++q) even[q] = odd[q] = hn::Zero(df);
+  size_t i = 0;
+  for (; i + 2 * lanes <= len; i += 2 * lanes) {
+    const VF32 k0 = LoadKey<kT>(key, i);
+    const VF32 k1 = LoadKey<kT>(key, i + lanes);
+    for (int q = 0; q < kQ; ++q) {
+      even[q] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k0, even[q]);
+      odd[q] = hn::MulAdd(hn::LoadU(df, queries + q * len + i + lanes), k1, odd[q]);
+    }
+  }
+  if (i + lanes <= len) {
+    const VF32 k0 = LoadKey<kT>(key, i);
+    for (int q = 0; q < kQ; ++q) even[q] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k0, even[q]);
+    i += lanes;
+  }
+  for (int q = 0; q < kQ; ++q) dots[q] = hn::GetLane(hn::SumOfLanes(df, hn::Add(even[q], odd[q])));
+  // Lengths are multiples of 8; a tail exists only where vectors are wider.
+  for (; i < len; ++i) {
+    const float k = load_as_f32(key, kT, i);
+    for (int q = 0; q < kQ; ++q) dots[q] += queries[q * len + i] * k;
+  }
+}
+
+template <DType kT>
+HWY_INLINE void DotsOfPass(int n_queries, const float* queries, const std::byte* key, size_t len,
+                           float* dots) {
+  switch (n_queries) {
+    case 1: return Dots<kT, 1>(queries, key, len, dots);
+    case 2: return Dots<kT, 2>(queries, key, len, dots);
+    case 3: return Dots<kT, 3>(queries, key, len, dots);
+    default: return Dots<kT, 4>(queries, key, len, dots);
+  }
+}
+
+template <DType kT>
+void ScoreRecordsOf(const ScoreRun& run) {
+  const size_t len = size_t(run.slot_len);
+  const size_t slot_bytes = len * dtype_size(kT);
+  const bool slot_max = run.slot_reduce == Reduce::kMax;
+  const bool query_max = run.query_reduce == Reduce::kMax;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < run.n_records; ++r) {
+    const std::byte* record = run.first_record + size_t(r) * run.record_bytes;
+    float total = query_max ? kNegInf : 0.f;
+    for (int q0 = 0; q0 < run.n_queries; q0 += kMaxQueriesPerPass) {
+      const int pass = std::min(kMaxQueriesPerPass, run.n_queries - q0);
+      const float* queries = run.queries + size_t(q0) * len;
+      float per_query[kMaxQueriesPerPass];
+      DotsOfPass<kT>(pass, queries, record, len, per_query);
+      for (int s = 1; s < run.n_slots; ++s) {
+        float dots[kMaxQueriesPerPass];
+        DotsOfPass<kT>(pass, queries, record + size_t(s) * slot_bytes, len, dots);
+        for (int q = 0; q < pass; ++q) per_query[q] = slot_max ? std::max(per_query[q], dots[q]) : per_query[q] + dots[q];
+      }
+      for (int q = 0; q < pass; ++q) {
+        const float score = slot_max ? per_query[q] : per_query[q] / float(run.n_slots);
+        total = query_max ? std::max(total, score) : total + score;
+      }
+    }
+    run.out[r] = total;
+  }
+}
+
+void ScoreRecords(const ScoreRun& run) {
+  switch (run.kv_type) {
+    case DType::kF32: return ScoreRecordsOf<DType::kF32>(run);
+    case DType::kF16: return ScoreRecordsOf<DType::kF16>(run);
+    case DType::kBF16: return ScoreRecordsOf<DType::kBF16>(run);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace longctx::cpu::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace longctx::cpu::detail {
+
+HWY_EXPORT(ScoreRecords);
+
+void score_records(const ScoreRun& run) { HWY_DYNAMIC_DISPATCH(ScoreRecords)(run); }
+
+}  // namespace longctx::cpu::detail
+#endif  // HWY_ONCE

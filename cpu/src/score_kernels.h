@@ -1,0 +1,43 @@
+// The vector kernel behind score_blocks (private to cpu/): scores a run of
+// consecutive representative records against prepared query vectors.
+// score.cpp prepares the queries and splits the work; score_hwy.cpp holds the
+// Highway kernel, dispatched at run time to the best target of the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "longctx/core/config.h"
+#include "longctx/core/dtype.h"
+#include "longctx/core/tensor.h"
+#include "longctx/kvstore/kv_store.h"
+
+namespace longctx::cpu::detail {
+
+// Every record holds n_slots vectors of slot_len elements (kv_type) at its
+// start, slot j at element j * slot_len. For each record:
+//   score_q = slot_reduce over j of dot(queries[q], slot j)   (max or mean)
+//   out     = query_reduce over q of score_q                  (sum or max)
+// with fp32 accumulation. QUEST's max|min pair is one slot of 2*head_dim.
+struct ScoreRun {
+  DType kv_type = DType::kF16;
+  const float* queries = nullptr;  // [n_queries][slot_len]
+  int n_queries = 0;
+  int slot_len = 0;
+  int n_slots = 0;  // valid slots of every record of the run (>= 1)
+  Reduce slot_reduce = Reduce::kMax;
+  Reduce query_reduce = Reduce::kSum;
+  const std::byte* first_record = nullptr;
+  size_t record_bytes = 0;  // stride between consecutive records
+  int64_t n_records = 0;
+  float* out = nullptr;  // [n_records]
+};
+
+void score_records(const ScoreRun& run);
+
+// Throws Error(kInvalidArgument), prefixed by `what`, unless `layer` exists and
+// q is f32 [n_q_heads, head_dim] with an inner stride of 1 and n_q_heads a
+// positive multiple of the store's kv heads.
+void check_decode_query(const kvstore::KVStore& store, int layer, const TensorView& q, const char* what);
+
+}  // namespace longctx::cpu::detail

@@ -1,0 +1,187 @@
+// Top-k of block scores and the token spans a decode step attends
+// (selection.h): initial tokens + chosen context blocks + the partial last
+// block + the local window, merged so that no token appears twice.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/selection.h"
+#include "score_kernels.h"
+
+namespace longctx::cpu {
+namespace {
+
+using kvstore::KVStore;
+using kvstore::Partition;
+
+// A 32-bit key whose increasing order is the rank order of scores:
+// decreasing value, -0 equal to +0, NaN after everything.
+uint32_t rank_key(float score) {
+  if (std::isnan(score)) return std::numeric_limits<uint32_t>::max();
+  if (score == 0.f) score = 0.f;  // -0 ties with +0
+  const auto bits = std::bit_cast<uint32_t>(score);
+  // Negative: larger magnitude -> larger bits -> later. Non-negative: larger
+  // value -> larger bits -> smaller key, all below every negative's key.
+  return (bits & 0x80000000u) != 0 ? bits : (~bits & 0x7FFFFFFFu);
+}
+
+void check_partition(const Partition& p, int block_size, const char* what) {
+  if (block_size < 1) fail(ErrorCode::kInvalidArgument, what, ": block_size is ", block_size, ", must be >= 1");
+  if (p.initial_end < 0 || p.initial_end > p.local_begin || p.local_begin > p.n_tokens ||
+      p.first_context_block < 0 || p.first_context_block > p.end_context_block)
+    fail(ErrorCode::kInvalidArgument, what, ": inconsistent partition (n_tokens ", p.n_tokens, ", initial_end ",
+         p.initial_end, ", local_begin ", p.local_begin, ", context blocks [", p.first_context_block, ", ",
+         p.end_context_block, "))");
+}
+
+// Sorts spans by begin and merges overlapping or adjacent ones.
+std::vector<TokenSpan> merge_spans(std::vector<TokenSpan> spans) {
+  std::sort(spans.begin(), spans.end(), [](const TokenSpan& a, const TokenSpan& b) { return a.begin < b.begin; });
+  std::vector<TokenSpan> merged;
+  merged.reserve(spans.size());
+  for (const TokenSpan& span : spans) {
+    if (!merged.empty() && span.begin <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, span.end);
+    } else {
+      merged.push_back(span);
+    }
+  }
+  return merged;
+}
+
+std::vector<TokenSpan> spans_of_head(const Partition& p, int block_size, const std::vector<int64_t>& blocks,
+                                     size_t list_index, bool include_local) {
+  std::vector<TokenSpan> spans;
+  spans.reserve(blocks.size() + 3);
+  const auto add = [&spans](int64_t begin, int64_t end) {
+    if (begin < end) spans.push_back({begin, end});
+  };
+  add(0, p.initial_end);
+  for (const int64_t b : blocks) {
+    if (b < p.first_context_block || b >= p.end_context_block)
+      fail(ErrorCode::kInvalidArgument, "build_selection: chosen block ", b, " (list ", list_index,
+           ") outside the context blocks [", p.first_context_block, ", ", p.end_context_block, ")");
+    add(p.context_begin_of(b, block_size), p.context_end_of(b, block_size));
+  }
+  if (p.n_tokens % block_size != 0) {  // the partial last block, where it reaches into the context
+    const int64_t last = p.n_tokens / block_size;
+    add(p.context_begin_of(last, block_size), p.context_end_of(last, block_size));
+  }
+  if (include_local) add(p.local_begin, p.n_tokens);
+  return merge_spans(std::move(spans));
+}
+
+}  // namespace
+
+int64_t Selection::tokens(int kv_head) const {
+  if (kv_head < 0 || size_t(kv_head) >= spans.size())
+    fail(ErrorCode::kInvalidArgument, "Selection::tokens: kv head ", kv_head, " out of range [0, ", spans.size(), ")");
+  int64_t total = 0;
+  for (const TokenSpan& span : spans[size_t(kv_head)]) total += span.end - span.begin;
+  return total;
+}
+
+std::vector<int64_t> top_k(const float* scores, int64_t n, int64_t k) {
+  if (n < 0 || n > int64_t{std::numeric_limits<uint32_t>::max()})
+    fail(ErrorCode::kInvalidArgument, "top_k: n is ", n, ", must be in [0, 2^32)");
+  k = std::clamp<int64_t>(k, 0, n);
+  if (k == 0) return {};
+  if (scores == nullptr) fail(ErrorCode::kInvalidArgument, "top_k: scores is null for n = ", n);
+
+  // (rank key, index) packed in 64 bits: distinct, and their order is the
+  // rank order with ties broken by the lower index.
+  std::vector<uint64_t> keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = (uint64_t{rank_key(scores[i])} << 32) | uint64_t(i);
+  if (k < n) std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end());
+  std::sort(keys.begin(), keys.begin() + k);
+
+  std::vector<int64_t> indices(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) indices[size_t(i)] = int64_t(keys[size_t(i)] & 0xFFFFFFFFu);
+  return indices;
+}
+
+int64_t blocks_for_token_budget(int64_t token_budget, int block_size) {
+  if (block_size < 1)
+    fail(ErrorCode::kInvalidArgument, "blocks_for_token_budget: block_size is ", block_size, ", must be >= 1");
+  if (token_budget < 0)
+    fail(ErrorCode::kInvalidArgument, "blocks_for_token_budget: token budget is ", token_budget, ", must be >= 0");
+  return token_budget / block_size;
+}
+
+Selection build_selection(const Partition& partition, int block_size, int n_kv_heads,
+                          const std::vector<std::vector<int64_t>>& chosen, bool include_local) {
+  check_partition(partition, block_size, "build_selection");
+  if (n_kv_heads < 1) fail(ErrorCode::kInvalidArgument, "build_selection: n_kv_heads is ", n_kv_heads, ", must be >= 1");
+  if (chosen.size() != 1 && chosen.size() != size_t(n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "build_selection: ", chosen.size(), " lists of chosen blocks for ", n_kv_heads,
+         " kv heads (need 1, shared by all heads, or one per head)");
+  Selection selection;
+  if (chosen.size() == 1) {
+    selection.spans.assign(size_t(n_kv_heads), spans_of_head(partition, block_size, chosen[0], 0, include_local));
+  } else {
+    selection.spans.reserve(size_t(n_kv_heads));
+    for (size_t h = 0; h < chosen.size(); ++h)
+      selection.spans.push_back(spans_of_head(partition, block_size, chosen[h], h, include_local));
+  }
+  return selection;
+}
+
+Selection select_blocks(const KVStore& store, int layer, const TensorView& q, const SelectParams& params) {
+  detail::check_decode_query(store, layer, q, "select_blocks");
+  if (params.blocks < 0)
+    fail(ErrorCode::kInvalidArgument, "select_blocks: SelectParams::blocks is ", params.blocks, ", must be >= 0");
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  const int block_size = store.layout().block_size;
+  const Partition part = store.partition(layer);
+  const int64_t n_context = part.end_context_block - part.first_context_block;
+
+  std::vector<std::vector<int64_t>> chosen;
+  if (params.blocks >= n_context) {
+    // Every context block fits: nothing to rank.
+    std::vector<int64_t> all(static_cast<size_t>(n_context));
+    for (int64_t i = 0; i < n_context; ++i) all[size_t(i)] = part.first_context_block + i;
+    chosen.push_back(std::move(all));
+  } else {
+    std::vector<float> scores(size_t(n_kv_heads) * size_t(n_context));
+    score_blocks(store, layer, q, params.score,
+                 make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context}));
+    const auto to_blocks = [&part](std::vector<int64_t> indices) {
+      for (int64_t& i : indices) i += part.first_context_block;
+      return indices;
+    };
+    if (params.mode == HeadSelectMode::kShared) {
+      std::vector<float> total(scores.begin(), scores.begin() + n_context);
+      for (int h = 1; h < n_kv_heads; ++h) {
+        const float* row = scores.data() + size_t(h) * size_t(n_context);
+        for (int64_t i = 0; i < n_context; ++i) total[size_t(i)] += row[i];
+      }
+      chosen.push_back(to_blocks(top_k(total.data(), n_context, params.blocks)));
+    } else {
+      for (int h = 0; h < n_kv_heads; ++h)
+        chosen.push_back(to_blocks(top_k(scores.data() + size_t(h) * size_t(n_context), n_context, params.blocks)));
+    }
+  }
+  return build_selection(part, block_size, n_kv_heads, chosen, params.include_local);
+}
+
+Selection select_all(const KVStore& store, int layer, bool include_local) {
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  if (layer < 0 || layer >= store.layout().shape.n_layers)
+    fail(ErrorCode::kInvalidArgument, "select_all: layer ", layer, " out of range [0, ", store.layout().shape.n_layers,
+         ")");
+  const Partition part = store.partition(layer);
+  // initial + context is [0, local_begin); the local window continues it.
+  const int64_t end = include_local ? part.n_tokens : part.local_begin;
+  Selection selection;
+  selection.spans.assign(size_t(n_kv_heads), {});
+  if (end > 0) {
+    for (auto& spans : selection.spans) spans.push_back({0, end});
+  }
+  return selection;
+}
+
+}  // namespace longctx::cpu

@@ -1,0 +1,546 @@
+// prefill_attention against the fp64 reference of reference.h (prefill_ref:
+// each query row is decode attention over keys [0, its position], keys and
+// values as stored), on every Highway target this CPU runs, over randomized
+// shapes; results independent of chunking and thread count; logits near
+// +-1e4 and sink keys of huge norm; argument validation.
+#include <gtest/gtest.h>
+#include <tbb/global_control.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "longctx/core/config.h"
+#include "longctx/core/error.h"
+#include "longctx/core/tensor.h"
+#include "longctx/cpu/prefill_attention.h"
+#include "longctx/kvstore/kv_store.h"
+#include "longctx/kvstore/memory_budget.h"
+#include "longctx/kvstore/numa.h"
+#include "reference.h"
+
+namespace longctx::cpu {
+namespace {
+
+const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
+constexpr float kSentinel = -12345.f;    // fills padding the kernel must not write
+
+// ---- stores -------------------------------------------------------------------------
+
+struct PrefillCase {
+  DType kv_type = DType::kF16;
+  int block_size = 16;
+  int head_dim = 64;
+  int n_kv_heads = 1;
+  int g = 1;            // query heads per kv head
+  int64_t history = 0;  // tokens before the chunk
+  int64_t n = 1;        // queries in the chunk
+  bool strided = false; // q/out/lse as views into larger buffers
+
+  int n_q_heads() const { return g * n_kv_heads; }
+  int64_t n_tokens() const { return history + n; }
+  std::string describe() const {
+    return str_cat(dtype_name(kv_type), " block=", block_size, " head_dim=", head_dim, " kv_heads=", n_kv_heads,
+                   " g=", g, " history=", history, " n=", n, strided ? " strided" : "");
+  }
+};
+
+const kvstore::NumaTopology& topology() {
+  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
+  return detected;
+}
+
+// A two-layer store; the tested layer is 1, layer 0 holds other tokens so that
+// reading the wrong layer shows.
+struct TestStore {
+  kvstore::MemoryBudget budget{uint64_t{1} << 30};
+  std::unique_ptr<kvstore::KVStore> store;
+};
+
+std::unique_ptr<TestStore> make_store(const PrefillCase& c, int64_t capacity) {
+  LongContextConfig config;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  config.second_select_num = 0;
+  config.max_seq_len = capacity;
+  config.block_size = c.block_size;
+  config.kv_type = c.kv_type;
+  auto t = std::make_unique<TestStore>();
+  t->store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, c.n_kv_heads, c.head_dim}, config, t->budget,
+                                                topology());
+  return t;
+}
+
+// Appends `count` tokens of k and v [count][n_kv_heads][head_dim] to `layer`.
+void append(kvstore::KVStore& store, int layer, const float* k, const float* v, int64_t count) {
+  const kvstore::KVShape& s = store.layout().shape;
+  store.append(layer, make_view(k, DType::kF32, {count, s.n_kv_heads, s.head_dim}),
+               make_view(v, DType::kF32, {count, s.n_kv_heads, s.head_dim}));
+}
+
+std::vector<float> normal_values(size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> values(count);
+  for (float& x : values) x = normal(rng);
+  return values;
+}
+
+// Random tokens on both layers (layer 1 gets n_tokens, layer 0 a different count).
+void fill_random(kvstore::KVStore& store, int64_t n_tokens, std::mt19937& rng) {
+  const kvstore::KVShape& s = store.layout().shape;
+  for (int layer : {0, 1}) {
+    const int64_t count = layer == 1 ? n_tokens : std::max<int64_t>(1, n_tokens / 2);
+    const size_t size = size_t(count) * size_t(s.n_kv_heads) * size_t(s.head_dim);
+    const std::vector<float> k = normal_values(size, rng), v = normal_values(size, rng);
+    append(store, layer, k.data(), v.data(), count);
+  }
+}
+
+// ---- queries and outputs, possibly strided ---------------------------------------------
+
+// q [n][n_q_heads][head_dim] and out/lse, each optionally inside a larger
+// buffer (head rows padded, lse rows padded) whose padding must stay untouched.
+struct Buffers {
+  int64_t n = 0;
+  int n_q_heads = 0, head_dim = 0;
+  int64_t head_stride = 0, lse_row_stride = 0;  // >= head_dim, >= n_q_heads
+  std::vector<float> q, out, lse;
+
+  Buffers(const PrefillCase& c, std::mt19937& rng)
+      : n(c.n), n_q_heads(c.n_q_heads()), head_dim(c.head_dim),
+        head_stride(c.strided ? c.head_dim + 5 : c.head_dim),
+        lse_row_stride(c.strided ? c.n_q_heads() + 3 : c.n_q_heads()) {
+    q = normal_values(size_t(n * n_q_heads * head_stride), rng);
+    out.assign(q.size(), kSentinel);
+    lse.assign(size_t(n * lse_row_stride), kSentinel);
+  }
+  const float* q_row(int64_t i, int h) const { return &q[size_t((i * n_q_heads + h) * head_stride)]; }
+  float* q_row(int64_t i, int h) { return &q[size_t((i * n_q_heads + h) * head_stride)]; }
+  const float* out_row(int64_t i, int h) const { return &out[size_t((i * n_q_heads + h) * head_stride)]; }
+  float lse_at(int64_t i, int h) const { return lse[size_t(i * lse_row_stride + h)]; }
+
+  TensorView q_view() const {
+    TensorView v = make_view(q.data(), DType::kF32, {n, n_q_heads, head_dim});
+    v.strides = {n_q_heads * head_stride, head_stride, 1, 0};
+    return v;
+  }
+  MutableTensorView out_view() {
+    MutableTensorView v = make_mutable_view(out.data(), DType::kF32, {n, n_q_heads, head_dim});
+    v.strides = {n_q_heads * head_stride, head_stride, 1, 0};
+    return v;
+  }
+  MutableTensorView lse_view() {
+    MutableTensorView v = make_mutable_view(lse.data(), DType::kF32, {n, n_q_heads});
+    v.strides = {lse_row_stride, 1, 0, 0};
+    return v;
+  }
+  void reset_outputs() {
+    std::fill(out.begin(), out.end(), kSentinel);
+    std::fill(lse.begin(), lse.end(), kSentinel);
+  }
+  bool padding_untouched() const {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int h = 0; h < n_q_heads; ++h)
+        for (int64_t c = head_dim; c < head_stride; ++c)
+          if (out_row(i, h)[c] != kSentinel) return false;
+      for (int64_t h = n_q_heads; h < lse_row_stride; ++h)
+        if (lse[size_t(i * lse_row_stride + h)] != kSentinel) return false;
+    }
+    return true;
+  }
+};
+
+void run_prefill(const kvstore::KVStore& store, int64_t first_pos, Buffers& b, float scale = 0.f) {
+  prefill_attention(store, 1, first_pos, b.q_view(), scale, b.out_view(), b.lse_view());
+}
+
+// ---- error budget -------------------------------------------------------------------
+
+// Bounds of |kernel - reference| for one row, u = 2^-24, L = keys the row
+// attends (position + 1), A = max over keys of scale sum_c |q_c k_c|,
+// V = max |v| (from the reference):
+// - logits: q * scale rounded, the f32 scale itself rounded, then a d-term
+//   FMA chain: |s_kernel - s| <= (d + 2) u A = e_s.
+// - each unnormalized probability exp(s_t - m) carries a relative error
+//     e_p = 2 e_s               (s_t and the running max m)
+//         + 110 u               (the argument, in [-105, 0], rounded; Exp within 2 ulp)
+//         + (2 A + 2 L) u       (the online-softmax rescalings exp(m_old - m_new), one
+//                                per key tile, at most L: their arguments add up to at
+//                                most 2A, each rounded, each product rounded)
+// - l and each output channel are f32 sums of L terms (lanes, lane reduction,
+//   tiles): relative error <= 4 L u of the sum of |terms|.
+// out = sum p v / sum p:  |err| <= V (2 e_p + 8 L u + 2 u)
+// lse = m + log l:        |err| <= e_s + e_p + 4 L u + (|lse| + 2) u
+// With integer inputs, scale 1 and logits below 2^24 (exact_logits), every
+// logit, running max and difference of them is exact in f32: e_s = 0 and the
+// 2A term drops.
+struct Bounds {
+  double out = 0, lse = 0;
+};
+
+Bounds error_bounds(const prefill_ref::Row& ref, int head_dim, int64_t n_keys, bool exact_logits = false) {
+  const double A = ref.max_logit_terms, L = double(n_keys);
+  const double e_s = exact_logits ? 0.0 : (head_dim + 2) * kU * A;
+  const double e_p = 2 * e_s + 110 * kU + ((exact_logits ? 0.0 : 2 * A) + 2 * L) * kU;
+  Bounds b;
+  b.out = ref.max_abs_value * (2 * e_p + 8 * L * kU + 2 * kU);
+  b.lse = e_s + e_p + 4 * L * kU + (std::abs(ref.lse) + 2) * kU;
+  return b;
+}
+
+// The reference rows of a chunk, [n][n_q_heads].
+std::vector<prefill_ref::Row> reference_rows(const kvstore::KVStore& store, int64_t first_pos, const Buffers& b,
+                                             double scale) {
+  const int n_kv = store.layout().shape.n_kv_heads;
+  const int g = b.n_q_heads / n_kv;
+  std::vector<prefill_ref::StoredHead> heads;
+  for (int h = 0; h < n_kv; ++h) heads.push_back(prefill_ref::stored_head(store, 1, h));
+  std::vector<prefill_ref::Row> rows;
+  for (int64_t i = 0; i < b.n; ++i)
+    for (int h = 0; h < b.n_q_heads; ++h)
+      rows.push_back(prefill_ref::attend_causal(b.q_row(i, h), scale, heads[size_t(h / g)], first_pos + i));
+  return rows;
+}
+
+void expect_matches_reference(const Buffers& b, int64_t first_pos, const std::vector<prefill_ref::Row>& ref,
+                              bool exact_logits = false) {
+  ASSERT_TRUE(b.padding_untouched()) << "wrote outside the views";
+  for (int64_t i = 0; i < b.n; ++i) {
+    for (int h = 0; h < b.n_q_heads; ++h) {
+      const prefill_ref::Row& r = ref[size_t(i * b.n_q_heads + h)];
+      const Bounds bounds = error_bounds(r, b.head_dim, first_pos + i + 1, exact_logits);
+      SCOPED_TRACE(str_cat("query ", i, " (position ", first_pos + i, ") head ", h));
+      ASSERT_TRUE(std::isfinite(b.lse_at(i, h))) << b.lse_at(i, h);
+      ASSERT_NEAR(b.lse_at(i, h), r.lse, bounds.lse);
+      for (int c = 0; c < b.head_dim; ++c) {
+        ASSERT_TRUE(std::isfinite(b.out_row(i, h)[c])) << "channel " << c << ": " << b.out_row(i, h)[c];
+        ASSERT_NEAR(b.out_row(i, h)[c], r.out[size_t(c)], bounds.out) << "channel " << c;
+      }
+    }
+  }
+}
+
+// ---- Highway targets ----------------------------------------------------------------
+
+// Forces one Highway target for the lifetime of the object.
+class ForcedTarget {
+ public:
+  explicit ForcedTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+  ~ForcedTarget() { hwy::SetSupportedTargetsForTest(0); }
+  ForcedTarget(const ForcedTarget&) = delete;
+  ForcedTarget& operator=(const ForcedTarget&) = delete;
+};
+
+// Every target compiled in and supported by this CPU (AVX3, AVX2, SSE4, ..., scalar).
+std::vector<int64_t> every_target() { return hwy::SupportedAndGeneratedTargets(); }
+
+TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
+  const std::vector<int64_t> targets = every_target();
+  auto has = [&](int64_t t) { return std::find(targets.begin(), targets.end(), t) != targets.end(); };
+  EXPECT_TRUE(has(HWY_SCALAR) || has(HWY_EMU128));
+  for (int64_t t : {HWY_SSE4, HWY_AVX2, HWY_AVX3}) {
+    if (hwy::SupportedTargets() & t) {
+      EXPECT_TRUE(has(t)) << hwy::TargetName(t);
+    }
+  }
+}
+
+// ---- tests --------------------------------------------------------------------------
+
+// Query counts around the block size and the kernel's tiles: 1, 17,
+// block_size - 1, block_size, block_size + 1, odd and prime.
+std::vector<int64_t> chunk_lengths(int block_size) {
+  std::vector<int64_t> lengths = {1, 17, 37, 131};
+  for (int64_t n : {block_size - 1, block_size, block_size + 1})
+    if (n >= 1) lengths.push_back(n);
+  return lengths;
+}
+
+TEST(PrefillAttention, RandomShapesOnEveryTargetMatchReference) {
+  const DType types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const int block_sizes[] = {1, 16, 64, 128};
+  const int head_dims[] = {64, 128, 256};
+  const int groups[] = {1, 2, 4, 8};
+  std::mt19937 rng(2024);
+  int checked = 0;
+  for (DType kv_type : types) {
+    for (int block_size : block_sizes) {
+      for (int rep = 0; rep < 2; ++rep) {
+        PrefillCase c;
+        c.kv_type = kv_type;
+        c.block_size = block_size;
+        c.head_dim = head_dims[rng() % 3];
+        c.g = groups[rng() % 4];
+        c.n_kv_heads = c.g == 8 ? 1 : 1 + int(rng() % 2);
+        const std::vector<int64_t> lengths = chunk_lengths(block_size);
+        c.n = lengths[rng() % lengths.size()];
+        c.history = rep == 0 ? 0 : 1 + int64_t(rng() % 300);  // first_pos 0, then with history
+        c.strided = rng() % 2 == 0;
+        // Keep the fp64 reference small: q heads x queries x keys x head_dim.
+        while (double(c.n_q_heads()) * double(c.n) * double(c.n_tokens()) * c.head_dim > 2e7) {
+          c.history /= 2;
+          if (c.n > 17) c.n = c.n / 2 + 1;
+        }
+        SCOPED_TRACE(c.describe());
+        auto t = make_store(c, c.n_tokens());
+        fill_random(*t->store, c.n_tokens(), rng);
+        Buffers b(c, rng);
+        const auto ref = reference_rows(*t->store, c.history, b, 1.0 / std::sqrt(double(float(c.head_dim))));
+        for (int64_t target : every_target()) {
+          SCOPED_TRACE(hwy::TargetName(target));
+          const ForcedTarget forced(target);
+          b.reset_outputs();
+          run_prefill(*t->store, c.history, b);
+          expect_matches_reference(b, c.history, ref);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 24);
+}
+
+TEST(PrefillAttention, ExplicitScaleIsUsed) {
+  PrefillCase c;
+  c.head_dim = 128;
+  c.g = 4;
+  c.n_kv_heads = 2;
+  c.history = 70;
+  c.n = 40;
+  std::mt19937 rng(5);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  const float scale = 0.3f;
+  run_prefill(*t->store, c.history, b, scale);
+  expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, scale));
+}
+
+// The prefill of a prompt in chunks, each attended right after its K/V is
+// appended (as the pipeline does), gives the same bits as one chunk over the
+// whole prompt, with one thread or all: a row's result depends only on its
+// query and keys.
+TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
+  PrefillCase c;
+  c.kv_type = DType::kBF16;
+  c.block_size = 16;
+  c.head_dim = 64;
+  c.n_kv_heads = 2;
+  c.g = 4;
+  c.n = 300;
+  std::mt19937 rng(77);
+  const size_t token_size = size_t(c.n_kv_heads * c.head_dim);
+  const std::vector<float> k = normal_values(size_t(c.n) * token_size, rng);
+  const std::vector<float> v = normal_values(size_t(c.n) * token_size, rng);
+  Buffers whole(c, rng);
+
+  auto full = make_store(c, c.n);
+  append(*full->store, 1, k.data(), v.data(), c.n);
+  run_prefill(*full->store, 0, whole);
+  expect_matches_reference(whole, 0, reference_rows(*full->store, 0, whole, 1.0 / 8));
+
+  for (int threads : {1, 2}) {
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+    SCOPED_TRACE(str_cat(threads, " threads"));
+    auto chunked = make_store(c, c.n);
+    int64_t first = 0;
+    for (int64_t size : {1, 7, 16, 100, 129, 47}) {
+      append(*chunked->store, 1, &k[size_t(first) * token_size], &v[size_t(first) * token_size], size);
+      PrefillCase chunk_case = c;
+      chunk_case.n = size;
+      Buffers part(chunk_case, rng);
+      for (int64_t i = 0; i < size; ++i)
+        for (int h = 0; h < c.n_q_heads(); ++h)
+          std::copy_n(whole.q_row(first + i, h), c.head_dim, part.q_row(i, h));
+      run_prefill(*chunked->store, first, part);
+      for (int64_t i = 0; i < size; ++i) {
+        for (int h = 0; h < c.n_q_heads(); ++h) {
+          ASSERT_EQ(part.lse_at(i, h), whole.lse_at(first + i, h)) << "position " << first + i << " head " << h;
+          for (int ch = 0; ch < c.head_dim; ++ch)
+            ASSERT_EQ(part.out_row(i, h)[ch], whole.out_row(first + i, h)[ch])
+                << "position " << first + i << " head " << h << " channel " << ch;
+        }
+      }
+      first += size;
+    }
+    ASSERT_EQ(first, c.n);
+  }
+}
+
+// Integer keys, values and queries with scale 1: channel 0 adds +-1e4 to
+// every logit (q_0 = +-100, k_0 = 100), the other channels add small integers,
+// so the softmax is not trivial and every logit is exact in f32.
+TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> small(-2, 2);
+  for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
+    PrefillCase c;
+    c.kv_type = kv_type;
+    c.block_size = 16;
+    c.head_dim = 64;
+    c.n_kv_heads = 1;
+    c.g = 2;
+    c.history = 150;
+    c.n = 20;
+    SCOPED_TRACE(c.describe());
+    auto t = make_store(c, c.n_tokens());
+    std::vector<float> k(size_t(c.n_tokens() * c.head_dim)), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = i % size_t(c.head_dim) == 0 ? 100.f : float(small(rng));
+      v[i] = float(small(rng));
+    }
+    append(*t->store, 1, k.data(), v.data(), c.n_tokens());
+    Buffers b(c, rng);
+    for (int64_t i = 0; i < c.n; ++i) {
+      for (int h = 0; h < c.n_q_heads(); ++h) {
+        float* q = b.q_row(i, h);
+        q[0] = (i + h) % 2 == 0 ? 100.f : -100.f;
+        for (int ch = 1; ch < c.head_dim; ++ch) q[ch] = float(small(rng));
+      }
+    }
+    const auto ref = reference_rows(*t->store, c.history, b, 1.0);
+    for (int64_t target : every_target()) {
+      SCOPED_TRACE(hwy::TargetName(target));
+      const ForcedTarget forced(target);
+      b.reset_outputs();
+      run_prefill(*t->store, c.history, b, 1.f);
+      expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
+    }
+  }
+}
+
+// Attention sinks: the first tokens have keys of huge norm (every channel
+// 60 or 1e4; 1e4 rounds to 10016 in bf16, read back as stored). Queries leaning towards them put all
+// weight on the sinks; queries leaning away must still attend the rest.
+// Integer data and scale 1 keep the logits (up to ~2.6e6) exact.
+TEST(PrefillAttention, HugeNormSinkKeysNeverGiveNaN) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> small(-2, 2), lean(0, 2);
+  for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (float sink_value : {60.f, 1e4f}) {
+      PrefillCase c;
+      c.kv_type = kv_type;
+      c.block_size = 64;
+      c.head_dim = 128;
+      c.n_kv_heads = 2;
+      c.g = 2;
+      c.history = 200;
+      c.n = 30;
+      SCOPED_TRACE(str_cat(c.describe(), " sink channels ", sink_value));
+      auto t = make_store(c, c.n_tokens());
+      const size_t token_size = size_t(c.n_kv_heads * c.head_dim);
+      std::vector<float> k(size_t(c.n_tokens()) * token_size), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = i < 4 * token_size ? sink_value : float(small(rng));  // tokens 0..3 are sinks
+        v[i] = float(small(rng));
+      }
+      append(*t->store, 1, k.data(), v.data(), c.n_tokens());
+      Buffers b(c, rng);
+      for (int64_t i = 0; i < c.n; ++i) {
+        for (int h = 0; h < c.n_q_heads(); ++h) {
+          const float sign = (i * 3 + h) % 2 == 0 ? 1.f : -1.f;
+          for (int ch = 0; ch < c.head_dim; ++ch) b.q_row(i, h)[ch] = sign * float(lean(rng));
+        }
+      }
+      const auto ref = reference_rows(*t->store, c.history, b, 1.0);
+      for (int64_t target : every_target()) {
+        SCOPED_TRACE(hwy::TargetName(target));
+        const ForcedTarget forced(target);
+        b.reset_outputs();
+        run_prefill(*t->store, c.history, b, 1.f);
+        expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
+      }
+    }
+  }
+}
+
+TEST(PrefillAttention, EmptyChunkWritesNothing) {
+  PrefillCase c;
+  c.n_kv_heads = 2;
+  c.g = 2;
+  c.n = 0;
+  std::mt19937 rng(1);
+  auto t = make_store(c, 40);
+  fill_random(*t->store, 40, rng);
+  float q = 0, out = kSentinel, lse = kSentinel;
+  prefill_attention(*t->store, 1, 40, make_view(&q, DType::kF32, {0, 4, 64}), 0.f,
+                    make_mutable_view(&out, DType::kF32, {0, 4, 64}), make_mutable_view(&lse, DType::kF32, {0, 4}));
+  EXPECT_EQ(out, kSentinel);
+  EXPECT_EQ(lse, kSentinel);
+}
+
+// Runs f, expects Error(kInvalidArgument) whose message contains every fragment.
+template <typename F>
+void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    for (const auto& fragment : fragments)
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
+  }
+}
+
+TEST(PrefillAttention, RejectsInvalidArgumentsNamingThem) {
+  PrefillCase c;
+  c.kv_type = DType::kF32;
+  c.n_kv_heads = 2;
+  c.g = 2;
+  c.head_dim = 64;
+  c.n = 5;
+  c.history = 15;
+  std::mt19937 rng(9);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);  // layer 1: 20 tokens
+  const kvstore::KVStore& store = *t->store;
+  std::vector<float> q(size_t(5 * 4 * 64), 0.5f), out(q.size(), kSentinel), lse(20, kSentinel);
+  const TensorView qv = make_view(q.data(), DType::kF32, {5, 4, 64});
+  const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {5, 4, 64});
+  const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {5, 4});
+
+  expect_invalid([&] { prefill_attention(store, 2, 15, qv, 0.f, ov, lv); }, {"layer 2", "[0, 2)"});
+  expect_invalid([&] { prefill_attention(store, -1, 15, qv, 0.f, ov, lv); }, {"layer -1"});
+  TensorView q_f16 = qv;
+  q_f16.dtype = DType::kF16;
+  expect_invalid([&] { prefill_attention(store, 1, 15, q_f16, 0.f, ov, lv); }, {"q", "f32", "f16"});
+  expect_invalid([&] { prefill_attention(store, 1, 15, make_view(q.data(), DType::kF32, {5, 8, 32}), 0.f, ov, lv); },
+                 {"q", "[*, *, 64]"});
+  expect_invalid([&] { prefill_attention(store, 1, 15, make_view(q.data(), DType::kF32, {5, 3, 64}), 0.f, ov, lv); },
+                 {"3 query heads", "2 kv heads"});
+  expect_invalid([&] { prefill_attention(store, 1, 15, make_view(q.data(), DType::kF32, {20, 64}), 0.f, ov, lv); },
+                 {"q", "[*, *, 64]"});
+  expect_invalid(
+      [&] { prefill_attention(store, 1, 15, qv, 0.f, make_mutable_view(out.data(), DType::kF32, {4, 4, 64}), lv); },
+      {"out", "[5, 4, 64]"});
+  expect_invalid(
+      [&] { prefill_attention(store, 1, 15, qv, 0.f, ov, make_mutable_view(lse.data(), DType::kF32, {5, 2})); },
+      {"lse", "[5, 4]"});
+  MutableTensorView lse_bf16 = lv;
+  lse_bf16.dtype = DType::kBF16;
+  expect_invalid([&] { prefill_attention(store, 1, 15, qv, 0.f, ov, lse_bf16); }, {"lse", "f32"});
+  expect_invalid([&] { prefill_attention(store, 1, 16, qv, 0.f, ov, lv); },
+                 {"[16, 21)", "layer 1 holds 20 tokens"});
+  expect_invalid([&] { prefill_attention(store, 1, -1, qv, 0.f, ov, lv); }, {"[-1, 4)"});
+  expect_invalid([&] { prefill_attention(store, 1, 15, qv, -1.f, ov, lv); }, {"scale", "-1"});
+  expect_invalid([&] { prefill_attention(store, 1, 15, qv, std::numeric_limits<float>::quiet_NaN(), ov, lv); },
+                 {"scale"});
+  TensorView q_inner_strided = qv;  // validation only: never read
+  q_inner_strided.strides = {256, 64, 2, 0};
+  expect_invalid([&] { prefill_attention(store, 1, 15, q_inner_strided, 0.f, ov, lv); }, {"q", "stride 1"});
+  TensorView null_q = qv;
+  null_q.data = nullptr;
+  expect_invalid([&] { prefill_attention(store, 1, 15, null_q, 0.f, ov, lv); }, {"q", "null"});
+
+  // Nothing was written by the calls that failed.
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == kSentinel; }));
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return x == kSentinel; }));
+}
+
+}  // namespace
+}  // namespace longctx::cpu

@@ -1,0 +1,309 @@
+// score_blocks against the fp64 reference of tests/cpu/reference.h, on every
+// Highway target, every representative type, storage dtype and GQA setting.
+//
+// Tolerance of one block score: the kernel accumulates in fp32 dot products of
+// length L (head_dim, or 2*head_dim for QUEST's max|min pair), may first sum
+// the g query heads of a group (fp32), and reduces over R slots; each step
+// adds at most eps32 relative error of the magnitudes involved, so
+//   |kernel - reference| <= (L + g + R + 4) * eps32 * sum_h,j,c |q_hc| |rep_jc|.
+// MEAN's stored representative is itself an fp32 running sum divided by n and
+// rounded to kv_type, which adds per channel (n + 2) * eps32 * mean_t(|k_tc|) +
+// u_kv * |mean_c| (n <= block_size tokens; u_kv: unit roundoff of kv_type)
+// to what the reference, built from the stored keys, sees.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/selection.h"
+#include "reference.h"
+#include "score_fixture.h"
+
+namespace longctx::cpu {
+namespace {
+
+using testing::StoreCase;
+using testing::TestStore;
+using RT = RepresentativeType;
+
+constexpr double kEps32 = 0x1p-23;
+
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 0x1p-24;
+    case DType::kF16: return 0x1p-11;
+    case DType::kBF16: return 0x1p-8;
+  }
+  return 1;
+}
+
+// Forces each Highway target in turn (those this CPU runs), then Highway's own choice (0).
+std::vector<int64_t> targets_to_test() {
+  std::vector<int64_t> targets;
+  for (const int64_t target : {int64_t{HWY_AVX3}, int64_t{HWY_AVX2}, int64_t{HWY_SSE4}, int64_t{HWY_SCALAR}}) {
+    const std::vector<int64_t> available = hwy::SupportedAndGeneratedTargets();
+    if (std::find(available.begin(), available.end(), target) != available.end()) {
+      targets.push_back(target);
+    } else {
+      std::printf("[ note ] Highway target %s not supported here, not tested\n", hwy::TargetName(target));
+    }
+  }
+  targets.push_back(0);
+  return targets;
+}
+
+class ForcedHighwayTarget {
+ public:
+  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
+  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
+  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
+};
+
+// A random case of `type` and `dtype`: lengths 1, block_size +- 1, primes,
+// many blocks; partitions with and without initial tokens and local window.
+StoreCase random_case(RT type, DType dtype, std::mt19937& rng) {
+  const auto pick = [&rng](std::initializer_list<int> values) {
+    return *(values.begin() + rng() % values.size());
+  };
+  StoreCase c;
+  c.type = type;
+  c.kv_type = dtype;
+  c.n_kv_heads = pick({1, 2, 3});
+  c.head_dim = pick({40, 64, 128, 256});  // 40: a tail on 16-lane targets
+  c.block_size = pick({4, 16, 32, 128});
+  c.rep_num = type == RT::kFix || type == RT::kDynamic ? std::min(c.block_size, pick({1, 3, 4, 6})) : 2;
+  const int bs = c.block_size;
+  c.n_tokens = pick({1, bs - 1, bs, bs + 1, 2 * bs + 1, 211, 257, 37 * bs + 5});
+  if (c.block_size == 4 && rng() % 2 == 0) c.n_tokens = 1500 + rng() % 300;  // crosses rep pages
+  c.n_tokens = std::max<int64_t>(c.n_tokens, 1);
+  c.initial_len = pick({0, 0, 1, bs / 2, bs, 3 * bs / 2 + 1});
+  c.local_windows_len = pick({0, 0, 1, bs - 1, 2 * bs});
+  return c;
+}
+
+// Random f32 query [n_q_heads, head_dim] with rows `row_stride` apart (> head_dim: strided rows).
+struct Query {
+  std::vector<float> data;
+  TensorView view;
+  std::vector<std::vector<double>> rows;
+};
+
+Query random_query(int n_q_heads, int head_dim, std::mt19937& rng) {
+  const int64_t row_stride = head_dim + (rng() % 2 == 0 ? 0 : 8);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Query q;
+  q.data.assign(size_t(n_q_heads) * size_t(row_stride), std::nanf(""));  // the gaps must not be read
+  q.rows.assign(size_t(n_q_heads), std::vector<double>(size_t(head_dim)));
+  for (int h = 0; h < n_q_heads; ++h)
+    for (int c = 0; c < head_dim; ++c) q.rows[size_t(h)][size_t(c)] = q.data[size_t(h * row_stride + c)] = normal(rng);
+  q.view = make_view(q.data.data(), DType::kF32, {n_q_heads, head_dim});
+  q.view.strides = {row_stride, 1};
+  return q;
+}
+
+// Representatives of every (kv head, context block) of the test store, from the stored keys.
+struct StoreReference {
+  std::vector<std::vector<std::vector<std::vector<double>>>> reps;  // [head][block - first][slot][channel]
+  std::vector<std::vector<std::vector<double>>> mean_abs;           // MEAN: [head][block - first][channel]
+};
+
+StoreReference reference_of(const TestStore& ts) {
+  const kvstore::KVStore& store = ts.store();
+  const StoreCase& c = ts.config();
+  const kvstore::Partition part = store.partition(TestStore::kLayer);
+  StoreReference ref;
+  ref.reps.resize(size_t(c.n_kv_heads));
+  ref.mean_abs.resize(size_t(c.n_kv_heads));
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    for (int64_t b = part.first_context_block; b < part.end_context_block; ++b) {
+      const auto keys = score_ref::stored_block_keys(store, TestStore::kLayer, h, b);
+      ref.reps[size_t(h)].push_back(
+          score_ref::representatives(c.type, keys, c.block_size, c.rep_num, ts.block_importance(h, b)));
+      std::vector<double> mean_abs(size_t(c.head_dim), 0.0);
+      for (const auto& k : keys)
+        for (size_t i = 0; i < k.size(); ++i) mean_abs[i] += std::abs(k[i]) / double(keys.size());
+      ref.mean_abs[size_t(h)].push_back(mean_abs);
+    }
+  }
+  return ref;
+}
+
+struct Expected {
+  std::vector<double> score;      // [head][block]
+  std::vector<double> tolerance;  // [head][block]
+};
+
+Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Query& q, const ScoreParams& params) {
+  const StoreCase& c = ts.config();
+  const int group = int(q.rows.size()) / c.n_kv_heads;
+  const int slot_len = c.type == RT::kQuest ? 2 * c.head_dim : c.head_dim;
+  Expected e;
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group, q.rows.begin() + (h + 1) * group);
+    for (size_t i = 0; i < ref.reps[size_t(h)].size(); ++i) {
+      const auto& reps = ref.reps[size_t(h)][i];
+      const score_ref::BlockScore s =
+          score_ref::block_score(c.type, reps, q_group, params.gqa_reduce, params.dynamic_reduce);
+      double tolerance = double(slot_len + group + int(reps.size()) + 4) * kEps32 * s.magnitude;
+      if (c.type == RT::kMean) {
+        for (const auto& qh : q_group)
+          for (int ch = 0; ch < c.head_dim; ++ch)
+            tolerance += std::abs(qh[size_t(ch)]) *
+                         ((double(c.block_size) + 2) * kEps32 * ref.mean_abs[size_t(h)][i][size_t(ch)] +
+                          unit_roundoff(c.kv_type) * std::abs(reps[0][size_t(ch)]));
+      }
+      e.score.push_back(s.score);
+      e.tolerance.push_back(tolerance);
+    }
+  }
+  return e;
+}
+
+TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
+  std::mt19937 rng(20240611);
+  const std::vector<int64_t> targets = targets_to_test();
+  std::vector<StoreCase> cases;
+  // Partial last blocks in the context: FIX with 2 of 4 slots valid, DYNAMIC with 3 of 6.
+  cases.push_back({RT::kFix, DType::kF16, 2, 64, 16, 4, 0, 0, 16 * 5 + 5});
+  cases.push_back({RT::kDynamic, DType::kBF16, 2, 128, 16, 6, 16, 0, 16 * 3 + 3});
+  for (const RT type : {RT::kMax, RT::kMean, RT::kQuest, RT::kFix, RT::kDynamic})
+    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int i = 0; i < 2; ++i) cases.push_back(random_case(type, dtype, rng));
+
+  int blocks_checked = 0;
+  for (const StoreCase& c : cases) {
+    SCOPED_TRACE(c.describe());
+    const TestStore ts(c, rng);
+    const kvstore::Partition part = ts.store().partition(TestStore::kLayer);
+    const int64_t n_context = part.end_context_block - part.first_context_block;
+    const StoreReference ref = reference_of(ts);
+    const bool slotted = c.type == RT::kFix || c.type == RT::kDynamic;
+
+    for (const int group : {1 << (rng() % 2), 4 << (rng() % 2)}) {
+      const Query q = random_query(c.n_kv_heads * group, c.head_dim, rng);
+      for (const Reduce gqa : {Reduce::kSum, Reduce::kMax}) {
+        for (const Reduce dynamic : {Reduce::kMax, Reduce::kMean}) {
+          if (!slotted && dynamic == Reduce::kMean) continue;
+          SCOPED_TRACE(str_cat("g=", group, " gqa=", reduce_name(gqa), " dynamic=", reduce_name(dynamic)));
+          const ScoreParams params{gqa, dynamic};
+          const Expected e = expected_scores(ts, ref, q, params);
+          for (const int64_t target : targets) {
+            SCOPED_TRACE(target == 0 ? "default dispatch" : hwy::TargetName(target));
+            const ForcedHighwayTarget forced(target);
+            std::vector<float> scores(size_t(c.n_kv_heads * n_context), std::nanf(""));
+            score_blocks(ts.store(), TestStore::kLayer, q.view, params,
+                         make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}));
+            for (size_t i = 0; i < scores.size(); ++i) {
+              ASSERT_NEAR(scores[i], e.score[i], e.tolerance[i])
+                  << "kv head " << i / size_t(n_context) << ", block " << part.first_context_block + int64_t(i % size_t(n_context));
+            }
+            blocks_checked += int(scores.size());
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(blocks_checked, 10000);  // the cases do reach the context blocks
+}
+
+// QUEST's score of a block is at least q.k of every key it holds (summed over
+// the query heads of the group), up to the fp32 accumulation error.
+TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
+  std::mt19937 rng(77);
+  int bounded = 0;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int i = 0; i < 3; ++i) {
+      StoreCase c = random_case(RT::kQuest, dtype, rng);
+      c.initial_len = 0;
+      c.local_windows_len = 0;
+      SCOPED_TRACE(c.describe());
+      const TestStore ts(c, rng);
+      const int group = 1 << (rng() % 4);
+      const Query q = random_query(c.n_kv_heads * group, c.head_dim, rng);
+      const int64_t n_blocks = ts.store().n_blocks(TestStore::kLayer);
+      std::vector<float> scores(size_t(c.n_kv_heads * n_blocks));
+      score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+                   make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_blocks}));
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const auto keys = score_ref::stored_block_keys(ts.store(), TestStore::kLayer, h, b);
+          const auto reps = score_ref::representatives(RT::kQuest, keys, c.block_size, c.rep_num, {});
+          double magnitude = 0;  // of the kernel's sums: sum_g,c |q_gc| (|max_c| + |min_c|)
+          for (int g = 0; g < group; ++g)
+            for (int ch = 0; ch < c.head_dim; ++ch)
+              magnitude += std::abs(q.rows[size_t(h * group + g)][size_t(ch)]) *
+                           (std::abs(reps[0][size_t(ch)]) + std::abs(reps[1][size_t(ch)]));
+          const double slack = double(2 * c.head_dim + group + 5) * kEps32 * magnitude;
+          for (const auto& key : keys) {
+            double dot = 0;
+            for (int g = 0; g < group; ++g)
+              for (int ch = 0; ch < c.head_dim; ++ch) dot += q.rows[size_t(h * group + g)][size_t(ch)] * key[size_t(ch)];
+            ASSERT_GE(double(scores[size_t(h * n_blocks + b)]), dot - slack) << "kv head " << h << " block " << b;
+            ++bounded;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(bounded, 1000);
+}
+
+TEST(ScoreBlocks, EmptyContextWritesNothing) {
+  std::mt19937 rng(5);
+  StoreCase c;
+  c.n_tokens = 20;
+  c.initial_len = 8;
+  c.local_windows_len = 16;  // everything is initial or local
+  const TestStore ts(c, rng);
+  ASSERT_EQ(ts.store().partition(TestStore::kLayer).end_context_block,
+            ts.store().partition(TestStore::kLayer).first_context_block);
+  const Query q = random_query(c.n_kv_heads, c.head_dim, rng);
+  score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+               make_mutable_view(nullptr, DType::kF32, {c.n_kv_heads, 0}));
+}
+
+TEST(ScoreBlocks, RejectsBadArguments) {
+  std::mt19937 rng(6);
+  StoreCase c;
+  c.n_tokens = 100;
+  const TestStore ts(c, rng);
+  const kvstore::Partition part = ts.store().partition(TestStore::kLayer);
+  const int64_t n = part.end_context_block - part.first_context_block;
+  std::vector<float> scores(size_t(c.n_kv_heads * n));
+  const MutableTensorView out = make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n});
+  const Query q = random_query(2 * c.n_kv_heads, c.head_dim, rng);
+  const auto expect_invalid = [&](const TensorView& query, const MutableTensorView& result, const ScoreParams& params,
+                                  int layer) {
+    try {
+      score_blocks(ts.store(), layer, query, params, result);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    }
+  };
+  expect_invalid(q.view, out, ScoreParams{}, 2);   // no layer 2
+  expect_invalid(q.view, out, ScoreParams{}, -1);
+  std::vector<float> q3(size_t(3 * c.head_dim), 1.f);  // 3 query heads for 2 kv heads
+  expect_invalid(make_view(q3.data(), DType::kF32, {3, c.head_dim}), out, ScoreParams{}, 1);
+  expect_invalid(make_view(q3.data(), DType::kF32, {1, c.head_dim}), out, ScoreParams{}, 1);  // fewer than kv heads
+  expect_invalid(make_view(q3.data(), DType::kF32, {1, 3 * c.head_dim}), out, ScoreParams{}, 1);
+  expect_invalid(make_view(q3.data(), DType::kF16, {2, c.head_dim}), out, ScoreParams{}, 1);
+  TensorView strided_inner = q.view;
+  strided_inner.strides[1] = 2;
+  expect_invalid(strided_inner, out, ScoreParams{}, 1);
+  expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n - 1}), ScoreParams{}, 1);
+  expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF16, {c.n_kv_heads, n}), ScoreParams{}, 1);
+  expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads * n}), ScoreParams{}, 1);
+  expect_invalid(q.view, out, ScoreParams{Reduce::kMean, Reduce::kMax}, 1);
+  expect_invalid(q.view, out, ScoreParams{Reduce::kSum, Reduce::kSum}, 1);
+}
+
+}  // namespace
+}  // namespace longctx::cpu
