@@ -16,13 +16,13 @@
 namespace longctx::kvstore {
 namespace {
 
-// ---- constants of format version 1 -------------------------------------------
+// ---- constants of format version 2 -------------------------------------------
 
 constexpr char kMagic[8] = {'L', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 constexpr char kEndMagic[8] = {'L', 'C', 'T', 'X', 'E', 'N', 'D', '.'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 
-constexpr size_t kFixedHeaderBytes = 108;  // magic .. fingerprint_bytes
+constexpr size_t kFixedHeaderBytes = 92;   // magic .. fingerprint_bytes
 constexpr size_t kCrcBytes = 4;
 constexpr size_t kTrailerBytes = 16;       // end magic + u64 file size
 constexpr size_t kMaxFingerprintBytes = 4096;
@@ -35,7 +35,6 @@ constexpr uint32_t kMaxHeadDim = 65536;
 constexpr uint32_t kMaxBlockSize = uint32_t{1} << 24;
 constexpr uint32_t kMaxRepNum = 65536;
 constexpr uint64_t kMaxPageBytes = uint64_t{1} << 32;
-constexpr uint64_t kMaxRecordsPerRepPage = uint64_t{1} << 24;
 constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
 
 constexpr size_t kMinHeaderBytes = kFixedHeaderBytes + 8 + kCrcBytes;  // 1 layer, no fingerprint
@@ -44,7 +43,7 @@ constexpr size_t kMaxHeaderBytes = kFixedHeaderBytes + kMaxFingerprintBytes + 8 
 // Field offsets in the fixed part of the header.
 constexpr size_t kOffVersion = 8;
 constexpr size_t kOffHeaderBytes = 12;
-constexpr size_t kOffFingerprintBytes = 104;
+constexpr size_t kOffFingerprintBytes = 88;
 
 // ---- codes of enums in the file (independent of the C++ enum values) ---------
 
@@ -107,12 +106,20 @@ uint64_t get_u64(const std::byte* p) {
   return v;
 }
 
-// The checksum of a page: CRC32C of its bytes, extended with the u64 file
-// offset of the page, so a page moved to another place does not verify.
-uint32_t page_crc(const std::byte* page, size_t n, uint64_t file_offset) {
+// The checksum of a block: CRC32C of its page bytes, then its record bytes,
+// then the u64 file offset of the block, so a block moved to another place
+// does not verify.
+uint32_t block_crc(const std::byte* page, size_t page_bytes, const std::byte* record, size_t record_bytes,
+                   uint64_t file_offset) {
   std::byte offset_le[8];
   for (int i = 0; i < 8; ++i) offset_le[i] = std::byte(file_offset >> (8 * i));
-  return crc32c(offset_le, sizeof offset_le, crc32c(page, n));
+  return crc32c(offset_le, sizeof offset_le, crc32c(record, record_bytes, crc32c(page, page_bytes)));
+}
+
+// Where a store keeps block b's record: slot b % rpp of rep page b / rpp
+// (kv_store.h). The packing is the store's own; the file does not depend on it.
+std::byte* record_slot(const std::vector<std::byte*>& rep_pages, const StoreLayout& l, uint64_t block) {
+  return rep_pages[size_t(block / l.records_per_rep_page)] + size_t(block % l.records_per_rep_page) * l.record_bytes;
 }
 
 std::string hex32(uint32_t v) {
@@ -157,8 +164,6 @@ struct Header {
   uint32_t rep_slots = 0;
   uint64_t page_bytes = 0;
   uint64_t record_bytes = 0;
-  uint64_t records_per_rep_page = 0;
-  uint64_t rep_page_bytes = 0;
   uint64_t record_sum_offset = 0;
   uint64_t record_importance_offset = 0;
   uint64_t record_offsets_offset = 0;
@@ -179,8 +184,6 @@ Header header_of(const KVStore& store, const std::string& fingerprint) {
   h.rep_slots = uint32_t(l.rep_slots);
   h.page_bytes = l.page_bytes;
   h.record_bytes = l.record_bytes;
-  h.records_per_rep_page = l.records_per_rep_page;
-  h.rep_page_bytes = l.rep_page_bytes;
   h.record_sum_offset = l.record_sum_offset;
   h.record_importance_offset = l.record_importance_offset;
   h.record_offsets_offset = l.record_offsets_offset;
@@ -200,8 +203,8 @@ std::vector<std::byte> encode_header(const Header& h) {
                      h.rep_slots}) {
     put_u32(out, v);
   }
-  for (uint64_t v : {h.page_bytes, h.record_bytes, h.records_per_rep_page, h.rep_page_bytes, h.record_sum_offset,
-                     h.record_importance_offset, h.record_offsets_offset}) {
+  for (uint64_t v : {h.page_bytes, h.record_bytes, h.record_sum_offset, h.record_importance_offset,
+                     h.record_offsets_offset}) {
     put_u64(out, v);
   }
   put_u32(out, uint32_t(h.fingerprint.size()));
@@ -214,14 +217,13 @@ std::vector<std::byte> encode_header(const Header& h) {
   return out;
 }
 
-// ---- the body plan: where each (layer, kv head)'s pages are -------------------
+// ---- the body plan: where each (layer, kv head)'s blocks are ------------------
 
-// Body order: layer-major, then kv head; per head its block pages, then its rep
-// pages; each page is followed by its u32 checksum.
+// Body order: layer-major, then kv head, then block; each block is its page,
+// its representative record and the u32 checksum of both.
 struct HeadPlan {
   uint64_t n_blocks = 0;
-  uint64_t n_rep_pages = 0;
-  uint64_t offset = 0;  // file offset of its first page
+  uint64_t offset = 0;  // file offset of its first block
 };
 
 struct BodyPlan {
@@ -234,18 +236,13 @@ struct BodyPlan {
 std::optional<BodyPlan> plan_body(const Header& h) {
   BodyPlan plan;
   uint64_t offset = h.header_bytes;
-  const uint64_t block_stride = h.page_bytes + kCrcBytes;
-  const uint64_t rep_stride = h.rep_page_bytes + kCrcBytes;
+  const uint64_t block_stride = h.page_bytes + h.record_bytes + kCrcBytes;  // < 2^34 by the field bounds
   for (uint32_t layer = 0; layer < h.n_layers; ++layer) {
     const uint64_t n_blocks = (h.n_tokens[layer] + h.block_size - 1) / h.block_size;
-    const uint64_t n_rep_pages = (n_blocks + h.records_per_rep_page - 1) / h.records_per_rep_page;
-    uint64_t block_bytes = 0, rep_bytes = 0, head_bytes = 0;
-    if (!checked_mul(n_blocks, block_stride, block_bytes) || !checked_mul(n_rep_pages, rep_stride, rep_bytes) ||
-        !checked_add(block_bytes, rep_bytes, head_bytes)) {
-      return std::nullopt;
-    }
+    uint64_t head_bytes = 0;
+    if (!checked_mul(n_blocks, block_stride, head_bytes)) return std::nullopt;
     for (uint32_t head = 0; head < h.n_kv_heads; ++head) {
-      plan.heads.push_back(HeadPlan{n_blocks, n_rep_pages, offset});
+      plan.heads.push_back(HeadPlan{n_blocks, offset});
       if (!checked_add(offset, head_bytes, offset)) return std::nullopt;
     }
   }
@@ -294,13 +291,6 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(*kv_type);
   check_range(path, "record_bytes", h.record_bytes, keys_bytes, kMaxPageBytes);
   if (h.record_bytes % 64 != 0) fail_header_field(path, "record_bytes", h.record_bytes, "is not a multiple of 64");
-  check_range(path, "records_per_rep_page", h.records_per_rep_page, 1, kMaxRecordsPerRepPage);
-  uint64_t rep_page_bytes = 0;
-  if (!checked_mul(h.records_per_rep_page, h.record_bytes, rep_page_bytes) || rep_page_bytes != h.rep_page_bytes) {
-    fail_header_field(path, "rep_page_bytes", h.rep_page_bytes,
-                      str_cat("is not records_per_rep_page * record_bytes = ", h.records_per_rep_page, " * ",
-                              h.record_bytes));
-  }
   check_range(path, "record_sum_offset", h.record_sum_offset, 0, h.record_bytes - 1);
   check_range(path, "record_importance_offset", h.record_importance_offset, 0, h.record_bytes - 1);
   check_range(path, "record_offsets_offset", h.record_offsets_offset, 0, h.record_bytes - 1);
@@ -348,9 +338,8 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
     *f = get_u32(p);
     p += 4;
   }
-  uint64_t* const u64_fields[] = {&h.page_bytes,        &h.record_bytes,      &h.records_per_rep_page,
-                                  &h.rep_page_bytes,    &h.record_sum_offset, &h.record_importance_offset,
-                                  &h.record_offsets_offset};
+  uint64_t* const u64_fields[] = {&h.page_bytes, &h.record_bytes, &h.record_sum_offset,
+                                  &h.record_importance_offset, &h.record_offsets_offset};
   for (uint64_t* f : u64_fields) {
     *f = get_u64(p);
     p += 8;
@@ -397,8 +386,6 @@ void check_layout(const Header& h, const StoreLayout& l, const std::string& path
   field("rep_slots", h.rep_slots, uint64_t(l.rep_slots));
   field("page_bytes", h.page_bytes, l.page_bytes);
   field("record_bytes", h.record_bytes, l.record_bytes);
-  field("records_per_rep_page", h.records_per_rep_page, l.records_per_rep_page);
-  field("rep_page_bytes", h.rep_page_bytes, l.rep_page_bytes);
   field("record_sum_offset", h.record_sum_offset, l.record_sum_offset);
   field("record_importance_offset", h.record_importance_offset, l.record_importance_offset);
   field("record_offsets_offset", h.record_offsets_offset, l.record_offsets_offset);
@@ -428,40 +415,28 @@ class SnapshotFile {
   std::span<const std::byte> bytes_;
 };
 
-// One page of the body: where it is in the file and whose it is.
-struct PageRef {
+// One block of the body: whose it is and where it is in the file.
+struct BlockRef {
   uint32_t layer;
   uint32_t kv_head;
-  bool is_rep;      // rep page (else block page)
-  uint64_t index;   // block index, or rep page index
-  uint64_t offset;  // file offset of the page bytes; its CRC follows them
-  uint64_t bytes;
+  uint64_t block;
+  uint64_t offset;  // file offset of the page; the record follows it, then the CRC
 };
 
-// Calls visit(PageRef) for every page of one (layer, kv head) in file order.
+// Calls visit(BlockRef) for every block of one (layer, kv head) in file order.
 template <typename F>
-void for_each_page(const Header& h, const HeadPlan& head, uint32_t layer, uint32_t kv_head, F&& visit) {
+void for_each_block(const Header& h, const HeadPlan& head, uint32_t layer, uint32_t kv_head, F&& visit) {
   uint64_t offset = head.offset;
-  for (uint64_t b = 0; b < head.n_blocks; ++b, offset += h.page_bytes + kCrcBytes) {
-    visit(PageRef{layer, kv_head, false, b, offset, h.page_bytes});
-  }
-  for (uint64_t r = 0; r < head.n_rep_pages; ++r, offset += h.rep_page_bytes + kCrcBytes) {
-    visit(PageRef{layer, kv_head, true, r, offset, h.rep_page_bytes});
+  for (uint64_t b = 0; b < head.n_blocks; ++b, offset += h.page_bytes + h.record_bytes + kCrcBytes) {
+    visit(BlockRef{layer, kv_head, b, offset});
   }
 }
 
-std::string describe_page(const Header& h, const PageRef& page) {
-  if (!page.is_rep) return str_cat("layer ", page.layer, " kv head ", page.kv_head, " block ", page.index);
-  const uint64_t first = page.index * h.records_per_rep_page;
-  return str_cat("layer ", page.layer, " kv head ", page.kv_head, " representative page ", page.index, " (blocks ",
-                 first, "..", first + h.records_per_rep_page - 1, ")");
-}
-
-[[noreturn]] void fail_page_crc(const std::string& path, const Header& h, const PageRef& page, uint32_t stored,
-                                uint32_t computed, const char* when) {
-  fail(ErrorCode::kCorrupt, "snapshot ", path, ": ", describe_page(h, page), ": checksum mismatch", when,
-       " (page at file offset ", page.offset, ", ", page.bytes, " bytes; stored ", hex32(stored), ", computed ",
-       hex32(computed), ")");
+[[noreturn]] void fail_block_crc(const std::string& path, const Header& h, const BlockRef& block, uint32_t stored,
+                                 uint32_t computed, const char* when) {
+  fail(ErrorCode::kCorrupt, "snapshot ", path, ": layer ", block.layer, " kv head ", block.kv_head, " block ",
+       block.block, ": checksum mismatch", when, " (block at file offset ", block.offset, ", page of ", h.page_bytes,
+       " bytes and record of ", h.record_bytes, " bytes; stored ", hex32(stored), ", computed ", hex32(computed), ")");
 }
 
 // Frees every page taken so far if the load does not reach install().
@@ -534,6 +509,7 @@ void save_snapshot(const KVStore& store, const std::string& path, const std::str
     fail(ErrorCode::kInvalidArgument, "save_snapshot ", path, ": fingerprint of ", fingerprint.size(),
          " bytes, at most ", kMaxFingerprintBytes, " allowed");
   }
+  const StoreLayout& layout = store.layout();
   const Header h = header_of(store, fingerprint);
   const std::optional<BodyPlan> plan = plan_body(h);
   if (!plan) fail(ErrorCode::kInternal, "save_snapshot ", path, ": snapshot size overflows 64 bits");
@@ -541,13 +517,14 @@ void save_snapshot(const KVStore& store, const std::string& path, const std::str
   // The store's page lists must match its token counts (checked before any file exists).
   for (uint32_t layer = 0; layer < h.n_layers; ++layer) {
     for (uint32_t head = 0; head < h.n_kv_heads; ++head) {
-      const HeadPlan& hp = plan->heads[size_t(layer) * h.n_kv_heads + head];
+      const uint64_t n_blocks = plan->heads[size_t(layer) * h.n_kv_heads + head].n_blocks;
+      const uint64_t n_rep_expected = (n_blocks + layout.records_per_rep_page - 1) / layout.records_per_rep_page;
       const size_t n_pages = SnapshotAccess::pages(store, int(layer), int(head)).size();
       const size_t n_rep = SnapshotAccess::rep_pages(store, int(layer), int(head)).size();
-      if (n_pages != hp.n_blocks || n_rep != hp.n_rep_pages) {
+      if (n_pages != n_blocks || n_rep != n_rep_expected) {
         fail(ErrorCode::kInternal, "save_snapshot: layer ", layer, " kv head ", head, " holds ", n_pages,
-             " block pages and ", n_rep, " rep pages for ", h.n_tokens[layer], " tokens (expected ", hp.n_blocks,
-             " and ", hp.n_rep_pages, ")");
+             " block pages and ", n_rep, " rep pages for ", h.n_tokens[layer], " tokens (expected ", n_blocks,
+             " and ", n_rep_expected, ")");
       }
     }
   }
@@ -560,11 +537,13 @@ void save_snapshot(const KVStore& store, const std::string& path, const std::str
       for (uint32_t head = 0; head < h.n_kv_heads; ++head) {
         const auto& pages = SnapshotAccess::pages(store, int(layer), int(head));
         const auto& rep_pages = SnapshotAccess::rep_pages(store, int(layer), int(head));
-        for_each_page(h, plan->heads[size_t(layer) * h.n_kv_heads + head], layer, head, [&](const PageRef& page) {
-          const std::byte* bytes = page.is_rep ? rep_pages[page.index] : pages[page.index];
-          if (out.written() != page.offset) fail(ErrorCode::kInternal, "save_snapshot: page offset drifted");
-          out.write(bytes, page.bytes);
-          out.write_u32(page_crc(bytes, page.bytes, page.offset));
+        for_each_block(h, plan->heads[size_t(layer) * h.n_kv_heads + head], layer, head, [&](const BlockRef& b) {
+          const std::byte* page = pages[size_t(b.block)];
+          const std::byte* record = record_slot(rep_pages, layout, b.block);
+          if (out.written() != b.offset) fail(ErrorCode::kInternal, "save_snapshot: block offset drifted");
+          out.write(page, h.page_bytes);
+          out.write(record, h.record_bytes);
+          out.write_u32(block_crc(page, h.page_bytes, record, h.record_bytes, b.offset));
         });
       }
     }
@@ -588,7 +567,8 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
   if (!plan) fail(ErrorCode::kCorrupt, "snapshot ", path, ": token counts give a file size beyond 64 bits");
 
   // Steps 7-9: does it belong to this store?
-  check_layout(h, store.layout(), path);
+  const StoreLayout& layout = store.layout();
+  check_layout(h, layout, path);
   if (h.fingerprint != expected_fingerprint) {
     fail(ErrorCode::kInvalidArgument, "snapshot ", path, " was made for model '", printable(h.fingerprint),
          "', this store serves '", printable(expected_fingerprint), "'");
@@ -601,7 +581,7 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
     }
   }
 
-  // Steps 10-12: exact size, trailer, every page checksum.
+  // Steps 10-12: exact size, trailer, every block checksum.
   if (bytes.size() != plan->file_bytes) {
     fail(ErrorCode::kCorrupt, "snapshot ", path, ": size ", bytes.size(), ", expected ", plan->file_bytes);
   }
@@ -614,26 +594,29 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
   std::vector<uint32_t> crcs;  // in file order, to re-check the copies of a mapped file
   for (uint32_t layer = 0; layer < h.n_layers; ++layer) {
     for (uint32_t head = 0; head < h.n_kv_heads; ++head) {
-      for_each_page(h, plan->heads[size_t(layer) * h.n_kv_heads + head], layer, head, [&](const PageRef& page) {
-        const uint32_t stored = get_u32(bytes.data() + page.offset + page.bytes);
-        const uint32_t computed = page_crc(bytes.data() + page.offset, page.bytes, page.offset);
-        if (stored != computed) fail_page_crc(path, h, page, stored, computed, "");
+      for_each_block(h, plan->heads[size_t(layer) * h.n_kv_heads + head], layer, head, [&](const BlockRef& b) {
+        const std::byte* page = bytes.data() + b.offset;
+        const std::byte* record = page + h.page_bytes;
+        const uint32_t stored = get_u32(record + h.record_bytes);
+        const uint32_t computed = block_crc(page, h.page_bytes, record, h.record_bytes, b.offset);
+        if (stored != computed) fail_block_crc(path, h, b, stored, computed, "");
         crcs.push_back(stored);
       });
     }
   }
 
-  // Everything checked: take all pages (all or nothing), copy, install.
+  // Everything checked: take all pages (all or nothing), copy, install. Rep
+  // pages are packed the way this store packs them; they come zeroed, so the
+  // slots past the last block are zero as in a store that appended its tokens.
   const size_t n_heads = plan->heads.size();
   PendingPages pending(store, n_heads, int(h.n_kv_heads));
   for (size_t i = 0; i < n_heads; ++i) {
     const int kv_head = int(i % h.n_kv_heads);
-    if (plan->heads[i].n_blocks > 0) {
-      pending.pages()[i] = SnapshotAccess::allocate_pages(store, kv_head, size_t(plan->heads[i].n_blocks));
-    }
-    if (plan->heads[i].n_rep_pages > 0) {
-      pending.rep_pages()[i] = SnapshotAccess::allocate_rep_pages(store, kv_head, size_t(plan->heads[i].n_rep_pages));
-    }
+    const uint64_t n_blocks = plan->heads[i].n_blocks;
+    if (n_blocks == 0) continue;
+    const uint64_t n_rep_pages = (n_blocks + layout.records_per_rep_page - 1) / layout.records_per_rep_page;
+    pending.pages()[i] = SnapshotAccess::allocate_pages(store, kv_head, size_t(n_blocks));
+    pending.rep_pages()[i] = SnapshotAccess::allocate_rep_pages(store, kv_head, size_t(n_rep_pages));
   }
   // A mapped file can change under us after validation: the copies are checked again.
   const bool recheck = mode == LoadMode::kMmap;
@@ -641,13 +624,15 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
   for (uint32_t layer = 0; layer < h.n_layers; ++layer) {
     for (uint32_t head = 0; head < h.n_kv_heads; ++head) {
       const size_t i = size_t(layer) * h.n_kv_heads + head;
-      for_each_page(h, plan->heads[i], layer, head, [&](const PageRef& page) {
-        std::byte* dst = page.is_rep ? pending.rep_pages()[i][page.index] : pending.pages()[i][page.index];
-        std::memcpy(dst, bytes.data() + page.offset, page.bytes);
+      for_each_block(h, plan->heads[i], layer, head, [&](const BlockRef& b) {
+        std::byte* page = pending.pages()[i][size_t(b.block)];
+        std::byte* record = record_slot(pending.rep_pages()[i], layout, b.block);
+        std::memcpy(page, bytes.data() + b.offset, h.page_bytes);
+        std::memcpy(record, bytes.data() + b.offset + h.page_bytes, h.record_bytes);
         const uint32_t expected = crcs[crc_index++];
         if (recheck) {
-          const uint32_t computed = page_crc(dst, page.bytes, page.offset);
-          if (computed != expected) fail_page_crc(path, h, page, expected, computed, " (file changed while loading)");
+          const uint32_t computed = block_crc(page, h.page_bytes, record, h.record_bytes, b.offset);
+          if (computed != expected) fail_block_crc(path, h, b, expected, computed, " (file changed while loading)");
         }
       });
     }

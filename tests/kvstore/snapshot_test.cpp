@@ -1,8 +1,9 @@
-// Snapshots: exact round trips in both load modes, appending after a load,
-// the byte format of docs/snapshot-format.md read by an independent parser,
-// and rejection of damaged files (byte flips and truncations at every offset
-// outside rep page interiors, which are sampled; crafted headers) with the
-// target store left exactly as it was.
+// Snapshots: exact round trips in both load modes (records spread over several
+// rep pages included, and into a store with a larger max_seq_len), appending
+// after a load, the byte format of docs/snapshot-format.md read by an
+// independent parser, and rejection of damaged files (a byte flip at every
+// offset, a truncation to every length, crafted headers) with the target
+// store left exactly as it was.
 #include "longctx/kvstore/snapshot.h"
 
 #include <fcntl.h>
@@ -174,12 +175,11 @@ void put_le(std::vector<std::byte>& f, size_t at, uint64_t v, int width) {
   for (int i = 0; i < width; ++i) f[at + size_t(i)] = std::byte(v >> (8 * i));
 }
 
-// Offsets of docs/snapshot-format.md, written out again here on purpose.
+// Offsets of docs/snapshot-format.md (version 2), written out again here on purpose.
 constexpr size_t kVersionAt = 8, kHeaderBytesAt = 12, kNLayersAt = 16, kNKvHeadsAt = 20, kHeadDimAt = 24,
                  kBlockSizeAt = 28, kKvTypeAt = 32, kRepTypeAt = 36, kRepNumAt = 40, kRepSlotsAt = 44,
-                 kPageBytesAt = 48, kRecordBytesAt = 56, kRecordsPerRepPageAt = 64, kRepPageBytesAt = 72,
-                 kSumOffsetAt = 80, kImportanceOffsetAt = 88, kOffsetsOffsetAt = 96, kFingerprintBytesAt = 104,
-                 kFingerprintAt = 108;
+                 kPageBytesAt = 48, kRecordBytesAt = 56, kSumOffsetAt = 64, kImportanceOffsetAt = 72,
+                 kOffsetsOffsetAt = 80, kFingerprintBytesAt = 88, kFingerprintAt = 92;
 
 // Sets a header field of a snapshot image and recomputes the header CRC (a
 // crafted file, which only the field checks can catch).
@@ -189,37 +189,64 @@ void patch_header(std::vector<std::byte>& f, size_t at, uint64_t value, int widt
   put_le(f, header_bytes - 4, crc32c(f.data(), header_bytes - 4), 4);
 }
 
-// A page of the body where docs/snapshot-format.md places it.
-struct FilePage {
-  size_t offset;  // of the page bytes; the u32 CRC follows them
-  size_t bytes;
-  bool is_rep;
-  const std::byte* source;  // the store's page it copies
+// A block of the body where docs/snapshot-format.md places it.
+struct FileBlock {
+  size_t offset;  // of the page bytes; the record follows them, then the u32 CRC
+  const std::byte* page;    // the store's block page it copies
+  const std::byte* record;  // the store's record it copies (through the public API)
 };
 
-// The pages of a snapshot of `store`, in file order: after the header, per
-// layer, per kv head, its block pages then its rep pages, each + 4 CRC bytes.
-std::vector<FilePage> documented_pages(const KVStore& store, const std::vector<std::byte>& file) {
+// The blocks of a snapshot of `store`, in file order: after the header, per
+// layer, per kv head, per block: page_bytes + record_bytes + 4 CRC bytes.
+std::vector<FileBlock> documented_blocks(const KVStore& store, const std::vector<std::byte>& file) {
   const StoreLayout& l = store.layout();
   size_t at = size_t(get_le(file, kHeaderBytesAt, 4));
-  std::vector<FilePage> pages;
+  std::vector<FileBlock> blocks;
   for (int layer = 0; layer < l.shape.n_layers; ++layer) {
-    const size_t n_blocks = size_t((store.n_tokens(layer) + l.block_size - 1) / l.block_size);
-    const size_t n_rep = (n_blocks + l.records_per_rep_page - 1) / l.records_per_rep_page;
+    const int64_t n_blocks = (store.n_tokens(layer) + l.block_size - 1) / l.block_size;
     for (int head = 0; head < l.shape.n_kv_heads; ++head) {
-      const auto& block_pages = SnapshotAccess::pages(store, layer, head);
-      const auto& rep_pages = SnapshotAccess::rep_pages(store, layer, head);
-      EXPECT_EQ(block_pages.size(), n_blocks);
-      EXPECT_EQ(rep_pages.size(), n_rep);
-      for (size_t b = 0; b < n_blocks && b < block_pages.size(); ++b, at += l.page_bytes + 4) {
-        pages.push_back({at, l.page_bytes, false, block_pages[b]});
-      }
-      for (size_t r = 0; r < n_rep && r < rep_pages.size(); ++r, at += l.rep_page_bytes + 4) {
-        pages.push_back({at, l.rep_page_bytes, true, rep_pages[r]});
+      const auto& pages = SnapshotAccess::pages(store, layer, head);
+      EXPECT_EQ(pages.size(), size_t(n_blocks));
+      for (int64_t b = 0; b < n_blocks && size_t(b) < pages.size(); ++b) {
+        blocks.push_back({at, pages[size_t(b)], store.rep_record(layer, head, b)});
+        at += l.page_bytes + l.record_bytes + 4;
       }
     }
   }
-  return pages;
+  return blocks;
+}
+
+// Checks the body and trailer of snapshot `f` of `store` against the documented format.
+void expect_documented_body(const KVStore& store, const std::vector<std::byte>& f) {
+  const StoreLayout& l = store.layout();
+  const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
+  // Body: layer, kv head, block: page, record, then
+  // CRC32C(page bytes, record bytes, the block's file offset as u64 LE).
+  size_t at = header_bytes;
+  size_t n_blocks = 0;
+  for (const FileBlock& block : documented_blocks(store, f)) {
+    ASSERT_EQ(block.offset, at);
+    ASSERT_LE(at + l.page_bytes + l.record_bytes + 4, f.size());
+    EXPECT_EQ(std::memcmp(f.data() + at, block.page, l.page_bytes), 0) << "page at " << at;
+    EXPECT_EQ(std::memcmp(f.data() + at + l.page_bytes, block.record, l.record_bytes), 0)
+        << "record of block at " << at;
+    std::byte offset_le[8];
+    for (int i = 0; i < 8; ++i) offset_le[i] = std::byte(uint64_t(at) >> (8 * i));
+    std::vector<std::byte> covered(f.data() + at, f.data() + at + l.page_bytes + l.record_bytes);
+    covered.insert(covered.end(), offset_le, offset_le + 8);
+    EXPECT_EQ(get_le(f, at + l.page_bytes + l.record_bytes, 4), crc32c(covered.data(), covered.size()))
+        << "block at " << at;
+    at += l.page_bytes + l.record_bytes + 4;
+    ++n_blocks;
+  }
+  size_t expected_blocks = 0;
+  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
+    expected_blocks += size_t(l.shape.n_kv_heads) * size_t(store.n_blocks(layer));
+  }
+  EXPECT_EQ(n_blocks, expected_blocks);
+  ASSERT_EQ(f.size(), at + 16);
+  EXPECT_EQ(std::memcmp(f.data() + at, "LCTXEND.", 8), 0);
+  EXPECT_EQ(get_le(f, at + 8, 8), f.size());
 }
 
 class SnapshotTest : public ::testing::Test {
@@ -317,7 +344,7 @@ TEST_F(SnapshotTest, EmptyStoreRoundTripsAndEmptiesTheTarget) {
   save_snapshot(*source, path("empty.snap"), kFingerprint);
   auto target = make_store(cfg);
   fill_target(*target, 7);
-  EXPECT_EQ(fs::file_size(path("empty.snap")), 108 + std::strlen(kFingerprint) + 8 * 2 + 4 + 16);
+  EXPECT_EQ(fs::file_size(path("empty.snap")), 92 + std::strlen(kFingerprint) + 8 * 2 + 4 + 16);
   load_snapshot(*target, path("empty.snap"), kFingerprint, LoadMode::kMmap);
   EXPECT_EQ(target->n_tokens(0), 0);
   EXPECT_EQ(target->n_tokens(1), 0);
@@ -373,11 +400,11 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
   const std::vector<std::byte> f = read_bytes(path("f.snap"));
   const StoreLayout& l = store->layout();
 
-  ASSERT_GE(f.size(), 136u);
+  ASSERT_GE(f.size(), 120u);
   EXPECT_EQ(std::memcmp(f.data(), "LCTXSNAP", 8), 0);
-  EXPECT_EQ(get_le(f, kVersionAt, 4), 1u);
+  EXPECT_EQ(get_le(f, kVersionAt, 4), 2u);
   const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
-  EXPECT_EQ(header_bytes, 108 + fingerprint.size() + 8 * 2 + 4);
+  EXPECT_EQ(header_bytes, 92 + fingerprint.size() + 8 * 2 + 4);
   EXPECT_EQ(get_le(f, kNLayersAt, 4), 2u);
   EXPECT_EQ(get_le(f, kNKvHeadsAt, 4), 2u);
   EXPECT_EQ(get_le(f, kHeadDimAt, 4), 8u);
@@ -388,8 +415,6 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
   EXPECT_EQ(get_le(f, kRepSlotsAt, 4), uint64_t(l.rep_slots));
   EXPECT_EQ(get_le(f, kPageBytesAt, 8), l.page_bytes);
   EXPECT_EQ(get_le(f, kRecordBytesAt, 8), l.record_bytes);
-  EXPECT_EQ(get_le(f, kRecordsPerRepPageAt, 8), l.records_per_rep_page);
-  EXPECT_EQ(get_le(f, kRepPageBytesAt, 8), l.rep_page_bytes);
   EXPECT_EQ(get_le(f, kSumOffsetAt, 8), l.record_sum_offset);
   EXPECT_EQ(get_le(f, kImportanceOffsetAt, 8), l.record_importance_offset);
   EXPECT_EQ(get_le(f, kOffsetsOffsetAt, 8), l.record_offsets_offset);
@@ -398,26 +423,61 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
   const size_t tokens_at = kFingerprintAt + fingerprint.size();
   EXPECT_EQ(get_le(f, tokens_at, 8), 13u);
   EXPECT_EQ(get_le(f, tokens_at + 8, 8), 6u);
+  EXPECT_EQ(tokens_at + 16 + 4, header_bytes);
   EXPECT_EQ(get_le(f, header_bytes - 4, 4), crc32c(f.data(), header_bytes - 4));
 
-  // Body: layer, kv head, block pages then rep pages, each followed by
-  // CRC32C(page bytes, then the page's file offset as u64 LE).
-  size_t at = header_bytes;
-  for (const FilePage& page : documented_pages(*store, f)) {
-    ASSERT_EQ(page.offset, at);
-    ASSERT_LE(at + page.bytes + 4, f.size());
-    EXPECT_EQ(std::memcmp(f.data() + at, page.source, page.bytes), 0) << "page at " << at;
-    std::byte offset_le[8];
-    for (int i = 0; i < 8; ++i) offset_le[i] = std::byte(uint64_t(at) >> (8 * i));
-    EXPECT_EQ(get_le(f, at + page.bytes, 4), crc32c(offset_le, 8, crc32c(f.data() + at, page.bytes)))
-        << "page at " << at;
-    at += page.bytes + 4;
+  expect_documented_body(*store, f);
+  // 2 kv heads x (4 blocks in layer 0 + 2 in layer 1), nothing else.
+  EXPECT_EQ(f.size(), header_bytes + 2 * (4 + 2) * (l.page_bytes + l.record_bytes + 4) + 16);
+}
+
+// Records of blocks stored in different rep pages of the store (the file
+// does not depend on how the store packs them): head_dim 512 f32 QUEST
+// records are 4 KiB, so a rep page holds 16 of them.
+TEST_F(SnapshotTest, RecordsOfSeveralRepPagesRoundTrip) {
+  const LongContextConfig cfg = small_config(RepresentativeType::kQuest, DType::kF32, 4, 128);
+  const KVShape shape{2, 2, 512};
+  auto source = make_store(cfg, shape);
+  const StoreLayout& l = source->layout();
+  append_random(*source, 0, 70, 3000);   // 18 blocks: a full rep page and 2 records of a second
+  append_random(*source, 1, 64, 3001);   // 16 blocks: exactly one full rep page
+  ASSERT_EQ(l.records_per_rep_page, 16u) << "test premise";
+  ASSERT_EQ(SnapshotAccess::rep_pages(*source, 0, 1).size(), 2u) << "test premise";
+  save_snapshot(*source, path("wide.snap"), kFingerprint);
+  const std::vector<std::byte> f = read_bytes(path("wide.snap"));
+  expect_documented_body(*source, f);
+  for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+    SCOPED_TRACE(mode == LoadMode::kRead ? "kRead" : "kMmap");
+    auto target = make_store(cfg, shape);
+    append_random(*target, 0, 128, 3002);
+    load_snapshot(*target, path("wide.snap"), kFingerprint, mode);
+    expect_same_content(*target, *source);
+    EXPECT_EQ(target->memory_stats().used_bytes, source->memory_stats().used_bytes);
   }
-  EXPECT_EQ(at, header_bytes + 2 * (4 * (l.page_bytes + 4) + (l.rep_page_bytes + 4)) +
-                    2 * (2 * (l.page_bytes + 4) + (l.rep_page_bytes + 4)));
-  ASSERT_EQ(f.size(), at + 16);
-  EXPECT_EQ(std::memcmp(f.data() + at, "LCTXEND.", 8), 0);
-  EXPECT_EQ(get_le(f, at + 8, 8), f.size());
+}
+
+// max_seq_len is not part of the layout: a snapshot loads into a store sized
+// for more tokens, with the same content, keeps growing past the saved
+// store's limit, and saving it again gives the same file.
+TEST_F(SnapshotTest, LoadsIntoAStoreWithALargerMaxSeqLen) {
+  for (RepresentativeType rep : {RepresentativeType::kQuest, RepresentativeType::kDynamic}) {
+    SCOPED_TRACE(representative_type_name(rep));
+    auto source = make_store(small_config(rep, DType::kF16, 4, 64));
+    fill_source(*source, 3100);
+    append_random(*source, 1, 58, 3101);  // layer 1 full: 64 tokens
+    save_snapshot(*source, path("short.snap"), kFingerprint);
+    for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+      SCOPED_TRACE(mode == LoadMode::kRead ? "kRead" : "kMmap");
+      auto larger = make_store(small_config(rep, DType::kF16, 4, 4096));
+      fill_target(*larger, 3102);
+      load_snapshot(*larger, path("short.snap"), kFingerprint, mode);
+      expect_same_content(*larger, *source);
+      save_snapshot(*larger, path("again.snap"), kFingerprint);
+      EXPECT_TRUE(read_bytes(path("again.snap")) == read_bytes(path("short.snap")));
+      append_random(*larger, 1, 1000, 3103);
+      EXPECT_EQ(larger->n_tokens(1), 1064);
+    }
+  }
 }
 
 // ---- damaged files ----------------------------------------------------------------
@@ -470,25 +530,10 @@ void expect_truncations_rejected(KVStore& target, const std::string& file, const
   write_bytes(file, original);
 }
 
-// Positions (and truncation lengths) the damage tests try: every byte outside
-// the rep pages (header, block pages, checksums, trailer) and, in each rep
-// page (~64 KiB, mostly unused record slots), its first KiB, its last 128
-// bytes and every 251st byte between. CRC32C detects every error burst of up
-// to 32 bits wherever it lies in a page, so the page interiors left out check
-// nothing the rest does not; DISABLED_EveryByteFlipAndTruncationIsRejected
-// tries them all.
-std::vector<size_t> damage_positions(const std::vector<FilePage>& pages, size_t file_size) {
-  std::vector<bool> wanted(file_size, true);
-  for (const FilePage& page : pages) {
-    if (!page.is_rep) continue;
-    for (size_t i = 0; i < page.bytes; ++i) {
-      wanted[page.offset + i] = i < 1024 || page.bytes - i <= 128 || i % 251 == 0;
-    }
-  }
-  std::vector<size_t> positions;
-  for (size_t i = 0; i < file_size; ++i) {
-    if (wanted[i]) positions.push_back(i);
-  }
+// Every byte position (and truncation length) of a file of `size` bytes.
+std::vector<size_t> all_positions(size_t size) {
+  std::vector<size_t> positions(size);
+  for (size_t i = 0; i < size; ++i) positions[i] = i;
   return positions;
 }
 
@@ -511,11 +556,13 @@ TEST_P(SnapshotDamage, ByteFlipsAreRejectedAndLeaveTheStoreUnchanged) {
   fill_target(*target, 800);
   const StoreImage before = image_of(*target);
 
-  const std::vector<size_t> positions = damage_positions(documented_pages(*source, original), original.size());
-  ASSERT_GT(positions.size(), 1000u);
+  // A few KiB: header, 12 blocks (page + record + CRC each), trailer.
+  ASSERT_GT(original.size(), 1000u);
+  ASSERT_LT(original.size(), 16384u) << "the damage tests expect a snapshot of a few KiB";
+  const std::vector<size_t> positions = all_positions(original.size());
   expect_flips_rejected(*target, file, original, positions, std::byte{0xFF}, LoadMode::kRead);
-  expect_flips_rejected(*target, file, original, every_nth(positions, 3), std::byte{0x01}, LoadMode::kRead);
-  expect_flips_rejected(*target, file, original, every_nth(positions, 7), std::byte{0x80}, LoadMode::kMmap);
+  expect_flips_rejected(*target, file, original, positions, std::byte{0x80}, LoadMode::kRead);
+  expect_flips_rejected(*target, file, original, positions, std::byte{0x01}, LoadMode::kMmap);
   expect_unchanged(*target, before, "after rejected loads");
   ASSERT_TRUE(read_bytes(file) == original);
   load_snapshot(*target, file, kFingerprint);  // the restored file loads
@@ -545,10 +592,9 @@ TEST_P(SnapshotDamage, TruncationsAndTrailingBytesAreRejectedUpFront) {
           << e.what();
     }
   }
-  const std::vector<size_t> lengths = damage_positions(documented_pages(*source, original), original.size());
+  const std::vector<size_t> lengths = all_positions(original.size());  // 0 .. size - 1
   expect_truncations_rejected(*target, file, original, lengths, LoadMode::kRead);
-  expect_truncations_rejected(*target, file, original, every_nth(lengths, 5), LoadMode::kMmap);
-  expect_truncations_rejected(*target, file, original, {0}, LoadMode::kMmap);
+  expect_truncations_rejected(*target, file, original, every_nth(lengths, 5), LoadMode::kMmap);  // 0 included
   expect_unchanged(*target, before, "after truncated loads");
 }
 
@@ -559,24 +605,47 @@ INSTANTIATE_TEST_SUITE_P(Types, SnapshotDamage,
                            return std::string(representative_type_name(p.param));
                          });
 
-// Every byte and every length, rep page interiors included (~260 KiB of file,
-// about 40 s): run with --gtest_also_run_disabled_tests.
-TEST_F(SnapshotTest, DISABLED_EveryByteFlipAndTruncationIsRejected) {
-  const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
+// Whole blocks (page, record and their own valid CRC) moved inside the file:
+// the block's file offset in its CRC catches them.
+TEST_F(SnapshotTest, MovedOrDuplicatedBlocksAreRejected) {
+  const LongContextConfig cfg = small_config(RepresentativeType::kMean);
   auto source = make_store(cfg);
-  fill_source(*source, 700);
-  const std::string file = path("all.snap");
-  save_snapshot(*source, file, kFingerprint);
-  const std::vector<std::byte> original = read_bytes(file);
+  fill_source(*source, 2200);
+  save_snapshot(*source, path("m.snap"), kFingerprint);
+  const std::vector<std::byte> good = read_bytes(path("m.snap"));
+  const std::vector<FileBlock> blocks = documented_blocks(*source, good);
+  ASSERT_EQ(blocks.size(), 12u);  // layer 0: 2 heads x 4 blocks, then layer 1: 2 heads x 2 blocks
+  const size_t stride = source->layout().page_bytes + source->layout().record_bytes + 4;
   auto target = make_store(cfg);
-  fill_target(*target, 800);
+  fill_target(*target, 2201);
   const StoreImage before = image_of(*target);
-  std::vector<size_t> all(original.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  expect_flips_rejected(*target, file, original, all, std::byte{0xFF}, LoadMode::kRead);
-  expect_flips_rejected(*target, file, original, all, std::byte{0x01}, LoadMode::kMmap);
-  expect_truncations_rejected(*target, file, original, all, LoadMode::kMmap);
-  expect_unchanged(*target, before, "after rejected loads");
+
+  struct Move {
+    size_t from, to;  // block indices in file order; `from` is copied over `to`
+    bool swap;
+    std::string message_part;
+  };
+  const Move moves[] = {
+      {0, 1, true, "layer 0 kv head 0 block 0: checksum mismatch"},
+      {3, 4, false, "layer 0 kv head 1 block 0: checksum mismatch"},   // head 0's last block over head 1's first
+      {9, 11, false, "layer 1 kv head 1 block 1: checksum mismatch"},  // another head's block, same index
+  };
+  for (const Move& m : moves) {
+    std::vector<std::byte> f = good;
+    std::copy_n(good.begin() + std::ptrdiff_t(blocks[m.from].offset), stride,
+                f.begin() + std::ptrdiff_t(blocks[m.to].offset));
+    if (m.swap) {
+      std::copy_n(good.begin() + std::ptrdiff_t(blocks[m.to].offset), stride,
+                  f.begin() + std::ptrdiff_t(blocks[m.from].offset));
+    }
+    write_bytes(path("moved.snap"), f);
+    for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+      const Error e = error_from([&] { load_snapshot(*target, path("moved.snap"), kFingerprint, mode); });
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find(m.message_part), std::string::npos) << e.what();
+    }
+  }
+  expect_unchanged(*target, before, "after loads of moved blocks");
 }
 
 // Headers with a valid checksum but impossible or hostile fields.
@@ -600,7 +669,10 @@ TEST_F(SnapshotTest, CraftedHeaderFieldsAreRejected) {
     std::string message_part;
   };
   const uint64_t page_bytes = get_le(good, kPageBytesAt, 8);
+  const uint64_t record_bytes = get_le(good, kRecordBytesAt, 8);
   const Craft crafts[] = {
+      {"version 1", kVersionAt, 1, 4, ErrorCode::kUnsupported, "format version 1, this build reads version 2"},
+      {"version 3", kVersionAt, 3, 4, ErrorCode::kUnsupported, "format version 3, this build reads version 2"},
       {"no layers", kNLayersAt, 0, 4, ErrorCode::kCorrupt, "n_layers"},
       {"huge layer count", kNLayersAt, 0xFFFFFFFF, 4, ErrorCode::kCorrupt, "n_layers"},
       {"3 layers", kNLayersAt, 3, 4, ErrorCode::kCorrupt, "header_bytes"},
@@ -611,8 +683,11 @@ TEST_F(SnapshotTest, CraftedHeaderFieldsAreRejected) {
       {"huge page", kPageBytesAt, uint64_t{1} << 63, 8, ErrorCode::kCorrupt, "page_bytes"},
       {"small page", kPageBytesAt, 64, 8, ErrorCode::kCorrupt, "page_bytes"},
       {"odd page", kPageBytesAt, page_bytes + 1, 8, ErrorCode::kCorrupt, "page_bytes"},
-      {"no records per page", kRecordsPerRepPageAt, 0, 8, ErrorCode::kCorrupt, "records_per_rep_page"},
-      {"huge rep page", kRepPageBytesAt, ~uint64_t{0}, 8, ErrorCode::kCorrupt, "rep_page_bytes"},
+      {"huge record", kRecordBytesAt, ~uint64_t{0}, 8, ErrorCode::kCorrupt, "record_bytes"},
+      {"small record", kRecordBytesAt, 0, 8, ErrorCode::kCorrupt, "record_bytes"},
+      {"odd record", kRecordBytesAt, record_bytes + 32, 8, ErrorCode::kCorrupt, "record_bytes"},
+      {"other record size", kRecordBytesAt, record_bytes + 64, 8, ErrorCode::kInvalidArgument,
+       str_cat("record_bytes ", record_bytes + 64, " vs ", record_bytes)},
       {"offset outside record", kSumOffsetAt, uint64_t{1} << 40, 8, ErrorCode::kCorrupt, "record_sum_offset"},
       {"long fingerprint", kFingerprintBytesAt, 5000, 4, ErrorCode::kCorrupt, "fingerprint_bytes"},
       {"short fingerprint", kFingerprintBytesAt, 3, 4, ErrorCode::kCorrupt, "header_bytes"},
@@ -634,6 +709,16 @@ TEST_F(SnapshotTest, CraftedHeaderFieldsAreRejected) {
       EXPECT_EQ(e.code(), c.code) << c.what << ": " << e.what();
       EXPECT_NE(std::string(e.what()).find(c.message_part), std::string::npos) << c.what << ": " << e.what();
     }
+  }
+  // Valid fields whose sizes overflow 64 bits: 2^38 blocks of 4 GiB pages.
+  {
+    std::vector<std::byte> f = good;
+    patch_header(f, kPageBytesAt, uint64_t{1} << 32, 8);
+    patch_header(f, tokens_at, uint64_t{1} << 40, 8);
+    write_bytes(path("crafted.snap"), f);
+    const Error e = error_from([&] { load_snapshot(*target, path("crafted.snap"), kFingerprint); });
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find("beyond 64 bits"), std::string::npos) << e.what();
   }
   // A header size pointing past the file, and one below the minimum.
   for (uint64_t header_bytes : {uint64_t{good.size()}, uint64_t{100}}) {
@@ -671,7 +756,7 @@ TEST_F(SnapshotTest, ValidationFollowsTheDocumentedOrder) {
 
   // Version (step 3) before the header checksum (step 5).
   std::vector<std::byte> f = good;
-  put_le(f, kVersionAt, 2, 4);
+  put_le(f, kVersionAt, 3, 4);
   put_le(f, kNKvHeadsAt, 5, 4);
   EXPECT_EQ(load_error(f, *target, kFingerprint).code(), ErrorCode::kUnsupported);
   // Layout (7) before fingerprint (8).
@@ -708,12 +793,13 @@ TEST_F(SnapshotTest, ValidationFollowsTheDocumentedOrder) {
   f = good;
   const size_t header_bytes = size_t(get_le(good, kHeaderBytesAt, 4));
   const size_t page_bytes = size_t(get_le(good, kPageBytesAt, 8));
-  const size_t second_block = header_bytes + (page_bytes + 4);
-  f[second_block + 5] ^= std::byte{0x10};
+  const size_t record_bytes = size_t(get_le(good, kRecordBytesAt, 8));
+  const size_t second_block = header_bytes + (page_bytes + record_bytes + 4);
+  f[second_block + page_bytes + 5] ^= std::byte{0x10};  // in its record
   f[good.size() - 100] ^= std::byte{1};
   e = load_error(f, *target, kFingerprint);
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
-  EXPECT_NE(std::string(e.what()).find(str_cat("layer 0 kv head 0 block 1: checksum mismatch (page at file offset ",
+  EXPECT_NE(std::string(e.what()).find(str_cat("layer 0 kv head 0 block 1: checksum mismatch (block at file offset ",
                                                second_block, ",")),
             std::string::npos)
       << e.what();
