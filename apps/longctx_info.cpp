@@ -70,8 +70,10 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("features: %s\n", describe_cpu_features(cpu).c_str());
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
+  std::string nodes = topology.describe();
+  if (!nodes.empty() && nodes.back() != '\n') nodes += '\n';
   std::printf("numa:     %d node(s)%s\n%s", topology.node_count(),
-              topology.is_this_system() ? "" : " (not this system)", topology.describe().c_str());
+              topology.is_this_system() ? "" : " (not this system)", nodes.c_str());
   std::string why;
   const auto gpus = gpu::list_devices(&why);
   if (gpus.empty()) std::printf("gpu:      none (%s)\n", why.c_str());
@@ -80,8 +82,8 @@ void print_system(const kvstore::NumaTopology& topology) {
                 d.multiprocessors, format_bytes(d.memory_bytes).c_str());
 }
 
-void print_preflight(const Args& args, const kvstore::NumaTopology& topology) {
-  const LongContextConfig config = load_config_file(args.config_path, args.overrides);
+// Returns false when the store would not fit the DRAM budget.
+bool print_preflight(const Args& args, const LongContextConfig& config, const kvstore::NumaTopology& topology) {
   const auto layout = kvstore::StoreLayout::make(args.shape, config);
   const auto nodes = kvstore::resolve_numa_nodes(config.numa, topology);
   const auto head_nodes = kvstore::place_kv_heads(args.shape.n_kv_heads, nodes);
@@ -91,8 +93,13 @@ void print_preflight(const Args& args, const kvstore::NumaTopology& topology) {
   std::printf("model:    %d layers x %d kv heads x %d dims\n", args.shape.n_layers, args.shape.n_kv_heads,
               args.shape.head_dim);
   std::printf("store:    %s\n", plan.describe().c_str());
-  std::printf("budget:   %s (%s)\n", format_bytes(budget).c_str(),
-              plan.total_bytes <= budget ? "fits" : "DOES NOT FIT: lower max_seq_len or raise dram_budget");
+  const bool fits = plan.total_bytes <= budget;
+  std::printf("budget:   %s (%s)\n", format_bytes(budget).c_str(), fits ? "fits" : "does not fit");
+  if (!fits)
+    std::fprintf(stderr, "longctx-info: the KV store needs %s but dram_budget is %s: lower max_seq_len, choose a "
+                 "smaller kv_type, or raise dram_budget\n", format_bytes(plan.total_bytes).c_str(),
+                 format_bytes(budget).c_str());
+  return fits;
 }
 
 }  // namespace
@@ -104,9 +111,12 @@ int main(int argc, char** argv) {
       std::fputs(config_reference_markdown().c_str(), stdout);
       return 0;
     }
+    // Load the config first so that a bad file fails before any report is printed.
+    LongContextConfig config;
+    if (!args.config_path.empty()) config = load_config_file(args.config_path, args.overrides);
     const auto topology = kvstore::NumaTopology::detect();
     print_system(topology);
-    if (!args.config_path.empty()) print_preflight(args, topology);
+    if (!args.config_path.empty() && !print_preflight(args, config, topology)) return 1;
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "longctx-info: %s: %s\n", error_code_name(e.code()), e.what());
