@@ -3,8 +3,6 @@
 // pieces (attention_hwy.cpp) and their LSE merge.
 #include "longctx/cpu/attention.h"
 
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -13,6 +11,7 @@
 
 #include "attention_kernel.h"
 #include "longctx/core/error.h"
+#include "longctx/kvstore/node_executor.h"
 
 namespace longctx::cpu {
 namespace {
@@ -155,7 +154,9 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
   const size_t piece_floats = size_t(g) * dim;
   std::vector<float> piece_out(pieces.size() * piece_floats);
   std::vector<float> piece_lse(pieces.size() * size_t(g));
-  tbb::parallel_for(size_t(0), pieces.size(), [&](size_t p) {
+  const auto kv_head_of = [&](int64_t p) { return pieces[size_t(p)].kv_head; };
+  kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t item) {
+    const size_t p = size_t(item);
     detail::PieceArgs args;
     args.q = q_scaled.data() + size_t(pieces[p].kv_head) * piece_floats;
     args.g = g;

@@ -24,9 +24,7 @@
 // and would bring an OpenMP runtime beside TBB.
 #include "longctx/cpu/prefill_attention.h"
 
-#include <tbb/blocked_range.h>
 #include <tbb/enumerable_thread_specific.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +34,7 @@
 #include "hwy/aligned_allocator.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/kvstore/node_executor.h"
 #include "prefill_attention_kernels.h"
 
 namespace longctx::cpu {
@@ -231,16 +230,13 @@ void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_p
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
 
+  const auto kv_head_of = [&](int64_t item) { return int(item % shape.n_kv_heads); };
   tbb::enumerable_thread_specific<TileScratch> scratch;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_items, 1), [&](const tbb::blocked_range<int64_t>& range) {
-    TileScratch& mine = scratch.local();
-    for (int64_t item = range.begin(); item < range.end(); ++item) {
-      // Last tiles (the most keys) first, for a better balance at the end.
-      const int64_t tile = n_tiles - 1 - item / shape.n_kv_heads;
-      const int kv_head = int(item % shape.n_kv_heads);
-      const int64_t i_begin = tile * tile_positions;
-      run_tile(p, kv_head, i_begin, std::min(n, i_begin + tile_positions), mine);
-    }
+  kvstore::parallel_for_heads(store, n_items, kv_head_of, [&](int64_t item) {
+    // Last tiles (the most keys) first, for a better balance at the end.
+    const int64_t tile = n_tiles - 1 - item / shape.n_kv_heads;
+    const int64_t i_begin = tile * tile_positions;
+    run_tile(p, kv_head_of(item), i_begin, std::min(n, i_begin + tile_positions), scratch.local());
   });
 }
 

@@ -17,10 +17,9 @@
 #include <string>
 #include <vector>
 
-#include <tbb/parallel_for.h>
-
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
+#include "longctx/kvstore/node_executor.h"
 #include "score_kernels.h"
 
 namespace longctx::cpu {
@@ -141,8 +140,9 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
     }
   }
 
-  tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
-    const Piece& piece = pieces[i];
+  const auto kv_head_of = [&](int64_t i) { return pieces[size_t(i)].head; };
+  kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
+    const Piece& piece = pieces[size_t(i)];
     detail::ScoreRun run;
     run.kv_type = layout.kv_type;
     run.queries = plan.queries.data() + size_t(piece.head) * plan.n_queries * plan.slot_len;

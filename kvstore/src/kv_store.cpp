@@ -1,7 +1,5 @@
 #include "longctx/kvstore/kv_store.h"
 
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/kvstore/node_executor.h"
 #include "longctx/kvstore/snapshot.h"
 #include "representatives.h"
 
@@ -171,6 +170,9 @@ void check_importance(const TensorView& importance, const std::string& what, int
       if (!std::isfinite(x)) fail(ErrorCode::kInvalidArgument, what, ": value ", x, " at [", t, ", ", h, "] is not finite");
     }
 }
+
+// Item -> kv head for per-head loops (parallel_for_heads): item h is head h.
+int head_itself(int64_t item) { return int(item); }
 
 }  // namespace
 
@@ -354,9 +356,10 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
   bool need_pages = false;
   for (int h = 0; h < n_heads; ++h) need_pages = need_pages || blocks_after > head_cache(layer, h).pages.size();
   if (need_pages) {
-    // In parallel: pools zero reused pages as they hand them out, outside their lock.
+    // In parallel, each head on its node: pools zero reused pages as they hand them out, outside their lock.
     try {
-      tbb::parallel_for(0, n_heads, [&](int h) {
+      parallel_for_heads(*this, n_heads, head_itself, [&](int64_t item) {
+        const int h = int(item);
         const HeadCache& hc = head_cache(layer, h);
         if (blocks_after > hc.pages.size()) {
           // New blocks start at a block boundary >= n0, so every new page but
@@ -373,7 +376,7 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
           new_rep_pages[size_t(h)] = rep_pool(h).allocate(rep_pages_after - hc.rep_pages.size());
       });
     } catch (...) {
-      // parallel_for returns once every task has ended: each list holds what its head got.
+      // parallel_for_heads returns once every task has ended: each list holds what its head got.
       for (int h = 0; h < n_heads; ++h) {
         if (!new_pages[size_t(h)].empty()) page_pool(h).release(new_pages[size_t(h)]);
         if (!new_rep_pages[size_t(h)].empty()) rep_pool(h).release(new_rep_pages[size_t(h)]);
@@ -388,7 +391,9 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
   }
 
   const bool use_importance = has_importance && layout_.rep_type == RT::kDynamic;
-  tbb::parallel_for(0, n_heads, [&](int h) { write_head(layer, h, n0, k, v, use_importance ? &importance : nullptr); });
+  parallel_for_heads(*this, n_heads, head_itself, [&](int64_t h) {
+    write_head(layer, int(h), n0, k, v, use_importance ? &importance : nullptr);
+  });
   n_tokens_[size_t(layer)] = n0 + n;
 }
 
@@ -479,7 +484,8 @@ void KVStore::add_importance(int layer, int64_t first_token, const TensorView& i
   if (n == 0) return;
 
   const int bs = layout_.block_size;
-  tbb::parallel_for(0, n_heads, [&](int h) {
+  parallel_for_heads(*this, n_heads, head_itself, [&](int64_t item) {
+    const int h = int(item);
     const HeadCache& hc = head_cache(layer, h);
     const float* data = static_cast<const float*>(importance.data);
     detail::RepScratch scratch;

@@ -1,0 +1,186 @@
+#include "longctx/kvstore/node_executor.h"
+
+#include <hwloc.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_group.h>
+#include <tbb/task_scheduler_observer.h>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "longctx/core/error.h"
+
+namespace longctx::kvstore {
+namespace {
+
+// What a thread did on entering one of our arenas, undone when it leaves.
+// Entries and exits nest (an arena entered from inside another is left first).
+struct EntryFrame {
+  const void* observer = nullptr;    // the arena's observer
+  int node = -1;                     // the arena's node
+  hwloc_bitmap_t saved = nullptr;    // the thread's binding before; null: not pinned
+};
+thread_local std::vector<EntryFrame> t_entries;
+
+// This machine's topology, for binding threads. Loaded once, never destroyed:
+// a store's own topology may die before the arenas that pin to its nodes.
+hwloc_topology_t system_topology() {
+  static NumaTopology* const system = new NumaTopology(NumaTopology::detect());
+  return static_cast<hwloc_topology_t>(system->hwloc_handle());
+}
+
+// Marks (and, given a topology, pins to `cpus`) every thread in its arena.
+class NodeObserver : public tbb::task_scheduler_observer {
+ public:
+  NodeObserver(tbb::task_arena& arena, int node, const std::vector<int>& cpus, hwloc_topology_t pin_topology)
+      : tbb::task_scheduler_observer(arena), node_(node), topology_(pin_topology) {
+    if (topology_ != nullptr) {
+      cpuset_ = hwloc_bitmap_alloc();
+      if (cpuset_ == nullptr) fail(ErrorCode::kOutOfMemory, "hwloc_bitmap_alloc failed");
+      for (const int cpu : cpus) hwloc_bitmap_set(cpuset_, unsigned(cpu));
+    }
+  }
+  ~NodeObserver() override {
+    observe(false);
+    hwloc_bitmap_free(cpuset_);
+  }
+
+  void on_scheduler_entry(bool /*is_worker*/) override {
+    EntryFrame frame{this, node_, nullptr};
+    if (topology_ != nullptr) {
+      frame.saved = hwloc_bitmap_alloc();
+      if (frame.saved != nullptr && hwloc_get_cpubind(topology_, frame.saved, HWLOC_CPUBIND_THREAD) != 0) {
+        hwloc_bitmap_free(frame.saved);
+        frame.saved = nullptr;
+      }
+      // Pin only what can be restored. A refused binding (a cpuset the
+      // process may not use) only costs locality.
+      if (frame.saved != nullptr) hwloc_set_cpubind(topology_, cpuset_, HWLOC_CPUBIND_THREAD);
+    }
+    t_entries.push_back(frame);
+  }
+
+  void on_scheduler_exit(bool /*is_worker*/) override {
+    for (size_t i = t_entries.size(); i-- > 0;) {
+      if (t_entries[i].observer != this) continue;
+      if (t_entries[i].saved != nullptr) {
+        hwloc_set_cpubind(topology_, t_entries[i].saved, HWLOC_CPUBIND_THREAD);
+        hwloc_bitmap_free(t_entries[i].saved);
+      }
+      t_entries.erase(t_entries.begin() + std::ptrdiff_t(i));
+      return;
+    }
+  }
+
+ private:
+  int node_;
+  hwloc_topology_t topology_;  // null: synthetic topology, mark only
+  hwloc_bitmap_t cpuset_ = nullptr;
+};
+
+struct NodeArena {
+  // One slot stays reserved for a caller (TBB's default): the arena asks for
+  // concurrency - 1 workers, which never exceeds what the caller's limit lets
+  // TBB start, and the caller waiting on the group works in that slot.
+  NodeArena(int node, const std::vector<int>& cpus, int concurrency, hwloc_topology_t pin_topology)
+      : arena(concurrency, 1), observer(arena, node, cpus, pin_topology) {
+    arena.initialize();
+    observer.observe(true);
+  }
+  tbb::task_arena arena;
+  NodeObserver observer;
+};
+
+tbb::task_arena& node_arena(const NumaTopology& topology, int node, int limit) {
+  const std::vector<int> cpus = topology.node_cpus(node);
+  // A node without PUs (memory only) has no threads of its own: unpinned arena.
+  const bool pin = topology.is_this_system() && !cpus.empty();
+  const int concurrency = cpus.empty() ? limit : std::min(int(cpus.size()), limit);
+  using Key = std::tuple<int, std::vector<int>, bool, int>;
+  static std::mutex mutex;
+  static auto* const arenas = new std::map<Key, std::unique_ptr<NodeArena>>();  // never destroyed
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<NodeArena>& slot = (*arenas)[Key{node, cpus, pin, concurrency}];
+  if (!slot) slot = std::make_unique<NodeArena>(node, cpus, concurrency, pin ? system_topology() : nullptr);
+  return slot->arena;
+}
+
+// The threads the caller allows: global_control's limit and its arena's.
+int caller_limit() {
+  const size_t global = tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
+  return int(std::min<size_t>(global, size_t(std::max(1, tbb::this_task_arena::max_concurrency()))));
+}
+
+}  // namespace
+
+int current_executor_node() { return t_entries.empty() ? -1 : t_entries.back().node; }
+
+void parallel_for_heads(const KVStore& store, int64_t n_items, const std::function<int(int64_t)>& head_of_item,
+                        const std::function<void(int64_t)>& body) {
+  if (n_items <= 0) return;
+  const NumaTopology& topology = store.topology();
+  const int limit = caller_limit();
+  if (topology.node_count() == 1 || store.config().numa.kind == NumaPolicy::Kind::kNone || limit <= 1 ||
+      current_executor_node() >= 0) {
+    tbb::parallel_for(int64_t{0}, n_items, [&](int64_t i) { body(i); });
+    return;
+  }
+
+  const std::vector<int>& head_nodes = store.head_nodes();
+  std::vector<std::vector<int64_t>> items_of_node(size_t(topology.node_count()));
+  for (int64_t i = 0; i < n_items; ++i) {
+    const int head = head_of_item(i);
+    if (head < 0 || head >= int(head_nodes.size())) {
+      fail(ErrorCode::kInvalidArgument, "parallel_for_heads: item ", i, " of ", n_items, " reads kv head ", head,
+           ", the store has ", head_nodes.size(), " kv heads");
+    }
+    items_of_node[size_t(head_nodes[size_t(head)])].push_back(i);
+  }
+
+  struct Group {
+    tbb::task_arena* arena = nullptr;
+    const std::vector<int64_t>* items = nullptr;
+    tbb::task_group work;
+  };
+  std::vector<std::unique_ptr<Group>> groups;  // task_group cannot move
+  for (int node = 0; node < topology.node_count(); ++node) {
+    if (items_of_node[size_t(node)].empty()) continue;
+    groups.push_back(std::make_unique<Group>());
+    groups.back()->arena = &node_arena(topology, node, limit);
+    groups.back()->items = &items_of_node[size_t(node)];
+  }
+
+  // Start every group, then wait for each inside its arena (the caller helps).
+  std::exception_ptr first_error;
+  size_t started = 0;
+  try {
+    for (; started < groups.size(); ++started) {
+      Group& group = *groups[started];
+      group.arena->execute([&] {
+        group.work.run([&] {
+          tbb::parallel_for(size_t{0}, group.items->size(), [&](size_t j) { body((*group.items)[j]); });
+        });
+      });
+    }
+  } catch (...) {
+    first_error = std::current_exception();
+  }
+  for (size_t k = 0; k < started; ++k) {
+    Group& group = *groups[k];
+    try {
+      group.arena->execute([&] { group.work.wait(); });
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace longctx::kvstore
