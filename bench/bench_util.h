@@ -40,4 +40,8 @@ void print_table(const std::vector<Record>& records, const std::vector<std::stri
 // threads each copying a contiguous slice.
 double measure_copy_gbps(size_t bytes, int threads, int reps);
 
+// Read-only bandwidth over `bytes` (the roofline of read-bound kernels such
+// as decode attention), median of `reps`, `threads` threads each summing a slice.
+double measure_read_gbps(size_t bytes, int threads, int reps);
+
 }  // namespace longctx::bench

@@ -2,6 +2,7 @@
 // per measurement, then a human table.
 //
 //   longctx-bench kvstore [--tokens 4096] [--layers 32] [--kv-heads 8] [--head-dim 128] [--reps 5] [--quick]
+//   longctx-bench kernels [--contexts 4096,32768] [--dtype f16] [--budget 4096] [--reps 5] [--quick]
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,12 +11,14 @@
 
 namespace longctx::bench {
 int run_kvstore(const std::vector<std::string>& args);
+int run_kernels(const std::vector<std::string>& args);
 }
 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: longctx-bench SUBCOMMAND [options]\n"
-      "  kvstore   KV store append throughput vs memcpy bandwidth\n";
+      "  kvstore   KV store append throughput vs memcpy bandwidth\n"
+      "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n";
   if (argc < 2) {
     std::fputs(usage, stderr);
     return 2;
@@ -24,6 +27,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "kvstore") return longctx::bench::run_kvstore(args);
+    if (command == "kernels") return longctx::bench::run_kernels(args);
     std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), usage);
     return 2;
   } catch (const longctx::Error& e) {

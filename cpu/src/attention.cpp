@@ -21,10 +21,12 @@ namespace {
 // whatever the number of threads: about kTargetPieces pieces over all kv
 // heads (enough to keep a large machine busy even with one kv head), at least
 // kMinPieceTokens tokens each (so the per-piece work of reading q, writing
-// and merging g x head_dim outputs stays small next to the K/V it reads),
+// and merging g x head_dim outputs, and the cold start of the prefetch at the
+// first page of a piece, stay small next to the K/V it reads: 256-token
+// pieces ran a 4096-token sparse step at ~60% of the speed of 1024-token ones),
 // rounded to kPieceAlign tokens so block-aligned selections cut at block ends.
 constexpr int64_t kTargetPieces = 256;
-constexpr int64_t kMinPieceTokens = 256;
+constexpr int64_t kMinPieceTokens = 1024;
 constexpr int64_t kPieceAlign = 128;
 // A tiny params.split_tokens over a long selection is raised so that the
 // pieces' outputs (g x head_dim floats each) stay a bounded scratch.

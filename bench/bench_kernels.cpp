@@ -1,0 +1,187 @@
+// longctx-bench kernels: one decode step of one layer on the CPU engine —
+// dense attention, block scoring, selection and sparse attention — over
+// contexts from 4K to 1M tokens, with the bytes each kernel must read and the
+// achieved GB/s beside the read bandwidth measured in the same run.
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "longctx/core/config.h"
+#include "longctx/core/dtype.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/attention.h"
+#include "longctx/cpu/selection.h"
+#include "longctx/kvstore/kv_store.h"
+
+namespace longctx::bench {
+namespace {
+
+struct KernelsArgs {
+  std::vector<int64_t> contexts{4096, 16384, 32768, 131072, 1048576};
+  std::vector<DType> dtypes{DType::kF16, DType::kBF16};
+  int q_heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  int block_size = 128;
+  int64_t budget_tokens = 4096;
+  int reps = 5;
+  int64_t split_tokens = 0;  // decode_attention's flash-decoding piece size; 0 = its default
+};
+
+// Fills `layer` 0 of the store with random keys/values, a chunk at a time so
+// the f32 staging buffer stays small.
+void fill_store(kvstore::KVStore& store, int64_t n_tokens, int kv_heads, int head_dim) {
+  const int64_t chunk = 8192;
+  std::vector<float> k(size_t(chunk) * kv_heads * head_dim), v(k.size());
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
+  };
+  for (int64_t begin = 0; begin < n_tokens; begin += chunk) {
+    const int64_t n = std::min(chunk, n_tokens - begin);
+    for (size_t i = 0; i < size_t(n) * kv_heads * head_dim; ++i) k[i] = next(), v[i] = next();
+    store.append(0, make_view(k.data(), DType::kF32, {n, kv_heads, head_dim}),
+                 make_view(v.data(), DType::kF32, {n, kv_heads, head_dim}));
+  }
+}
+
+std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dtype, int threads,
+                                double read_gbps) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  LongContextConfig config;
+  config.max_seq_len = context;
+  config.block_size = a.block_size;
+  config.initial_len = 0;  // the budget is spent on selected blocks only
+  config.local_windows_len = 0;
+  config.kv_type = dtype;
+  config.representative_type = RepresentativeType::kQuest;
+  config.representative_num = 2;
+  config.head_select_mode = HeadSelectMode::kSeparate;
+  const int64_t blocks = cpu::blocks_for_token_budget(a.budget_tokens, a.block_size);
+  config.second_select_num = int(std::min<int64_t>(blocks, context / a.block_size));
+  const kvstore::KVShape shape{1, a.kv_heads, a.head_dim};
+  const auto topology = kvstore::NumaTopology::detect();
+  kvstore::MemoryBudget budget(kvstore::default_dram_budget());
+  kvstore::KVStore store(shape, config, budget, topology);
+  fill_store(store, context, a.kv_heads, a.head_dim);
+
+  std::vector<float> q(size_t(a.q_heads) * a.head_dim), out(q.size()), lse(a.q_heads);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i));
+  const TensorView qv = make_view(q.data(), DType::kF32, {a.q_heads, a.head_dim});
+  const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {a.q_heads, a.head_dim});
+  const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {a.q_heads});
+  cpu::DecodeAttentionParams attn;
+  attn.split_tokens = a.split_tokens;
+  const kvstore::Partition part = store.partition(0);
+  const int64_t n_blocks = part.end_context_block - part.first_context_block;
+  std::vector<float> scores(size_t(a.kv_heads) * n_blocks);
+  const MutableTensorView sv = make_mutable_view(scores.data(), DType::kF32, {a.kv_heads, n_blocks});
+  cpu::SelectParams select;
+  select.blocks = config.second_select_num;
+  select.mode = config.head_select_mode;
+  select.include_local = true;
+  cpu::Selection selection;
+
+  // A decode step of one layer finds its KV and representatives cold: the
+  // other layers ran since. Evict the caches before every timed run.
+  std::vector<char> evict(size_t(256) << 20);
+  auto cold = [&](const std::function<void()>& fn) {
+    std::vector<double> seconds;
+    for (int r = 0; r < a.reps; ++r) {
+      for (size_t i = 0; i < evict.size(); i += 64) evict[i] = char(evict[i] + 1);
+      seconds.push_back(time_runs(1, fn)[0]);
+    }
+    return 1e3 * median(seconds);
+  };
+  const double es = double(dtype_size(dtype));
+  const double kv_bytes_per_token = 2.0 * a.kv_heads * a.head_dim * es;
+  const double dense_ms = cold([&] { cpu::dense_decode_attention(store, 0, qv, attn, ov, lv); });
+  const double score_ms = cold([&] { cpu::score_blocks(store, 0, qv, select.score, sv); });
+  const double select_ms = cold([&] { selection = cpu::select_blocks(store, 0, qv, select); });
+  const double sparse_ms = cold([&] { cpu::decode_attention(store, 0, qv, selection, attn, ov, lv); });
+  int64_t selected_tokens = 0;
+  for (int h = 0; h < a.kv_heads; ++h) selected_tokens += selection.tokens(h);
+
+  const double dense_bytes = kv_bytes_per_token * double(context);
+  const double score_bytes = double(n_blocks) * a.kv_heads * store.layout().rep_slots * a.head_dim * es;
+  const double sparse_bytes = double(selected_tokens) * 2.0 * a.head_dim * es;
+  std::vector<Record> records;
+  auto add = [&](const char* kernel, double ms, double bytes) {
+    Record r;
+    r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
+    r.set("dtype", dtype_name(dtype)).set("threads", threads).set("ms", ms).set("bytes", int64_t(bytes));
+    r.set("gbps", bytes / (ms * 1e-3) / 1e9).set("read_gbps", read_gbps);
+    r.set("of_bandwidth", bytes / (ms * 1e-3) / 1e9 / read_gbps);
+    records.push_back(r);
+  };
+  add("dense", dense_ms, dense_bytes);
+  add("score", score_ms, score_bytes);
+  add("select", select_ms, score_bytes);  // select = score + top-k + spans
+  add("sparse", sparse_ms, sparse_bytes);
+  Record step;
+  step.set("bench", "kernels").set("kernel", "sparse_step").set("context", context).set("budget", a.budget_tokens);
+  step.set("dtype", dtype_name(dtype)).set("threads", threads).set("ms", select_ms + sparse_ms);
+  step.set("dense_over_sparse", dense_ms / sparse_ms);  // attention kernels over the same cache
+  step.set("dense_over_step", dense_ms / (select_ms + sparse_ms));  // whole decode step (select + sparse)
+  step.set("select_share", select_ms / (select_ms + sparse_ms));
+  records.push_back(step);
+  return records;
+}
+
+}  // namespace
+
+int run_kernels(const std::vector<std::string>& args) {
+  KernelsArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto next = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      return args[++i];
+    };
+    if (args[i] == "--contexts") {
+      a.contexts.clear();
+      const std::string list = next();
+      for (size_t pos = 0; pos < list.size();) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        a.contexts.push_back(std::stoll(list.substr(pos, comma - pos)));
+        pos = comma + 1;
+      }
+    } else if (args[i] == "--reps") a.reps = std::stoi(next());
+    else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
+    else if (args[i] == "--split") a.split_tokens = std::stoll(next());
+    else if (args[i] == "--dtype") a.dtypes = {parse_dtype(next()).value_or(DType::kF16)};
+    else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
+    else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
+  }
+  const int all = tbb::info::default_concurrency();
+  std::vector<int> thread_counts{1};
+  if (all > 1) thread_counts.push_back(all);
+  std::vector<Record> records;
+  for (int threads : thread_counts) {
+    const double read_gbps = measure_read_gbps(size_t(1) << 30, threads, 5);
+    Record r;
+    r.set("bench", "kernels").set("kernel", "read_bandwidth").set("threads", threads).set("gbps", read_gbps);
+    std::printf("%s\n", r.json().c_str());
+    for (DType dtype : a.dtypes)
+      for (int64_t context : a.contexts)
+        for (Record& rec : run_context(a, context, dtype, threads, read_gbps)) {
+          std::printf("%s\n", rec.json().c_str());
+          std::fflush(stdout);
+          records.push_back(rec);
+        }
+  }
+  std::printf("\nCPU decode step, one layer: %d q heads, %d kv heads, d=%d, block %d, budget %lld tokens\n",
+              a.q_heads, a.kv_heads, a.head_dim, a.block_size, static_cast<long long>(a.budget_tokens));
+  print_table(records, {"kernel", "context", "dtype", "threads", "ms", "gbps", "of_bandwidth", "dense_over_sparse",
+                        "dense_over_step", "select_share"});
+  return 0;
+}
+
+}  // namespace longctx::bench
