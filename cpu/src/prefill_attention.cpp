@@ -1,5 +1,10 @@
 // Prefill attention on the CPU, tiled flash-attention style.
 //
+// Keys of a kv head: its history spans (dense: [0, first_pos)), then the
+// chunk [first_pos, first_pos + n), concatenated in position order and cut
+// into key tiles of kKeyTile consecutive keys of that list (dense: tiles start
+// at positions that are multiples of kKeyTile).
+//
 // Work item = (kv head, tile of query positions). The tile's rows are its
 // positions x the g query heads of the kv head (row = position * g + head in
 // group), so every K/V element converted to f32 serves all of them. For each
@@ -10,8 +15,10 @@
 //   causal mask, online softmax step (running max m, sum l; O rescaled)
 //   O += P x V
 // and at the end out = O / l, lse = m + log(l). Rows whose position is before
-// a key tile see none of it and are left out of its products; since positions
-// grow with the row, the rows that take part are a suffix of the tile.
+// a key tile's first key see none of it and are left out of its products;
+// since positions grow with the row, the rows that take part are a suffix of
+// the tile. A tile's keys are its history keys (seen by every row) followed by
+// consecutive chunk keys, so a row sees a prefix of the tile.
 //
 // Each element's result depends only on its own row and the fixed key tiling
 // (tiles start at multiples of kKeyTile), never on how queries are split into
@@ -79,6 +86,7 @@ struct TileScratch {
   Buffer o;    // [rows][d_pad]    unnormalized output
   std::vector<float> m, l;
   std::vector<int> valid;
+  std::vector<TokenSpan> keys;  // the work item's key list: history spans + chunk
 };
 
 struct Problem {
@@ -91,6 +99,7 @@ struct Problem {
   int head_dim;
   size_t d_pad;       // head_dim rounded up to kTileAlign
   float scale;
+  const Selection* history;  // per kv head, spans before first_pos
   TensorView q;
   MutableTensorView out, lse;
 
@@ -107,7 +116,7 @@ struct Problem {
 
 // Keys [k0, k0 + count) of one kv head, converted to f32: K^T into k_t
 // (row c = channel c, ld_kt floats apart), V into v (token rows, ld_v apart).
-void load_key_tile(const Problem& p, int kv_head, int64_t k0, int64_t count, float* k_t, size_t ld_kt, float* v,
+void load_key_run(const Problem& p, int kv_head, int64_t k0, int64_t count, float* k_t, size_t ld_kt, float* v,
                    size_t ld_v) {
   const int bs = p.store->layout().block_size;
   const DType kv_type = p.store->layout().kv_type;
@@ -160,17 +169,38 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     }
   }
 
-  const int64_t last_pos = p.first_pos + i_end - 1;
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += kKeyTile) {
-    const int64_t count = std::min(kKeyTile, last_pos + 1 - k0);
+  // Key list: the history spans, then the chunk up to the tile's last query.
+  std::vector<TokenSpan>& keys = scratch.keys;
+  keys = p.history->spans[size_t(kv_head)];
+  int64_t n_history = 0;
+  for (const TokenSpan& span : keys) n_history += span.end - span.begin;
+  keys.push_back({p.first_pos, p.first_pos + i_end});
+  const int64_t n_keys = n_history + i_end;
+
+  size_t span = 0;      // cursor in the key list: span index,
+  int64_t in_span = 0;  // keys of it already loaded
+  for (int64_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+    const int64_t count = std::min(kKeyTile, n_keys - k0);
     const size_t cols = round_up(size_t(count), kTileAlign);
-    const int64_t first_i = std::max(i_begin, k0 - p.first_pos);  // first query that sees key k0
+    for (int64_t col = 0; col < count;) {
+      const int64_t take = std::min(keys[span].end - keys[span].begin - in_span, count - col);
+      load_key_run(p, kv_head, keys[span].begin + in_span, take, k_t + col, ld_s, v + size_t(col) * d_pad, d_pad);
+      col += take;
+      in_span += take;
+      if (keys[span].begin + in_span == keys[span].end) {
+        ++span;
+        in_span = 0;
+      }
+    }
+    // The tile holds tile_history history keys, then chunk keys from position chunk0 on.
+    const int64_t tile_history = std::clamp<int64_t>(n_history - k0, 0, count);
+    const int64_t chunk0 = p.first_pos + std::max<int64_t>(0, k0 - n_history);
+    const int64_t first_i = tile_history > 0 ? i_begin : std::max(i_begin, chunk0 - p.first_pos);
     const size_t row0 = size_t(first_i - i_begin) * size_t(g);
     const size_t active = rows - row0;
-    load_key_tile(p, kv_head, k0, count, k_t, ld_s, v, d_pad);
     for (size_t r = 0; r < active; ++r) {
       const int64_t pos = p.first_pos + i_begin + int64_t((row0 + r) / size_t(g));
-      scratch.valid[r] = int(std::min(count, pos - k0 + 1));
+      scratch.valid[r] = int(tile_history + std::clamp<int64_t>(pos - chunk0 + 1, 0, count - tile_history));
     }
     detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
     detail::softmax_step(active, cols, scratch.valid.data(), s, ld_s, scratch.m.data() + row0,
@@ -188,10 +218,30 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   }
 }
 
-}  // namespace
+// Throws unless every kv head's spans are sorted, non-empty, non-overlapping
+// and inside [0, first_pos).
+void check_history(const Selection& history, int n_kv_heads, int64_t first_pos) {
+  if (history.spans.size() != size_t(n_kv_heads)) {
+    fail(ErrorCode::kInvalidArgument, "prefill_attention: history has span lists for ", history.spans.size(),
+         " kv heads, the store has ", n_kv_heads);
+  }
+  for (int h = 0; h < n_kv_heads; ++h) {
+    int64_t previous_end = 0;
+    const std::vector<TokenSpan>& spans = history.spans[size_t(h)];
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const TokenSpan& s = spans[i];
+      if (s.begin < previous_end || s.begin >= s.end || s.end > first_pos) {
+        fail(ErrorCode::kInvalidArgument, "prefill_attention: history of kv head ", h, ", span ", i, " [", s.begin,
+             ", ", s.end, ") is empty, overlaps or precedes the previous span (ending at ", previous_end,
+             ") or reaches past the chunk's first position ", first_pos);
+      }
+      previous_end = s.end;
+    }
+  }
+}
 
-void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
-                       float scale, const MutableTensorView& out, const MutableTensorView& lse) {
+void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, const Selection* history,
+                 const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse) {
   const kvstore::KVShape& shape = store.layout().shape;
   if (layer < 0 || layer >= shape.n_layers) {
     fail(ErrorCode::kInvalidArgument, "prefill_attention: layer ", layer, " out of range [0, ", shape.n_layers,
@@ -219,13 +269,22 @@ void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_p
     fail(ErrorCode::kInvalidArgument, "prefill_attention: scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got ",
          scale);
   }
+  Selection dense_history;
+  if (history == nullptr) {
+    dense_history.spans.assign(size_t(shape.n_kv_heads), {});
+    if (first_pos > 0)
+      for (auto& spans : dense_history.spans) spans.push_back({0, first_pos});
+    history = &dense_history;
+  } else {
+    check_history(*history, shape.n_kv_heads, first_pos);
+  }
   if (n == 0) return;
   check_inner_contiguous(q, "prefill_attention q");
   check_inner_contiguous(as_const(out), "prefill_attention out");
   check_inner_contiguous(as_const(lse), "prefill_attention lse");
 
   Problem p{&store, layer, first_pos, n, int(n_q_heads), int(n_q_heads / shape.n_kv_heads), d,
-            round_up(size_t(d), kTileAlign), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, q, out, lse};
+            round_up(size_t(d), kTileAlign), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, history, q, out, lse};
   const int64_t tile_positions = std::max<int64_t>(1, kTileFloats / (int64_t(p.group) * d));
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
@@ -238,6 +297,18 @@ void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_p
     const int64_t i_begin = tile * tile_positions;
     run_tile(p, kv_head_of(item), i_begin, std::min(n, i_begin + tile_positions), scratch.local());
   });
+}
+
+}  // namespace
+
+void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
+                       float scale, const MutableTensorView& out, const MutableTensorView& lse) {
+  run_prefill(store, layer, first_pos, nullptr, q, scale, out, lse);
+}
+
+void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const Selection& history,
+                       const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse) {
+  run_prefill(store, layer, first_pos, &history, q, scale, out, lse);
 }
 
 }  // namespace longctx::cpu

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -540,6 +541,184 @@ TEST(PrefillAttention, RejectsInvalidArgumentsNamingThem) {
   // Nothing was written by the calls that failed.
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == kSentinel; }));
   EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return x == kSentinel; }));
+}
+
+
+// ---- history restricted to spans (sparse prefill) ---------------------------------------
+
+// fp64 attention of one query over an explicit, increasing key list.
+prefill_ref::Row attend_tokens(const float* q, double scale, const prefill_ref::StoredHead& kv,
+                               const std::vector<int64_t>& tokens) {
+  const size_t d = size_t(kv.head_dim);
+  prefill_ref::Row row;
+  std::vector<double> logits;
+  for (int64_t t : tokens) {
+    double dot = 0, terms = 0;
+    for (size_t c = 0; c < d; ++c) {
+      dot += double(q[c]) * kv.key(t)[c];
+      terms += std::abs(double(q[c]) * kv.key(t)[c]);
+    }
+    logits.push_back(scale * dot);
+    row.max_logit_terms = std::max(row.max_logit_terms, scale * terms);
+    for (size_t c = 0; c < d; ++c) row.max_abs_value = std::max(row.max_abs_value, std::abs(kv.value(t)[c]));
+  }
+  const double m = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  row.out.assign(d, 0.0);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const double p = std::exp(logits[i] - m);
+    sum += p;
+    for (size_t c = 0; c < d; ++c) row.out[c] += p * kv.value(tokens[i])[c];
+  }
+  for (double& x : row.out) x /= sum;
+  row.lse = m + std::log(sum);
+  return row;
+}
+
+// Random spans inside [0, history): sorted, non-overlapping, sometimes
+// adjacent (not merged), sometimes none.
+std::vector<TokenSpan> random_spans(int64_t history, std::mt19937& rng) {
+  std::vector<TokenSpan> spans;
+  int64_t t = 0;
+  while (t < history) {
+    t += int64_t(rng() % 3 == 0 ? 0 : rng() % 40);  // a gap, often 0 after a span: adjacent
+    if (t >= history) break;
+    const int64_t len = 1 + int64_t(rng() % 50);
+    spans.push_back({t, std::min(history, t + len)});
+    t = spans.back().end;
+    if (rng() % 7 == 0) break;
+  }
+  return spans;
+}
+
+void run_restricted(const kvstore::KVStore& store, int64_t first_pos, const Selection& history, Buffers& b) {
+  prefill_attention(store, 1, first_pos, history, b.q_view(), 0.f, b.out_view(), b.lse_view());
+}
+
+// Each query attends its kv head's spans plus the chunk up to itself.
+TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
+  std::mt19937 rng(606);
+  int checked = 0;
+  for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int block_size : {1, 16, 64}) {
+      for (int rep = 0; rep < 2; ++rep) {
+        PrefillCase c;
+        c.kv_type = kv_type;
+        c.block_size = block_size;
+        c.head_dim = rep == 0 ? 64 : 128;
+        c.g = 1 << (rng() % 3);
+        c.n_kv_heads = 1 + int(rng() % 2);
+        const std::vector<int64_t> lengths = chunk_lengths(block_size);
+        c.n = lengths[rng() % lengths.size()];
+        c.history = 1 + int64_t(rng() % 400);
+        c.strided = rng() % 2 == 0;
+        SCOPED_TRACE(c.describe());
+        auto t = make_store(c, c.n_tokens());
+        fill_random(*t->store, c.n_tokens(), rng);
+        Selection history;
+        for (int h = 0; h < c.n_kv_heads; ++h) history.spans.push_back(random_spans(c.history, rng));
+        if (rep == 1) history.spans[0].clear();  // a head that sees the chunk only
+        Buffers b(c, rng);
+        const double scale = 1.0 / std::sqrt(double(float(c.head_dim)));
+        std::vector<prefill_ref::StoredHead> heads;
+        for (int h = 0; h < c.n_kv_heads; ++h) heads.push_back(prefill_ref::stored_head(*t->store, 1, h));
+        std::vector<prefill_ref::Row> ref;
+        std::vector<int64_t> n_keys;
+        for (int64_t i = 0; i < c.n; ++i) {
+          for (int h = 0; h < c.n_q_heads(); ++h) {
+            const int kv = h / c.g;
+            std::vector<int64_t> tokens;
+            for (const TokenSpan& s : history.spans[size_t(kv)])
+              for (int64_t k = s.begin; k < s.end; ++k) tokens.push_back(k);
+            for (int64_t k = c.history; k <= c.history + i; ++k) tokens.push_back(k);
+            ref.push_back(attend_tokens(b.q_row(i, h), scale, heads[size_t(kv)], tokens));
+            n_keys.push_back(int64_t(tokens.size()));
+          }
+        }
+        for (int64_t target : every_target()) {
+          SCOPED_TRACE(hwy::TargetName(target));
+          const ForcedTarget forced(target);
+          b.reset_outputs();
+          run_restricted(*t->store, c.history, history, b);
+          ASSERT_TRUE(b.padding_untouched()) << "wrote outside the views";
+          for (int64_t i = 0; i < c.n; ++i) {
+            for (int h = 0; h < c.n_q_heads(); ++h) {
+              const size_t row = size_t(i * c.n_q_heads() + h);
+              const Bounds bounds = error_bounds(ref[row], c.head_dim, n_keys[row]);
+              SCOPED_TRACE(str_cat("query ", i, " head ", h));
+              ASSERT_NEAR(b.lse_at(i, h), ref[row].lse, bounds.lse);
+              for (int ch = 0; ch < c.head_dim; ++ch)
+                ASSERT_NEAR(b.out_row(i, h)[ch], ref[row].out[size_t(ch)], bounds.out) << "channel " << ch;
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 18);
+}
+
+// The span [0, first_pos), whole or cut into adjacent pieces, is the dense
+// prefill bit for bit (same key list, same tiles).
+TEST(PrefillAttention, FullHistorySpansEqualDenseBitForBit) {
+  std::mt19937 rng(707);
+  for (int64_t history : {0, 1, 127, 128, 300}) {
+    PrefillCase c;
+    c.kv_type = DType::kF16;
+    c.block_size = 16;
+    c.n_kv_heads = 2;
+    c.g = 2;
+    c.history = history;
+    c.n = 150;
+    SCOPED_TRACE(c.describe());
+    auto t = make_store(c, c.n_tokens());
+    fill_random(*t->store, c.n_tokens(), rng);
+    Buffers dense(c, rng), sparse = dense;
+    run_prefill(*t->store, history, dense);
+    Selection whole, pieces;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      whole.spans.push_back(history > 0 ? std::vector<TokenSpan>{{0, history}} : std::vector<TokenSpan>{});
+      std::vector<TokenSpan> cut;
+      for (int64_t b = 0; b < history; b += 37) cut.push_back({b, std::min(history, b + 37)});
+      pieces.spans.push_back(cut);
+    }
+    for (const Selection* selection : {&whole, &pieces}) {
+      sparse.reset_outputs();
+      run_restricted(*t->store, history, *selection, sparse);
+      ASSERT_EQ(0, std::memcmp(sparse.out.data(), dense.out.data(), dense.out.size() * sizeof(float)));
+      ASSERT_EQ(0, std::memcmp(sparse.lse.data(), dense.lse.data(), dense.lse.size() * sizeof(float)));
+    }
+  }
+}
+
+TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
+  PrefillCase c;
+  c.kv_type = DType::kF32;
+  c.n_kv_heads = 2;
+  c.g = 2;
+  c.n = 5;
+  c.history = 15;
+  std::mt19937 rng(10);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  const auto with = [&](std::vector<TokenSpan> head1) {
+    Selection s;
+    s.spans = {{{0, 3}}, std::move(head1)};
+    return s;
+  };
+  expect_invalid([&] { run_restricted(*t->store, 15, with({{2, 2}}), b); }, {"kv head 1", "span 0", "[2, 2)"});
+  expect_invalid([&] { run_restricted(*t->store, 15, with({{0, 16}}), b); }, {"kv head 1", "[0, 16)", "15"});
+  expect_invalid([&] { run_restricted(*t->store, 15, with({{-1, 2}}), b); }, {"[-1, 2)"});
+  expect_invalid([&] { run_restricted(*t->store, 15, with({{4, 8}, {6, 9}}), b); }, {"span 1", "[6, 9)"});
+  expect_invalid([&] { run_restricted(*t->store, 15, with({{6, 9}, {1, 2}}), b); }, {"span 1", "[1, 2)"});
+  Selection one_head;
+  one_head.spans = {{{0, 3}}};
+  expect_invalid([&] { run_restricted(*t->store, 15, one_head, b); }, {"1 kv heads", "2"});
+  // Nothing was written by the calls that failed.
+  EXPECT_TRUE(std::all_of(b.out.begin(), b.out.end(), [](float x) { return x == kSentinel; }));
+  EXPECT_TRUE(std::all_of(b.lse.begin(), b.lse.end(), [](float x) { return x == kSentinel; }));
 }
 
 }  // namespace
