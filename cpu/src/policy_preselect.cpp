@@ -1,0 +1,326 @@
+// SnapKV preselection (policy/preselect.h): observation-window votes, pooling,
+// block sums, the preselected block sets and the restriction of later
+// selections to them.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "longctx/core/dtype.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/policy/adakv.h"
+#include "longctx/cpu/policy/preselect.h"
+#include "longctx/cpu/selection.h"
+
+namespace longctx::cpu {
+namespace {
+
+using kvstore::KVStore;
+using kvstore::Partition;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Shapes of one snapkv_token_votes call.
+struct WindowShape {
+  int n_kv_heads = 0;
+  int g = 0;         // query heads per kv head
+  int head_dim = 0;
+  int block_size = 0;
+  int64_t w = 0;     // window queries
+  int64_t n_tokens = 0;
+  int64_t n_blocks = 0;
+  int64_t queries_per_head() const { return int64_t(g) * w; }  // (query head in group, window index)
+};
+
+void check_params(const SnapKVParams& p) {
+  if (p.pool_kernel < 1 || p.pool_kernel % 2 == 0)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: pool_kernel is ", p.pool_kernel,
+         ", must be odd and >= 1 (padding kernel/2 keeps the length)");
+  if (p.pool != Reduce::kMax && p.pool != Reduce::kMean)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: pool is ", reduce_name(p.pool), ", must be max or mean");
+  if (p.gqa_reduce != Reduce::kSum && p.gqa_reduce != Reduce::kMax)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: gqa_reduce is ", reduce_name(p.gqa_reduce),
+         ", must be sum or max");
+  if (!(p.scale >= 0.f) || std::isinf(p.scale))
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: scale is ", p.scale, ", must be finite and >= 0");
+}
+
+// Keys of one block widened to f32, [head_dim][block_size] (the page's K^T layout).
+void widen_keys(const KVStore& store, const kvstore::BlockView& view, std::vector<float>& keys) {
+  const auto& layout = store.layout();
+  const size_t n = size_t(layout.shape.head_dim) * size_t(layout.block_size);
+  keys.resize(n);
+  convert(view.k_t, layout.kv_type, keys.data(), DType::kF32, n);
+}
+
+// Scaled logits of query q (f32 [head_dim]) against the first n keys of a
+// widened block: logits[t] = (sum_c q_c k_c,t) * scale, fp32, channel order.
+void block_logits(const float* q, const std::vector<float>& keys, int head_dim, int block_size, int n, float scale,
+                  float* logits) {
+  std::fill(logits, logits + n, 0.f);
+  for (int c = 0; c < head_dim; ++c) {
+    const float qc = q[c];
+    const float* kc = keys.data() + size_t(c) * size_t(block_size);
+    for (int t = 0; t < n; ++t) logits[t] += qc * kc[t];
+  }
+  for (int t = 0; t < n; ++t) logits[t] *= scale;
+}
+
+// 1-D pooling of one row, stride 1, padding kernel/2 (see preselect.h).
+void pool_row(const float* in, float* out, int64_t n, int kernel, Reduce pool) {
+  const int64_t r = kernel / 2;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t lo = std::max<int64_t>(0, j - r), hi = std::min<int64_t>(n, j + r + 1);
+    float acc = pool == Reduce::kMax ? in[lo] : 0.f;
+    for (int64_t t = lo; t < hi; ++t) acc = pool == Reduce::kMax ? std::max(acc, in[t]) : acc + in[t];
+    out[j] = pool == Reduce::kMax ? acc : acc / float(kernel);
+  }
+}
+
+}  // namespace
+
+std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const TensorView& window_q,
+                                      const SnapKVParams& params) {
+  const auto& layout = store.layout();
+  if (layer < 0 || layer >= layout.shape.n_layers)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: layer ", layer, " out of range [0, ",
+         layout.shape.n_layers, ")");
+  check_params(params);
+  check_dtype(window_q, "snapkv_token_votes: window_q", DType::kF32);
+  check_shape(window_q, "snapkv_token_votes: window_q", {-1, -1, layout.shape.head_dim});
+  check_inner_contiguous(window_q, "snapkv_token_votes: window_q");
+
+  WindowShape s;
+  s.n_kv_heads = layout.shape.n_kv_heads;
+  s.head_dim = layout.shape.head_dim;
+  s.block_size = layout.block_size;
+  s.w = window_q.shape[0];
+  s.n_tokens = store.n_tokens(layer);
+  s.n_blocks = store.n_blocks(layer);
+  const int64_t n_q_heads = window_q.shape[1];
+  if (n_q_heads < 1 || n_q_heads % s.n_kv_heads != 0)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: window_q has ", n_q_heads,
+         " query heads, must be a positive multiple of the store's ", s.n_kv_heads, " kv heads");
+  s.g = int(n_q_heads / s.n_kv_heads);
+  if (s.w < 1 || s.w > s.n_tokens)
+    fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: window of ", s.w, " queries for layer ", layer, " with ",
+         s.n_tokens, " tokens, must be in [1, n_tokens]");
+  const float scale = params.scale > 0.f ? params.scale : 1.f / std::sqrt(float(s.head_dim));
+  const int64_t first_query_pos = s.n_tokens - s.w;
+  const int64_t nq = s.queries_per_head();  // query index qi = j * w + i (j: head in group, i: window index)
+
+  // The window queries, gathered contiguous: [n_q_heads][w][head_dim].
+  std::vector<float> queries(size_t(n_q_heads) * size_t(s.w) * size_t(s.head_dim));
+  for (int64_t i = 0; i < s.w; ++i)
+    for (int64_t hq = 0; hq < n_q_heads; ++hq) {
+      const auto* src = static_cast<const float*>(window_q.element({i, hq, 0}));
+      std::copy(src, src + s.head_dim, queries.begin() + ((hq * s.w + i) * s.head_dim));
+    }
+  const auto query = [&](int h, int64_t qi) { return queries.data() + size_t((int64_t(h) * nq + qi) * s.head_dim); };
+  // Keys of a block that window query i sees: those at positions <= its own.
+  const auto visible = [&](int64_t block, const kvstore::BlockView& view, int64_t i) {
+    return int(std::clamp<int64_t>(first_query_pos + i + 1 - block * s.block_size, 0, view.n_filled));
+  };
+  const int64_t n_tasks = int64_t(s.n_kv_heads) * s.n_blocks;
+
+  // Pass 1: per (kv head, block, query) the max logit and sum of exp(logit - max).
+  std::vector<float> block_max(size_t(n_tasks * nq), kNegInf), block_sum(size_t(n_tasks * nq), 0.f);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_tasks), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<float> keys, logits(size_t(s.block_size));
+    for (int64_t task = range.begin(); task != range.end(); ++task) {
+      const int h = int(task / s.n_blocks);
+      const int64_t b = task % s.n_blocks;
+      const kvstore::BlockView view = store.block(layer, h, b);
+      widen_keys(store, view, keys);
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        const int n = visible(b, view, qi % s.w);
+        if (n == 0) continue;
+        block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
+        const float m = *std::max_element(logits.begin(), logits.begin() + n);
+        float sum = 0.f;
+        for (int t = 0; t < n; ++t) sum += std::exp(logits[size_t(t)] - m);
+        block_max[size_t(task * nq + qi)] = m;
+        block_sum[size_t(task * nq + qi)] = sum;
+      }
+    }
+  });
+
+  // Per (kv head, query): the global max and normalizer, blocks combined in order.
+  std::vector<float> row_max(size_t(s.n_kv_heads * nq), kNegInf), row_sum(size_t(s.n_kv_heads * nq), 0.f);
+  for (int h = 0; h < s.n_kv_heads; ++h)
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      float m = kNegInf;
+      for (int64_t b = 0; b < s.n_blocks; ++b) m = std::max(m, block_max[size_t((h * s.n_blocks + b) * nq + qi)]);
+      float sum = 0.f;
+      for (int64_t b = 0; b < s.n_blocks; ++b) {
+        const size_t at = size_t((h * s.n_blocks + b) * nq + qi);
+        if (block_sum[at] > 0.f) sum += block_sum[at] * std::exp(block_max[at] - m);
+      }
+      row_max[size_t(h * nq + qi)] = m;
+      row_sum[size_t(h * nq + qi)] = sum;  // >= 1: the max term is exp(0)
+    }
+
+  // Pass 2: column sums of the probabilities over the window, per query head:
+  // [n_q_heads][n_tokens]. A block's columns belong to its task alone.
+  std::vector<float> columns(size_t(n_q_heads * s.n_tokens), 0.f);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_tasks), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<float> keys, logits(size_t(s.block_size));
+    for (int64_t task = range.begin(); task != range.end(); ++task) {
+      const int h = int(task / s.n_blocks);
+      const int64_t b = task % s.n_blocks;
+      const kvstore::BlockView view = store.block(layer, h, b);
+      widen_keys(store, view, keys);
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        const int n = visible(b, view, qi % s.w);
+        if (n == 0) continue;
+        block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
+        const float m = row_max[size_t(h * nq + qi)];
+        const float inv_sum = 1.f / row_sum[size_t(h * nq + qi)];
+        const int64_t hq = int64_t(h) * s.g + qi / s.w;
+        float* col = columns.data() + size_t(hq * s.n_tokens + b * s.block_size);
+        for (int t = 0; t < n; ++t) col[t] += std::exp(logits[size_t(t)] - m) * inv_sum;
+      }
+    }
+  });
+
+  // Pooling per query head, then the group reduction per kv head.
+  const auto zero_window = [&](float* row) { std::fill(row + first_query_pos, row + s.n_tokens, 0.f); };
+  std::vector<float> pooled(columns.size());
+  tbb::parallel_for(int64_t{0}, n_q_heads, [&](int64_t hq) {
+    float* in = columns.data() + size_t(hq * s.n_tokens);
+    float* out = pooled.data() + size_t(hq * s.n_tokens);
+    if (params.prefix_only) zero_window(in);
+    pool_row(in, out, s.n_tokens, params.pool_kernel, params.pool);
+    if (params.prefix_only) zero_window(out);
+  });
+  std::vector<float> votes(size_t(s.n_kv_heads * s.n_tokens));
+  for (int h = 0; h < s.n_kv_heads; ++h) {
+    float* out = votes.data() + size_t(h * s.n_tokens);
+    std::copy_n(pooled.data() + size_t(int64_t(h) * s.g * s.n_tokens), s.n_tokens, out);
+    for (int j = 1; j < s.g; ++j) {
+      const float* in = pooled.data() + size_t((int64_t(h) * s.g + j) * s.n_tokens);
+      for (int64_t t = 0; t < s.n_tokens; ++t)
+        out[t] = params.gqa_reduce == Reduce::kSum ? out[t] + in[t] : std::max(out[t], in[t]);
+    }
+  }
+  return votes;
+}
+
+std::vector<float> block_votes(const std::vector<float>& token_votes, int n_kv_heads, const Partition& partition,
+                               int block_size) {
+  if (n_kv_heads < 1) fail(ErrorCode::kInvalidArgument, "block_votes: n_kv_heads is ", n_kv_heads, ", must be >= 1");
+  if (block_size < 1) fail(ErrorCode::kInvalidArgument, "block_votes: block_size is ", block_size, ", must be >= 1");
+  if (token_votes.size() != size_t(n_kv_heads) * size_t(partition.n_tokens))
+    fail(ErrorCode::kInvalidArgument, "block_votes: ", token_votes.size(), " token votes for ", n_kv_heads,
+         " kv heads x ", partition.n_tokens, " tokens");
+  const int64_t n_context = partition.end_context_block - partition.first_context_block;
+  std::vector<float> out(size_t(n_kv_heads) * size_t(n_context));
+  for (int h = 0; h < n_kv_heads; ++h)
+    for (int64_t i = 0; i < n_context; ++i) {
+      const int64_t b = partition.first_context_block + i;
+      double sum = 0.0;
+      for (int64_t t = partition.context_begin_of(b, block_size); t < partition.context_end_of(b, block_size); ++t)
+        sum += token_votes[size_t(h * partition.n_tokens + t)];
+      out[size_t(h * n_context + i)] = float(sum);
+    }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores, int n_kv_heads,
+                                                const Partition& partition, int64_t count, HeadSelectMode mode,
+                                                const BudgetConfig& budget) {
+  if (n_kv_heads < 1) fail(ErrorCode::kInvalidArgument, "choose_blocks: n_kv_heads is ", n_kv_heads, ", must be >= 1");
+  if (count < 0) fail(ErrorCode::kInvalidArgument, "choose_blocks: count is ", count, ", must be >= 0");
+  const int64_t n_context = partition.end_context_block - partition.first_context_block;
+  if (n_context < 0 || scores.size() != size_t(n_kv_heads) * size_t(n_context))
+    fail(ErrorCode::kInvalidArgument, "choose_blocks: ", scores.size(), " scores for ", n_kv_heads, " kv heads x ",
+         n_context, " context blocks");
+  // Indices of a row -> absolute blocks, -inf (excluded) dropped, sorted.
+  const auto to_blocks = [&](const std::vector<int64_t>& indices, const float* row) {
+    std::vector<int64_t> blocks;
+    for (const int64_t i : indices)
+      if (!(std::isinf(row[i]) && row[i] < 0.f)) blocks.push_back(partition.first_context_block + i);
+    std::sort(blocks.begin(), blocks.end());
+    return blocks;
+  };
+
+  std::vector<std::vector<int64_t>> chosen;
+  if (mode == HeadSelectMode::kShared) {
+    std::vector<float> total(scores.begin(), scores.begin() + n_context);
+    for (int h = 1; h < n_kv_heads; ++h)
+      for (int64_t i = 0; i < n_context; ++i) total[size_t(i)] += scores[size_t(h * n_context + i)];
+    chosen.push_back(to_blocks(top_k(total.data(), n_context, count), total.data()));
+  } else if (budget.policy == BudgetConfig::Policy::kAdaptive) {
+    const auto picked = adakv_select(scores.data(), n_kv_heads, n_context, count, budget.alpha);
+    for (int h = 0; h < n_kv_heads; ++h) chosen.push_back(to_blocks(picked[size_t(h)], scores.data() + h * n_context));
+  } else {
+    for (int h = 0; h < n_kv_heads; ++h) {
+      const float* row = scores.data() + size_t(h * n_context);
+      chosen.push_back(to_blocks(top_k(row, n_context, count), row));
+    }
+  }
+  return chosen;
+}
+
+std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& block_votes, int n_kv_heads,
+                                                   const Partition& partition, int64_t count, HeadSelectMode mode,
+                                                   const BudgetConfig& budget) {
+  return choose_blocks(block_votes, n_kv_heads, partition, count, mode, budget);
+}
+
+void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, int n_kv_heads,
+                        const Partition& partition, std::vector<float>& scores) {
+  const int64_t n_context = partition.end_context_block - partition.first_context_block;
+  if (n_kv_heads < 1 || n_context < 0 || scores.size() != size_t(n_kv_heads) * size_t(n_context))
+    fail(ErrorCode::kInvalidArgument, "restrict_scores_to: ", scores.size(), " scores for ", n_kv_heads,
+         " kv heads x ", n_context, " context blocks");
+  if (preselected.size() != 1 && preselected.size() != size_t(n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "restrict_scores_to: ", preselected.size(), " preselected lists for ",
+         n_kv_heads, " kv heads (need 1, shared, or one per head)");
+  std::vector<char> allowed(static_cast<size_t>(n_context));
+  for (int h = 0; h < n_kv_heads; ++h) {
+    std::fill(allowed.begin(), allowed.end(), 0);
+    for (const int64_t b : preselected[preselected.size() == 1 ? 0 : size_t(h)])
+      if (b >= partition.first_context_block && b < partition.end_context_block)
+        allowed[size_t(b - partition.first_context_block)] = 1;
+    for (int64_t i = 0; i < n_context; ++i)
+      if (!allowed[size_t(i)]) scores[size_t(h * n_context + i)] = kNegInf;
+  }
+}
+
+bool use_preselected_as_is(const LongContextConfig& config) {
+  return config.preselect_block && config.second_select_num >= config.preselect_block_count;
+}
+
+std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<int64_t>>& preselected,
+                                                  int64_t preselect_count, std::vector<float> scores,
+                                                  int n_kv_heads, const Partition& partition, int64_t count,
+                                                  HeadSelectMode mode, const BudgetConfig& budget) {
+  if (count >= preselect_count) return preselected;
+  restrict_scores_to(preselected, n_kv_heads, partition, scores);
+  return choose_blocks(scores, n_kv_heads, partition, count, mode, budget);
+}
+
+void feed_dynamic(KVStore& store, int layer, const std::vector<float>& token_votes) {
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  if (layer < 0 || layer >= store.layout().shape.n_layers)
+    fail(ErrorCode::kInvalidArgument, "feed_dynamic: layer ", layer, " out of range [0, ",
+         store.layout().shape.n_layers, ")");
+  const int64_t n_tokens = store.n_tokens(layer);
+  if (token_votes.size() != size_t(n_kv_heads) * size_t(n_tokens))
+    fail(ErrorCode::kInvalidArgument, "feed_dynamic: ", token_votes.size(), " votes for layer ", layer, " with ",
+         n_kv_heads, " kv heads x ", n_tokens, " tokens");
+  if (n_tokens == 0) return;
+  std::vector<float> importance(token_votes.size());  // [n_tokens][n_kv_heads]
+  for (int h = 0; h < n_kv_heads; ++h)
+    for (int64_t t = 0; t < n_tokens; ++t)
+      importance[size_t(t * n_kv_heads + h)] = token_votes[size_t(h * n_tokens + t)];
+  store.add_importance(layer, 0, make_view(importance.data(), DType::kF32, {n_tokens, n_kv_heads}));
+}
+
+}  // namespace longctx::cpu
