@@ -59,6 +59,30 @@ const char* reduce_name(Reduce reduce) {
   return "invalid";
 }
 
+const char* selection_policy_name(SelectionPolicy policy) {
+  switch (policy) {
+    case SelectionPolicy::kSelect: return "select";
+    case SelectionPolicy::kDense: return "dense";
+    case SelectionPolicy::kStreaming: return "streaming";
+    case SelectionPolicy::kH2O: return "h2o";
+  }
+  return "invalid";
+}
+
+const char* pool_type_name(PoolType pool) {
+  switch (pool) {
+    case PoolType::kMax: return "max";
+    case PoolType::kAvg: return "avg";
+  }
+  return "invalid";
+}
+
+int64_t h2o_budget_tokens(const LongContextConfig& config) {
+  if (config.h2o.budget_tokens > 0) return config.h2o.budget_tokens;
+  return int64_t{config.initial_len} + int64_t{config.second_select_num} * config.block_size +
+         config.local_windows_len;
+}
+
 namespace {
 
 using Config = LongContextConfig;
@@ -514,6 +538,25 @@ Key dram_budget_key() {
   return key;
 }
 
+// An int_key whose value must also be odd (pooling kernels: centred windows).
+Key odd_int_key(std::string path, Field<int> f, int64_t lo, int64_t hi, std::string meaning,
+                std::string values_doc) {
+  Key key = int_key(std::move(path), f, lo, hi, std::move(meaning), std::move(values_doc));
+  const auto odd_problem = [](int64_t value) -> std::string {
+    if (value % 2 != 0) return {};
+    return str_cat("must be odd (a window centred on each token), got ", value);
+  };
+  key.parse = [=, parse = key.parse](const YAML::Node& node, Config& c) {
+    parse(node, c);
+    if (const std::string p = odd_problem(f.cref(c)); !p.empty()) bad_value(p);
+  };
+  key.check = [=, check = key.check](const Config& c) -> std::string {
+    if (std::string p = check(c); !p.empty()) return p;
+    return odd_problem(f.cref(c));
+  };
+  return key;
+}
+
 Key with_alias(Key key, std::string alias) {
   key.alias = std::move(alias);
   return key;
@@ -531,9 +574,11 @@ struct Section {
 };
 constexpr Section kSections[] = {
     {"", "Top level: KTransformers' long-context keys and longctx's own"},
+    {"preselect", "`preselect`: SnapKV-style preselection (with `preselect_block`)"},
     {"budget", "`budget`: per-kv-head block budgets (Ada-KV)"},
     {"razor", "`razor`: retrieval heads (RazorAttention)"},
     {"quoka", "`quoka`: sparse prefill (QUOKA)"},
+    {"h2o", "`h2o`: the H2O baseline (`policy: h2o`)"},
 };
 
 bool is_section(std::string_view name) {
@@ -550,6 +595,7 @@ const std::vector<Key>& keys() {
   using RT = RepresentativeType;
   using HM = HeadSelectMode;
   using BP = BudgetConfig::Policy;
+  using SP = SelectionPolicy;
   constexpr int kIntMax = std::numeric_limits<int>::max();
   static const std::vector<Key> table = [] {
     std::vector<Key> k;
@@ -599,6 +645,12 @@ const std::vector<Key>& keys() {
     k.push_back(int_key("token_step", field(&Config::token_step), 1, kIntMax,
                         "re-select blocks every token_step tokens"));
     // longctx's own top-level keys.
+    k.push_back(enum_key<SP>("policy", field(&Config::policy),
+                             {{"select", SP::kSelect}, {"dense", SP::kDense}, {"streaming", SP::kStreaming},
+                              {"h2o", SP::kH2O}},
+                             4, selection_policy_name,
+                             "tokens decode attends: select = blocks; dense; streaming = StreamingLLM "
+                             "(initial_len + local_windows_len); h2o = H2O"));
     k.push_back(enum_key<Reduce>("gqa_reduce", field(&Config::gqa_reduce),
                                  {{"sum", Reduce::kSum}, {"max", Reduce::kMax}}, 2, reduce_name,
                                  "combines the block scores of a GQA group's query heads"));
@@ -607,6 +659,18 @@ const std::vector<Key>& keys() {
                                  "DYNAMIC: combines q.k over the representatives (mean = InfLLM)"));
     k.push_back(numa_key());
     k.push_back(dram_budget_key());
+    // preselect
+    k.push_back(int_key("preselect.window", field(&Config::preselect, &PreselectConfig::window), 1, kIntMax,
+                        "last prompt queries that vote for earlier tokens"));
+    k.push_back(odd_int_key("preselect.pool_kernel", field(&Config::preselect, &PreselectConfig::pool_kernel), 1,
+                            kIntMax, "pooling window of the votes, tokens (stride 1, padding kernel / 2)",
+                            "odd, >= 1; 1 = no pooling"));
+    k.push_back(enum_key<PoolType>("preselect.pool", field(&Config::preselect, &PreselectConfig::pool),
+                                   {{"max", PoolType::kMax}, {"avg", PoolType::kAvg}}, 2, pool_type_name,
+                                   "pooling of the votes along the tokens"));
+    k.push_back(enum_key<Reduce>("preselect.gqa_reduce", field(&Config::preselect, &PreselectConfig::gqa_reduce),
+                                 {{"sum", Reduce::kSum}, {"max", Reduce::kMax}}, 2, reduce_name,
+                                 "combines the votes of a GQA group's query heads"));
     // budget
     k.push_back(enum_key<BP>("budget.policy", field(&Config::budget, &BudgetConfig::policy),
                              {{"uniform", BP::kUniform}, {"adaptive", BP::kAdaptive}}, 2,
@@ -638,6 +702,14 @@ const std::vector<Key>& keys() {
     k.push_back(enum_key<Reduce>("quoka.head_reduce", field(&Config::quoka, &QuokaConfig::head_reduce),
                                  {{"max", Reduce::kMax}, {"mean", Reduce::kMean}}, 2, reduce_name,
                                  "combines key scores over the query heads of a kv group"));
+    // h2o
+    k.push_back(number_key("h2o.heavy_ratio", field(&Config::h2o, &H2OConfig::heavy_ratio), 0.0, 1.0,
+                           "heavy hitters = floor(heavy_ratio * budget); the rest is the recent window"));
+    k.push_back(with_default_doc(
+        int_key("h2o.budget_tokens", field(&Config::h2o, &H2OConfig::budget_tokens), 0, kIntMax,
+                "tokens kept per layer and kv head (heavy hitters + recent); 0 = as block selection",
+                ">= 0; with policy h2o, the budget <= max_seq_len"),
+        "`0` (= initial_len + second_select_num * block_size + local_windows_len)"));
     return k;
   }();
   return table;
@@ -720,6 +792,28 @@ const std::vector<Rule>& rules() {
                  "`representative_num` is 1 for MAX and MEAN, 2 for QUEST, 1..`block_size` for FIX "
                  "and DYNAMIC",
                  representative_num_problem});
+    r.push_back({{"preselect_block", "policy"},
+                 "`preselect_block` only with `policy: select` or `dense` (StreamingLLM and H2O choose "
+                 "their own tokens)",
+                 [](const Config& c) -> std::string {
+                   const bool own_tokens = c.policy == SelectionPolicy::kStreaming || c.policy == SelectionPolicy::kH2O;
+                   if (!c.preselect_block || !own_tokens) return {};
+                   return str_cat("policy ", selection_policy_name(c.policy),
+                                  " chooses its own tokens and cannot use preselect_block: true; set "
+                                  "preselect_block: false or policy: select");
+                 }});
+    r.push_back({{"h2o.budget_tokens", "policy", "initial_len", "second_select_num", "block_size",
+                  "local_windows_len", "max_seq_len"},
+                 "with `policy: h2o`: the H2O budget (`h2o.budget_tokens`, or its default) <= `max_seq_len`",
+                 [](const Config& c) -> std::string {
+                   const int64_t budget = h2o_budget_tokens(c);
+                   if (c.policy != SelectionPolicy::kH2O || budget <= c.max_seq_len) return {};
+                   return str_cat("H2O cannot keep more tokens than exist: its budget (", budget, " tokens",
+                                  c.h2o.budget_tokens == 0
+                                      ? str_cat(" = initial_len + second_select_num * block_size + local_windows_len")
+                                      : std::string(),
+                                  ") is larger than max_seq_len (", c.max_seq_len, ")");
+                 }});
     r.push_back({{"quoka.b_sa", "quoka.enabled", "max_seq_len"},
                  "with `quoka.enabled`: `quoka.b_sa` <= `max_seq_len`",
                  [](const Config& c) -> std::string {
@@ -1030,8 +1124,9 @@ std::string config_reference_markdown() {
       "     Regenerate: LONGCTX_REGENERATE_DOCS=1 build/bin/longctx_core_tests --gtest_filter='ConfigDocs.*' -->\n"
       "\n"
       "A longctx configuration is one YAML map (see `configs/`). The keys of KTransformers'\n"
-      "long-context mode are flat at the top level; longctx's own settings for adaptive\n"
-      "budgets, RazorAttention and QUOKA live in the maps `budget`, `razor` and `quoka`.\n"
+      "long-context mode are flat at the top level; longctx's own settings for preselection,\n"
+      "adaptive budgets, RazorAttention, QUOKA and the H2O baseline live in the maps\n"
+      "`preselect`, `budget`, `razor`, `quoka` and `h2o`.\n"
       "Every key is optional: an empty file gives every default below. `configs/default.yaml`\n"
       "lists every key with its default.\n"
       "\n"

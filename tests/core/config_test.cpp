@@ -46,8 +46,16 @@ void expect_same(const LongContextConfig& a, const LongContextConfig& b) {
   EXPECT_EQ(a.head_select_mode, b.head_select_mode);
   EXPECT_EQ(a.layer_step, b.layer_step);
   EXPECT_EQ(a.token_step, b.token_step);
+  EXPECT_EQ(a.policy, b.policy);
   EXPECT_EQ(a.gqa_reduce, b.gqa_reduce);
   EXPECT_EQ(a.dynamic_reduce, b.dynamic_reduce);
+  EXPECT_EQ(a.preselect.window, b.preselect.window);
+  EXPECT_EQ(a.preselect.pool_kernel, b.preselect.pool_kernel);
+  EXPECT_EQ(a.preselect.pool, b.preselect.pool);
+  EXPECT_EQ(a.preselect.gqa_reduce, b.preselect.gqa_reduce);
+  EXPECT_EQ(std::memcmp(&a.h2o.heavy_ratio, &b.h2o.heavy_ratio, sizeof(double)), 0)
+      << a.h2o.heavy_ratio << " vs " << b.h2o.heavy_ratio;
+  EXPECT_EQ(a.h2o.budget_tokens, b.h2o.budget_tokens);
   EXPECT_EQ(a.numa.kind, b.numa.kind);
   EXPECT_EQ(a.numa.nodes, b.numa.nodes);
   EXPECT_EQ(a.dram_budget, b.dram_budget);
@@ -141,8 +149,17 @@ TEST(ConfigParse, EveryKey) {
       "token_step: 5\n"
       "gqa_reduce: max\n"
       "dynamic_reduce: mean\n"
+      "policy: dense\n"
       "numa: [1, 0]\n"
       "dram_budget: 3GiB\n"
+      "preselect:\n"
+      "  window: 16\n"
+      "  pool_kernel: 5\n"
+      "  pool: avg\n"
+      "  gqa_reduce: max\n"
+      "h2o:\n"
+      "  heavy_ratio: 0.25\n"
+      "  budget_tokens: 2048\n"
       "budget:\n"
       "  policy: adaptive\n"
       "  alpha: 0.35\n"
@@ -177,6 +194,13 @@ TEST(ConfigParse, EveryKey) {
   EXPECT_EQ(c.token_step, 5);
   EXPECT_EQ(c.gqa_reduce, Reduce::kMax);
   EXPECT_EQ(c.dynamic_reduce, Reduce::kMean);
+  EXPECT_EQ(c.policy, SelectionPolicy::kDense);
+  EXPECT_EQ(c.preselect.window, 16);
+  EXPECT_EQ(c.preselect.pool_kernel, 5);
+  EXPECT_EQ(c.preselect.pool, PoolType::kAvg);
+  EXPECT_EQ(c.preselect.gqa_reduce, Reduce::kMax);
+  EXPECT_EQ(c.h2o.heavy_ratio, 0.25);
+  EXPECT_EQ(c.h2o.budget_tokens, 2048);
   EXPECT_EQ(c.numa.kind, NumaPolicy::Kind::kNodes);
   EXPECT_EQ(c.numa.nodes, (std::vector<int>{1, 0}));
   EXPECT_EQ(c.dram_budget, uint64_t{3} << 30);
@@ -477,6 +501,62 @@ TEST(ConfigErrors, ImpossibleCombinationsPointAtTheLaterKey) {
             "(10000) is larger than max_seq_len (8192)");
 }
 
+TEST(ConfigErrors, PolicyKeys) {
+  // The names of every policy, any case.
+  EXPECT_EQ(parse_config("policy: select\n", "p").policy, SelectionPolicy::kSelect);
+  EXPECT_EQ(parse_config("policy: DENSE\n", "p").policy, SelectionPolicy::kDense);
+  EXPECT_EQ(parse_config("policy: Streaming\n", "p").policy, SelectionPolicy::kStreaming);
+  EXPECT_EQ(parse_config("policy: h2o\n", "p").policy, SelectionPolicy::kH2O);
+  EXPECT_EQ(config_error("policy: quest\n"),
+            "x.yaml:1:9: key 'policy': expected one of select, dense, streaming, h2o, got 'quest'");
+
+  // StreamingLLM and H2O choose their own tokens: no preselection.
+  EXPECT_EQ(config_error("preselect_block: true\npolicy: streaming\n"),
+            "x.yaml:2:9: key 'policy': policy streaming chooses its own tokens and cannot use preselect_block: "
+            "true; set preselect_block: false or policy: select");
+  EXPECT_TRUE(starts_with(config_error("policy: h2o\npreselect_block: true\n"),
+                          "x.yaml:2:18: key 'preselect_block': policy h2o chooses its own tokens"));
+  EXPECT_NO_THROW(parse_config("policy: dense\npreselect_block: true\n", "p"));
+
+  // Pooling kernels are odd.
+  EXPECT_EQ(config_error("preselect:\n  pool_kernel: 6\n"),
+            "x.yaml:2:16: key 'preselect.pool_kernel': must be odd (a window centred on each token), got 6");
+  EXPECT_EQ(config_error("preselect: {pool_kernel: 0}\n"),
+            "x.yaml:1:26: key 'preselect.pool_kernel': must be >= 1, got 0");
+  EXPECT_EQ(parse_config("preselect: {pool_kernel: 1}\n", "p").preselect.pool_kernel, 1);
+  EXPECT_EQ(config_error("preselect: {window: 0}\n"), "x.yaml:1:21: key 'preselect.window': must be >= 1, got 0");
+  EXPECT_EQ(config_error("preselect: {pool: mean}\n"),
+            "x.yaml:1:19: key 'preselect.pool': expected one of max, avg, got 'mean'");
+  EXPECT_EQ(config_error("preselect: {gqa_reduce: mean}\n"),
+            "x.yaml:1:25: key 'preselect.gqa_reduce': expected one of sum, max, got 'mean'");
+
+  // H2O: ratio in [0, 1]; a budget larger than what exists is refused only when H2O runs.
+  EXPECT_EQ(config_error("h2o: {heavy_ratio: 1.5}\n"), "x.yaml:1:20: key 'h2o.heavy_ratio': must be in [0, 1], got 1.5");
+  EXPECT_EQ(config_error("h2o: {budget_tokens: -1}\n"),
+            "x.yaml:1:22: key 'h2o.budget_tokens': must be >= 0, got -1");
+  const std::string big = "max_seq_len: 4096\nlocal_windows_len: 0\ninitial_len: 0\nh2o: {budget_tokens: 5000}\n";
+  EXPECT_NO_THROW(parse_config(big, "h"));
+  EXPECT_EQ(config_error(big + "policy: h2o\n"),
+            "x.yaml:5:9: key 'policy': H2O cannot keep more tokens than exist: its budget (5000 tokens) is "
+            "larger than max_seq_len (4096)");
+  // The default budget is what block selection attends.
+  EXPECT_EQ(config_error("max_seq_len: 8192\nsecond_select_num: 32\npolicy: h2o\n"),
+            "x.yaml:3:9: key 'policy': H2O cannot keep more tokens than exist: its budget (8320 tokens = "
+            "initial_len + second_select_num * block_size + local_windows_len) is larger than max_seq_len (8192)");
+}
+
+TEST(ConfigPolicy, H2OBudgetTokens) {
+  LongContextConfig c;
+  EXPECT_EQ(h2o_budget_tokens(c), 128 + 32 * 128 + 4096);
+  c.initial_len = 4;
+  c.second_select_num = 3;
+  c.block_size = 16;
+  c.local_windows_len = 10;
+  EXPECT_EQ(h2o_budget_tokens(c), 4 + 48 + 10);
+  c.h2o.budget_tokens = 7;
+  EXPECT_EQ(h2o_budget_tokens(c), 7);
+}
+
 TEST(ConfigErrors, UnusualButPossibleIsAccepted) {
   // Nothing selected (sinks + window only), a chunk longer than the capacity,
   // a budget of everything: unusual, not impossible.
@@ -668,6 +748,16 @@ TEST(ConfigFiles, ShippedConfigsSayWhatTheyReproduce) {
   EXPECT_EQ(infllm.initial_len, 128);
   EXPECT_EQ(infllm.local_windows_len, 4096);
 
+  const LongContextConfig streaming = load_config_file(config_path("streamingllm.yaml"));
+  EXPECT_EQ(streaming.policy, SelectionPolicy::kStreaming);
+  EXPECT_EQ(streaming.initial_len, 4);
+  EXPECT_FALSE(streaming.preselect_block);
+
+  const LongContextConfig h2o = load_config_file(config_path("h2o.yaml"));
+  EXPECT_EQ(h2o.policy, SelectionPolicy::kH2O);
+  EXPECT_EQ(h2o.h2o.heavy_ratio, 0.5);
+  EXPECT_LE(h2o_budget_tokens(h2o), h2o.max_seq_len);
+
   const LongContextConfig snapkv = load_config_file(config_path("snapkv.yaml"));
   EXPECT_TRUE(snapkv.preselect_block);
   EXPECT_EQ(snapkv.block_size, 1);
@@ -721,7 +811,7 @@ std::vector<std::string> keys_of_yaml(const std::string& yaml) {
 TEST(ConfigDocs, ReferenceDescribesEveryKey) {
   const std::string reference = config_reference_markdown();
   const std::vector<std::string> keys = keys_of_yaml(config_to_yaml(LongContextConfig{}));
-  EXPECT_EQ(keys.size(), 32u);  // every field of LongContextConfig
+  EXPECT_EQ(keys.size(), 39u);  // every field of LongContextConfig
   for (const std::string& key : keys) {
     EXPECT_NE(reference.find("| `" + key + "`"), std::string::npos) << key;
   }
@@ -748,6 +838,11 @@ TEST(ConfigDocs, DefaultYamlListsEveryKey) {
 }
 
 // ---- config_to_yaml round trip -------------------------------------------------------
+
+double alphas_for_h2o(int64_t i) {
+  const double values[] = {0.0, 1.0, 0.5, 1.0 / 3.0};
+  return values[i];
+}
 
 // A random config that passes validation, with values across each key's whole range.
 LongContextConfig random_valid_config(std::mt19937_64& rng) {
@@ -789,6 +884,15 @@ LongContextConfig random_valid_config(std::mt19937_64& rng) {
   c.token_step = static_cast<int>(spread(1, kIntMax));
   c.gqa_reduce = coin() ? Reduce::kSum : Reduce::kMax;
   c.dynamic_reduce = coin() ? Reduce::kMax : Reduce::kMean;
+  c.policy = static_cast<SelectionPolicy>(uniform(0, 3));
+  if (c.policy == SelectionPolicy::kStreaming || c.policy == SelectionPolicy::kH2O) c.preselect_block = false;
+  c.preselect.window = static_cast<int>(spread(1, kIntMax));
+  c.preselect.pool_kernel = static_cast<int>(spread(0, kIntMax / 2 - 1) * 2 + 1);
+  c.preselect.pool = coin() ? PoolType::kMax : PoolType::kAvg;
+  c.preselect.gqa_reduce = coin() ? Reduce::kSum : Reduce::kMax;
+  c.h2o.heavy_ratio = coin() ? alphas_for_h2o(uniform(0, 3)) : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  c.h2o.budget_tokens = static_cast<int>(c.policy == SelectionPolicy::kH2O ? uniform(1, c.max_seq_len)
+                                                                             : spread(0, kIntMax));
   switch (uniform(0, 2)) {
     case 0: c.numa.kind = NumaPolicy::Kind::kAuto; break;
     case 1: c.numa.kind = NumaPolicy::Kind::kNone; break;
@@ -854,6 +958,12 @@ TEST(ConfigNames, KTransformersSpellings) {
   EXPECT_STREQ(reduce_name(Reduce::kSum), "sum");
   EXPECT_STREQ(reduce_name(Reduce::kMax), "max");
   EXPECT_STREQ(reduce_name(Reduce::kMean), "mean");
+  EXPECT_STREQ(selection_policy_name(SelectionPolicy::kSelect), "select");
+  EXPECT_STREQ(selection_policy_name(SelectionPolicy::kDense), "dense");
+  EXPECT_STREQ(selection_policy_name(SelectionPolicy::kStreaming), "streaming");
+  EXPECT_STREQ(selection_policy_name(SelectionPolicy::kH2O), "h2o");
+  EXPECT_STREQ(pool_type_name(PoolType::kMax), "max");
+  EXPECT_STREQ(pool_type_name(PoolType::kAvg), "avg");
 }
 
 }  // namespace

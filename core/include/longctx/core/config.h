@@ -1,7 +1,8 @@
 // Typed configuration of the long-context engine, loaded from YAML.
 //
 // Keys follow KTransformers' long-context mode (flat, top level); longctx's own
-// settings live in the nested maps `budget`, `razor` and `quoka`. Every key
+// settings live in the nested maps `preselect`, `budget`, `razor`, `quoka`
+// and `h2o`. Every key
 // has a default, documented in docs/config.md (generated from the same table
 // the loader uses, see config_reference_markdown()). Unknown keys, wrong
 // types, out-of-range values and impossible combinations are rejected with
@@ -28,11 +29,41 @@ const char* head_select_mode_name(HeadSelectMode mode);
 enum class Reduce { kSum, kMax, kMean };
 const char* reduce_name(Reduce reduce);
 
+// Which tokens a decode step attends (ALGORITHMS.md):
+//   kSelect     block selection as configured (representatives, preselection,
+//               reuse steps, budgets, RazorAttention)
+//   kDense      every token (baseline)
+//   kStreaming  StreamingLLM: initial_len sinks + the last local_windows_len tokens
+//   kH2O        H2O: heavy hitters by accumulated attention + recent tokens,
+//               evicted permanently (section `h2o`)
+enum class SelectionPolicy { kSelect, kDense, kStreaming, kH2O };
+const char* selection_policy_name(SelectionPolicy policy);
+
+// Pooling of the SnapKV votes along the token axis.
+enum class PoolType { kMax, kAvg };
+const char* pool_type_name(PoolType pool);
+
 // Where the KV store places its memory.
 struct NumaPolicy {
   enum class Kind { kAuto, kNone, kNodes };
   Kind kind = Kind::kAuto;  // auto: spread kv heads over every NUMA node
   std::vector<int> nodes;   // kNodes: spread over exactly these node indices
+};
+
+// SnapKV-style preselection at the end of prefill (used when preselect_block).
+struct PreselectConfig {
+  int window = 32;                  // last prompt queries that vote
+  int pool_kernel = 7;              // odd; 1 = no pooling (stride 1, padding kernel / 2)
+  PoolType pool = PoolType::kMax;
+  Reduce gqa_reduce = Reduce::kSum; // votes of a GQA group's query heads: sum or max
+};
+
+// H2O baseline (policy h2o). Per layer and kv head the kept set holds at most
+// budget tokens: the last (budget - heavy) tokens and `heavy` heavy hitters,
+// heavy = floor(heavy_ratio * budget).
+struct H2OConfig {
+  double heavy_ratio = 0.5;  // share of the budget given to heavy hitters
+  int budget_tokens = 0;     // 0 = initial_len + second_select_num * block_size + local_windows_len
 };
 
 struct BudgetConfig {
@@ -77,14 +108,21 @@ struct LongContextConfig {
   int token_step = 1;                // re-select every token_step tokens
 
   // ---- longctx's own ----
+  SelectionPolicy policy = SelectionPolicy::kSelect;
   Reduce gqa_reduce = Reduce::kSum;      // query heads of a GQA group -> one block score
   Reduce dynamic_reduce = Reduce::kMax;  // DYNAMIC: max over representatives (mean = InfLLM)
   NumaPolicy numa;
   uint64_t dram_budget = 0;              // bytes for the KV store; 0 = 90% of physical memory
+  PreselectConfig preselect;
   BudgetConfig budget;
   RazorConfig razor;
   QuokaConfig quoka;
+  H2OConfig h2o;
 };
+
+// The H2O budget in tokens: h2o.budget_tokens, or when 0 what block selection
+// attends, initial_len + second_select_num * block_size + local_windows_len.
+int64_t h2o_budget_tokens(const LongContextConfig& config);
 
 // Parses YAML text; `source` names it in error messages (a path or "<string>").
 // `overrides` are "key=value" or "section.key=value" strings applied on top of
