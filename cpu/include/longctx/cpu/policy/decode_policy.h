@@ -1,0 +1,107 @@
+// Every decode-time policy selectable from the config: a thin orchestrator
+// over the policy building blocks (policy/*.h) and the engine (selection.h,
+// attention.h). It holds the per-layer state the policies need (SnapKV
+// preselected sets, H2O states, saved selections for reuse, RazorAttention
+// compensation sums) and, per decode call, attends what config.policy says:
+//   dense      dense_decode_attention (select_all(.., false) when the local
+//              window is attended elsewhere)
+//   streaming  streaming_selection: initial_len sinks + local_windows_len recent
+//   h2o        one H2OState per layer: init_from_prefill at on_prefill_end, step()
+//   select     layers below dense_layer_num attend everything; the others
+//              re-select or reuse as ReuseSchedule/SelectionCache decide. A
+//              re-selection scores the blocks (score_blocks) and keeps
+//              second_select_num of them (choose_blocks: SHARED sum over kv
+//              heads, SEPARATE per head, Ada-KV when budget.policy is
+//              adaptive); with preselection the choice is restricted to the
+//              layer's preselected set (reselect_blocks), or is that set as is
+//              without scoring (use_preselected_as_is). With RazorAttention
+//              (retrieval heads given or razor.retrieval_heads naming a file)
+//              the selection is that of the retrieval heads and
+//              razor_decode_attention compresses the others.
+// One DecodePolicy serves one sequence of one store; not thread-safe (layers
+// are decoded one call at a time).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "longctx/core/config.h"
+#include "longctx/core/tensor.h"
+#include "longctx/cpu/policy/h2o.h"
+#include "longctx/cpu/policy/razor.h"
+#include "longctx/cpu/policy/reuse.h"
+#include "longctx/cpu/selection.h"
+#include "longctx/kvstore/kv_store.h"
+
+namespace longctx::cpu {
+
+class DecodePolicy {
+ public:
+  // What the last decode() did.
+  struct Stats {
+    int64_t attended_tokens = 0;  // tokens attended exactly, summed over kv heads
+                                  // (RazorAttention's compensation tokens not counted)
+    bool reselected = false;      // select policy: this call chose blocks (not dense, not reused)
+  };
+
+  // `store` must outlive the policy; it is written only by on_prefill_end
+  // (DYNAMIC representatives fed with the SnapKV votes). `heads`: the
+  // retrieval heads for RazorAttention; when empty (default-constructed) and
+  // config.razor.retrieval_heads names a file, the file is loaded; when both
+  // are empty RazorAttention is off. Throws Error(kConfig) for a config that
+  // validate_config rejects, and Error(kInvalidArgument) naming the key when
+  // config and store disagree (block_size, kv_type, representative_type,
+  // representative_num, initial_len, local_windows_len) or heads' shape is
+  // not the store's.
+  DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, RetrievalHeads heads = {});
+
+  // End of prefill of `layer` (every prompt token appended). window_q: f32
+  // [w, n_q_heads, head_dim], the queries of the last w prompt tokens
+  // (w = preselect.window, or fewer for a short prompt). select policy with
+  // preselect_block: SnapKV preselection of the layer's blocks, and for
+  // DYNAMIC representatives feed_dynamic with the same votes; h2o policy:
+  // H2OState::init_from_prefill. Otherwise (and for dense layers) nothing.
+  void on_prefill_end(int layer, const TensorView& window_q);
+
+  // Decode step token_idx (0 = first generated token; its token already
+  // appended to `layer`) of `layer`: q f32 [n_q_heads, head_dim], out f32
+  // [n_q_heads, head_dim], lse f32 [n_q_heads], as decode_attention.
+  // select policy: a layer whose on_prefill_end was not called selects from
+  // every context block; a saved selection made with the other include_local
+  // is not reused (the layer selects anew, reselected = true).
+  // include_local = false: the local window is attended elsewhere (GPU) and
+  // left out here (the h2o policy attends its recent tokens on the CPU and
+  // requires true: Error(kInvalidArgument)).
+  void decode(int layer, int64_t token_idx, const TensorView& q, bool include_local, const MutableTensorView& out,
+              const MutableTensorView& lse);
+
+  Stats last_stats() const { return stats_; }
+  // The tokens the last decode() attended exactly, per kv head.
+  const Selection& last_selection() const { return last_selection_; }
+  bool razor_enabled() const { return heads_.n_layers() > 0; }
+  const LongContextConfig& config() const { return config_; }
+
+ private:
+  void check_layer(int layer, const char* what) const;
+  Selection select_blocks_now(int layer, const TensorView& q, const kvstore::Partition& partition,
+                              bool include_local) const;
+  Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local);
+  void attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
+                    const MutableTensorView& lse);
+  void attend(int layer, const TensorView& q, const Selection& selection, bool include_local,
+              const MutableTensorView& out, const MutableTensorView& lse);
+
+  LongContextConfig config_;
+  kvstore::KVStore& store_;
+  RetrievalHeads heads_;  // n_layers() == 0: RazorAttention off
+  ReuseSchedule schedule_;
+  SelectionCache cache_;
+  std::vector<std::optional<std::vector<std::vector<int64_t>>>> preselected_;  // [layer]
+  std::vector<std::optional<H2OState>> h2o_;                                   // [layer]
+  std::vector<std::optional<RazorCompensation>> razor_;                        // [layer]
+  Stats stats_;
+  Selection last_selection_;
+};
+
+}  // namespace longctx::cpu

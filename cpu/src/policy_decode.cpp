@@ -1,0 +1,200 @@
+// DecodePolicy: config -> the policy building blocks (see decode_policy.h).
+#include "longctx/cpu/policy/decode_policy.h"
+
+#include <utility>
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/attention.h"
+#include "longctx/cpu/policy/preselect.h"
+#include "longctx/cpu/policy/streaming.h"
+
+namespace longctx::cpu {
+
+using kvstore::Partition;
+
+namespace {
+
+// The store was built from its own config; the policy's must describe the same layout and ranges.
+void check_matches_store(const LongContextConfig& config, const kvstore::KVStore& store) {
+  const LongContextConfig& built = store.config();
+  const kvstore::StoreLayout& layout = store.layout();
+  auto mismatch = [](const char* key, auto policy_value, auto store_value) {
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy: config key '", key, "' is ", policy_value,
+         " but the KV store was built with ", store_value);
+  };
+  if (config.block_size != layout.block_size) mismatch("block_size", config.block_size, layout.block_size);
+  if (config.kv_type != layout.kv_type) mismatch("kv_type", dtype_name(config.kv_type), dtype_name(layout.kv_type));
+  if (config.representative_type != layout.rep_type)
+    mismatch("representative_type", representative_type_name(config.representative_type),
+             representative_type_name(layout.rep_type));
+  if (config.representative_num != built.representative_num)
+    mismatch("representative_num", config.representative_num, built.representative_num);
+  if (config.initial_len != built.initial_len) mismatch("initial_len", config.initial_len, built.initial_len);
+  if (config.local_windows_len != built.local_windows_len)
+    mismatch("local_windows_len", config.local_windows_len, built.local_windows_len);
+}
+
+// The retrieval heads RazorAttention uses (none: off), after checking the config against the store.
+RetrievalHeads checked_heads(const LongContextConfig& config, const kvstore::KVStore& store, RetrievalHeads heads) {
+  validate_config(config);
+  check_matches_store(config, store);
+  const kvstore::KVShape& shape = store.layout().shape;
+  if (heads.n_layers() == 0 && heads.n_kv_heads() == 0) {
+    if (config.razor.retrieval_heads.empty()) return heads;  // RazorAttention off
+    return load_retrieval_heads(config.razor.retrieval_heads, shape.n_layers, shape.n_kv_heads);
+  }
+  if (heads.n_layers() != shape.n_layers || heads.n_kv_heads() != shape.n_kv_heads)
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy: retrieval heads for ", heads.n_layers(), " layers x ",
+         heads.n_kv_heads(), " kv heads, but the KV store has ", shape.n_layers, " layers x ", shape.n_kv_heads,
+         " kv heads");
+  return heads;
+}
+
+int64_t attended_tokens(const Selection& selection) {
+  int64_t total = 0;
+  for (size_t h = 0; h < selection.spans.size(); ++h) total += selection.tokens(static_cast<int>(h));
+  return total;
+}
+
+}  // namespace
+
+DecodePolicy::DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, RetrievalHeads heads)
+    : config_(config),
+      store_(store),
+      heads_(checked_heads(config, store, std::move(heads))),
+      schedule_(config),
+      cache_(store.layout().shape.n_layers) {
+  const auto n_layers = static_cast<size_t>(store.layout().shape.n_layers);
+  preselected_.resize(n_layers);
+  h2o_.resize(n_layers);
+  razor_.resize(n_layers);
+}
+
+void DecodePolicy::check_layer(int layer, const char* what) const {
+  if (layer < 0 || layer >= store_.layout().shape.n_layers)
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy::", what, ": layer ", layer, " out of range [0, ",
+         store_.layout().shape.n_layers, ")");
+}
+
+void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
+  check_layer(layer, "on_prefill_end");
+  if (config_.policy == SelectionPolicy::kH2O) {
+    h2o_[size_t(layer)].emplace(store_.layout().shape.n_kv_heads, H2OParams::from_config(config_));
+    h2o_[size_t(layer)]->init_from_prefill(store_, layer, window_q);
+    return;
+  }
+  if (config_.policy != SelectionPolicy::kSelect || !config_.preselect_block || schedule_.is_dense(layer)) return;
+
+  SnapKVParams params;
+  params.pool_kernel = config_.preselect.pool_kernel;
+  params.pool = config_.preselect.pool == PoolType::kMax ? Reduce::kMax : Reduce::kMean;
+  params.gqa_reduce = config_.preselect.gqa_reduce;
+  const std::vector<float> votes = snapkv_token_votes(store_, layer, window_q, params);
+  const int n_kv_heads = store_.layout().shape.n_kv_heads;
+  const Partition partition = store_.partition(layer);
+  preselected_[size_t(layer)] =
+      preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
+                       config_.preselect_block_count, config_.head_select_mode, config_.budget);
+  if (config_.representative_type == RepresentativeType::kDynamic) feed_dynamic(store_, layer, votes);
+}
+
+Selection DecodePolicy::select_blocks_now(int layer, const TensorView& q, const Partition& partition,
+                                          bool include_local) const {
+  const int n_kv_heads = store_.layout().shape.n_kv_heads;
+  const auto& preselected = preselected_[size_t(layer)];
+  if (preselected && use_preselected_as_is(config_))  // no scoring: the preselected set is the selection
+    return build_selection(partition, config_.block_size, n_kv_heads, *preselected, include_local);
+
+  const int64_t n_context = partition.end_context_block - partition.first_context_block;
+  std::vector<float> scores(size_t(n_kv_heads) * size_t(n_context));
+  score_blocks(store_, layer, q, ScoreParams{config_.gqa_reduce, config_.dynamic_reduce},
+               make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context}));
+  const std::vector<std::vector<int64_t>> chosen =
+      preselected ? reselect_blocks(*preselected, config_.preselect_block_count, std::move(scores), n_kv_heads,
+                                    partition, config_.second_select_num, config_.head_select_mode, config_.budget)
+                  : choose_blocks(scores, n_kv_heads, partition, config_.second_select_num,
+                                  config_.head_select_mode, config_.budget);
+  return build_selection(partition, config_.block_size, n_kv_heads, chosen, include_local);
+}
+
+Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local) {
+  const Partition partition = store_.partition(layer);
+  switch (decide(schedule_, cache_, layer, token_idx)) {
+    case ReuseAction::kDense:  // decode() handles dense layers before asking
+      return select_all(store_, layer, include_local);
+    case ReuseAction::kReuse: {
+      const SavedSelection& saved = *cache_.get(schedule_.group_of(layer));
+      if (saved.include_local == include_local) return reused_selection(saved, partition);
+      break;  // saved for the other placement of the local window: select anew
+    }
+    case ReuseAction::kSelect:
+      break;
+  }
+  Selection selection = select_blocks_now(layer, q, partition, include_local);
+  cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
+  stats_.reselected = true;
+  return selection;
+}
+
+void DecodePolicy::attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
+                                const MutableTensorView& lse) {
+  last_selection_ = select_all(store_, layer, include_local);
+  if (include_local)
+    dense_decode_attention(store_, layer, q, DecodeAttentionParams{}, out, lse);
+  else
+    decode_attention(store_, layer, q, last_selection_, DecodeAttentionParams{}, out, lse);
+}
+
+void DecodePolicy::attend(int layer, const TensorView& q, const Selection& selection, bool include_local,
+                          const MutableTensorView& out, const MutableTensorView& lse) {
+  if (!razor_enabled()) {
+    last_selection_ = selection;
+    decode_attention(store_, layer, q, selection, DecodeAttentionParams{}, out, lse);
+    return;
+  }
+  auto& comp = razor_[size_t(layer)];
+  if (!comp) comp.emplace(store_, layer, heads_, razor_params(config_));
+  comp->update(store_);
+  last_selection_ = razor_selection(store_, layer, selection, heads_, *comp, include_local);
+  razor_decode_attention(store_, layer, q, selection, heads_, *comp, RazorDecodeParams{{}, include_local}, out,
+                         lse);
+}
+
+void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, bool include_local,
+                          const MutableTensorView& out, const MutableTensorView& lse) {
+  check_layer(layer, "decode");
+  if (token_idx < 0) fail(ErrorCode::kInvalidArgument, "DecodePolicy::decode: token_idx ", token_idx, " < 0");
+  stats_ = Stats{};
+  switch (config_.policy) {
+    case SelectionPolicy::kDense:
+      attend_dense(layer, q, include_local, out, lse);
+      break;
+    case SelectionPolicy::kStreaming:
+      last_selection_ = streaming_selection(store_, layer, include_local);
+      decode_attention(store_, layer, q, last_selection_, DecodeAttentionParams{}, out, lse);
+      break;
+    case SelectionPolicy::kH2O: {
+      if (!include_local)
+        fail(ErrorCode::kInvalidArgument, "DecodePolicy::decode: policy h2o attends its recent tokens on the CPU; "
+             "include_local must be true (layer ", layer, ")");
+      auto& state = h2o_[size_t(layer)];
+      if (!state) state.emplace(store_.layout().shape.n_kv_heads, H2OParams::from_config(config_));
+      // step() attends the kept set plus the tokens it has not seen yet, then evicts.
+      last_selection_ = extend_with_new_tokens(state->selection(), state->n_seen(), store_.n_tokens(layer));
+      state->step(store_, layer, q, out, lse);
+      break;
+    }
+    case SelectionPolicy::kSelect: {
+      if (schedule_.is_dense(layer)) {  // dense layers attend everything, RazorAttention or not
+        attend_dense(layer, q, include_local, out, lse);
+        break;
+      }
+      const Selection selection = selection_for(layer, token_idx, q, include_local);
+      attend(layer, q, selection, include_local, out, lse);
+      break;
+    }
+  }
+  stats_.attended_tokens = attended_tokens(last_selection_);
+}
+
+}  // namespace longctx::cpu
