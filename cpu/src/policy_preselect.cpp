@@ -6,9 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
-#include <tbb/blocked_range.h>
+#include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
 #include "longctx/core/dtype.h"
@@ -16,6 +17,7 @@
 #include "longctx/cpu/policy/adakv.h"
 #include "longctx/cpu/policy/preselect.h"
 #include "longctx/cpu/selection.h"
+#include "longctx/kvstore/node_executor.h"
 
 namespace longctx::cpu {
 namespace {
@@ -127,27 +129,37 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
     return int(std::clamp<int64_t>(first_query_pos + i + 1 - block * s.block_size, 0, view.n_filled));
   };
   const int64_t n_tasks = int64_t(s.n_kv_heads) * s.n_blocks;
+  // Both passes walk the same (kv head, block) tasks, on the threads of the
+  // node holding the head: widen the block's keys once, then for each window
+  // query that sees some of them call visit(task, h, b, qi, logits, n).
+  tbb::enumerable_thread_specific<std::pair<std::vector<float>, std::vector<float>>> scratch;  // keys, logits
+  const auto for_each_visible = [&](const auto& visit) {
+    kvstore::parallel_for_heads(
+        store, n_tasks, [&](int64_t task) { return int(task / s.n_blocks); },
+        [&](int64_t task) {
+          auto& [keys, logits] = scratch.local();
+          logits.resize(size_t(s.block_size));
+          const int h = int(task / s.n_blocks);
+          const int64_t b = task % s.n_blocks;
+          const kvstore::BlockView view = store.block(layer, h, b);
+          widen_keys(store, view, keys);
+          for (int64_t qi = 0; qi < nq; ++qi) {
+            const int n = visible(b, view, qi % s.w);
+            if (n == 0) continue;
+            block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
+            visit(task, h, b, qi, logits.data(), n);
+          }
+        });
+  };
 
   // Pass 1: per (kv head, block, query) the max logit and sum of exp(logit - max).
   std::vector<float> block_max(size_t(n_tasks * nq), kNegInf), block_sum(size_t(n_tasks * nq), 0.f);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_tasks), [&](const tbb::blocked_range<int64_t>& range) {
-    std::vector<float> keys, logits(size_t(s.block_size));
-    for (int64_t task = range.begin(); task != range.end(); ++task) {
-      const int h = int(task / s.n_blocks);
-      const int64_t b = task % s.n_blocks;
-      const kvstore::BlockView view = store.block(layer, h, b);
-      widen_keys(store, view, keys);
-      for (int64_t qi = 0; qi < nq; ++qi) {
-        const int n = visible(b, view, qi % s.w);
-        if (n == 0) continue;
-        block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
-        const float m = *std::max_element(logits.begin(), logits.begin() + n);
-        float sum = 0.f;
-        for (int t = 0; t < n; ++t) sum += std::exp(logits[size_t(t)] - m);
-        block_max[size_t(task * nq + qi)] = m;
-        block_sum[size_t(task * nq + qi)] = sum;
-      }
-    }
+  for_each_visible([&](int64_t task, int, int64_t, int64_t qi, const float* logits, int n) {
+    const float m = *std::max_element(logits, logits + n);
+    float sum = 0.f;
+    for (int t = 0; t < n; ++t) sum += std::exp(logits[t] - m);
+    block_max[size_t(task * nq + qi)] = m;
+    block_sum[size_t(task * nq + qi)] = sum;
   });
 
   // Per (kv head, query): the global max and normalizer, blocks combined in order.
@@ -168,24 +180,12 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
   // Pass 2: column sums of the probabilities over the window, per query head:
   // [n_q_heads][n_tokens]. A block's columns belong to its task alone.
   std::vector<float> columns(size_t(n_q_heads * s.n_tokens), 0.f);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_tasks), [&](const tbb::blocked_range<int64_t>& range) {
-    std::vector<float> keys, logits(size_t(s.block_size));
-    for (int64_t task = range.begin(); task != range.end(); ++task) {
-      const int h = int(task / s.n_blocks);
-      const int64_t b = task % s.n_blocks;
-      const kvstore::BlockView view = store.block(layer, h, b);
-      widen_keys(store, view, keys);
-      for (int64_t qi = 0; qi < nq; ++qi) {
-        const int n = visible(b, view, qi % s.w);
-        if (n == 0) continue;
-        block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
-        const float m = row_max[size_t(h * nq + qi)];
-        const float inv_sum = 1.f / row_sum[size_t(h * nq + qi)];
-        const int64_t hq = int64_t(h) * s.g + qi / s.w;
-        float* col = columns.data() + size_t(hq * s.n_tokens + b * s.block_size);
-        for (int t = 0; t < n; ++t) col[t] += std::exp(logits[size_t(t)] - m) * inv_sum;
-      }
-    }
+  for_each_visible([&](int64_t, int h, int64_t b, int64_t qi, const float* logits, int n) {
+    const float m = row_max[size_t(h * nq + qi)];
+    const float inv_sum = 1.f / row_sum[size_t(h * nq + qi)];
+    const int64_t hq = int64_t(h) * s.g + qi / s.w;
+    float* col = columns.data() + size_t(hq * s.n_tokens + b * s.block_size);
+    for (int t = 0; t < n; ++t) col[t] += std::exp(logits[t] - m) * inv_sum;
   });
 
   // Pooling per query head, then the group reduction per kv head.
