@@ -12,13 +12,17 @@
 namespace longctx::bench {
 int run_kvstore(const std::vector<std::string>& args);
 int run_kernels(const std::vector<std::string>& args);
+int run_accuracy(const std::vector<std::string>& args);
+int run_decode(const std::vector<std::string>& args);
 }
 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: longctx-bench SUBCOMMAND [options]\n"
       "  kvstore   KV store append throughput vs memcpy bandwidth\n"
-      "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n";
+      "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n"
+      "  accuracy  selection policies x budgets x contexts: recall, output error, time per step\n"
+      "  decode    generated model: prefill and decode tokens/s, dense vs sparse attention\n";
   if (argc < 2) {
     std::fputs(usage, stderr);
     return 2;
@@ -28,6 +32,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "kvstore") return longctx::bench::run_kvstore(args);
     if (command == "kernels") return longctx::bench::run_kernels(args);
+    if (command == "accuracy") return longctx::bench::run_accuracy(args);
+    if (command == "decode") return longctx::bench::run_decode(args);
     std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), usage);
     return 2;
   } catch (const longctx::Error& e) {

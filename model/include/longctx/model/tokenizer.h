@@ -1,0 +1,99 @@
+// Tokenizers read from GGUF metadata (tokenizer.ggml.*): SentencePiece-style
+// ("llama": score-driven merges over UTF-8 characters, "▁" for spaces, byte
+// fallback to <0xXX> tokens) and byte-level BPE ("gpt2": a pre-tokenizer
+// regex, GPT-2 byte-to-unicode mapping, rank-ordered merges; the Llama-3 and
+// Qwen2 pre-tokenizer patterns, PCRE2 for the Unicode classes). Special
+// (control / user-defined) tokens are matched whole in the text when asked.
+// Chat templates for llama2, llama3, chatml (Qwen2) and InternLM2.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace longctx::model {
+
+class GgufFile;
+
+enum class TokenizerKind : uint8_t { kSpm, kBpe };
+// Pre-tokenizer of a BPE vocabulary (tokenizer.ggml.pre): "llama-bpe" /
+// "llama3" -> kLlama3, "qwen2" -> kQwen2, absent or "default" / "gpt2" -> kGpt2.
+enum class PreTokenizer : uint8_t { kGpt2, kLlama3, kQwen2 };
+
+// tokenizer.ggml.token_type values.
+enum class TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+struct Vocab {
+  TokenizerKind kind = TokenizerKind::kSpm;
+  PreTokenizer pre = PreTokenizer::kGpt2;
+  std::vector<std::string> tokens;
+  std::vector<float> scores;          // SPM merge priorities (empty: all 0)
+  std::vector<TokenType> types;       // empty: all normal
+  std::vector<std::string> merges;    // BPE: "a b" in rank order
+  int32_t bos = -1, eos = -1, eot = -1, unk = -1, pad = -1;  // -1: none
+  bool add_bos = true;
+  bool add_eos = false;
+  bool add_space_prefix = true;       // SPM: prepend "▁" to the text
+  std::string chat_template;          // tokenizer.chat_template (may be empty)
+};
+
+// Reads tokenizer.ggml.{model,pre,tokens,scores,token_type,merges,
+// bos_token_id,eos_token_id,eot_token_id,unknown_token_id,padding_token_id,
+// add_bos_token,add_eos_token,add_space_prefix} and tokenizer.chat_template.
+// Throws Error(kCorrupt) naming the key: arrays of different lengths, a
+// special token id outside [0, n_vocab), a merge naming unknown tokens, an
+// unknown tokenizer model (Error(kUnsupported)).
+Vocab vocab_from_gguf(const GgufFile& file);
+
+class Tokenizer {
+ public:
+  // Validates the vocabulary (Error(kCorrupt)) and builds the lookup tables.
+  explicit Tokenizer(Vocab vocab);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // parse_special: control and user-defined token texts in `text` become their
+  // ids (chat templates need this); otherwise they are plain text.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // The bytes of token `id` as text (SPM "▁" -> " ", byte tokens -> their
+  // byte, BPE byte-unicode mapped back); control tokens give "". May be an
+  // incomplete UTF-8 sequence: streaming callers concatenate pieces.
+  // Throws Error(kInvalidArgument) for an id outside [0, n_vocab).
+  std::string token_to_piece(int32_t id) const;
+  std::string decode(std::span<const int32_t> ids) const;
+
+  int64_t n_vocab() const;
+  const Vocab& vocab() const;
+  int32_t bos() const;
+  int32_t eos() const;
+  // End of generation: eos, eot, or a control token such as <|im_end|>, <|eot_id|>.
+  bool is_end_of_generation(int32_t id) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class ChatTemplate : uint8_t { kRaw, kLlama2, kLlama3, kChatml, kInternLM2 };
+// "raw", "llama2", "llama3", "chatml", "internlm2"; Error(kConfig) otherwise.
+ChatTemplate parse_chat_template(std::string_view name);
+const char* chat_template_name(ChatTemplate chat_template);
+// From the Jinja text of tokenizer.chat_template by its markers
+// (<|start_header_id|> -> llama3, <|im_start|> -> chatml, [INST] -> llama2,
+// <|im_start|> with InternLM2's bos/<s> -> internlm2); kRaw when unknown.
+ChatTemplate detect_chat_template(const Vocab& vocab);
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+// The prompt text of `messages` (which the caller encodes with
+// parse_special = true); add_generation_prompt appends the assistant header.
+std::string apply_chat_template(ChatTemplate chat_template, std::span<const ChatMessage> messages,
+                                bool add_generation_prompt);
+
+}  // namespace longctx::model
