@@ -60,10 +60,15 @@ struct RopeParams {
   float low_freq_factor = 1.0f;   // llama3
   float high_freq_factor = 4.0f;  // llama3
   int64_t original_context = 8192;  // llama3: original_max_position_embeddings
+  // Per-frequency divisors as GGUF stores them (tensor rope_freqs.weight,
+  // n_rot/2 values, written by converters of Llama-3.1 models): when not
+  // empty, inv_freq[i] /= freq_factors[i] and `scaling` must be kNone.
+  std::vector<float> freq_factors;
 };
 
 // inv_freq[i] for i in [0, n_rot/2): theta^(-2i/n_rot), then scaled as
-// params.scaling says. One definition shared by every backend and the tests.
+// params.scaling says (or divided by freq_factors). One definition shared by
+// every backend and the tests. The angle of position p is p * inv_freq[i].
 std::vector<float> rope_inv_freq(const RopeParams& params);
 
 class Backend {
