@@ -1,12 +1,16 @@
 // longctx-info: what this machine offers longctx (CPU features, SIMD target,
 // NUMA nodes, GPUs), and, given a config and a model shape, whether the KV
-// store fits the DRAM budget.
+// store fits the DRAM budget; given a GGUF file, validates it and prints its
+// metadata, tensors, tokenizer and KV bytes per token.
 //
 //   longctx-info
+//   longctx-info MODEL.gguf [--config FILE.yaml]   (the model gives the shape)
 //   longctx-info --config configs/default.yaml [--layers 32 --kv-heads 8 --head-dim 128] [--set key=value]...
 //   longctx-info --config-reference
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +21,7 @@
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/model/gguf.h"
 
 namespace {
 
@@ -24,10 +29,12 @@ using namespace longctx;
 
 constexpr const char* kUsage =
     "usage: longctx-info [--config FILE.yaml [--layers N] [--kv-heads N] [--head-dim N] [--set KEY=VALUE]...]\n"
+    "       longctx-info MODEL.gguf [--config FILE.yaml [--set KEY=VALUE]...]\n"
     "       longctx-info --config-reference\n";
 
 struct Args {
   std::string config_path;
+  std::string gguf_path;
   std::vector<std::string> overrides;
   kvstore::KVShape shape{32, 8, 128};  // Llama-3-8B-like attention
   bool reference = false;
@@ -55,6 +62,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--kv-heads") args.shape.n_kv_heads = parse_int(flag, value());
     else if (flag == "--head-dim") args.shape.head_dim = parse_int(flag, value());
     else if (flag == "--config-reference") args.reference = true;
+    else if (!flag.empty() && flag[0] != '-' && args.gguf_path.empty()) args.gguf_path = flag;
     else if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -80,6 +88,155 @@ void print_system(const kvstore::NumaTopology& topology) {
   for (const auto& d : gpus)
     std::printf("gpu %d:    %s, sm_%d%d, %d SMs, %s\n", d.index, d.name.c_str(), d.sm_major, d.sm_minor,
                 d.multiprocessors, format_bytes(d.memory_bytes).c_str());
+}
+
+// ---- GGUF report ----------------------------------------------------------------
+
+// A string for the terminal: control bytes escaped, long ones cut.
+std::string printable(std::string_view text, size_t limit = 60) {
+  std::string out = "\"";
+  for (size_t i = 0; i < text.size() && i < limit; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\\' || c == '"') out += str_cat('\\', static_cast<char>(c));
+    else if (c == '\n') out += "\\n";
+    else if (c < 0x20 || c == 0x7F) out += str_cat("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+    else out += static_cast<char>(c);
+  }
+  out += "\"";
+  if (text.size() > limit) out += str_cat("... (", text.size(), " bytes)");
+  return out;
+}
+
+std::string describe_value(const model::GgufFile& file, const std::string& key, const model::GgufValue& v) {
+  using model::GgufType;
+  switch (v.type) {
+    case GgufType::kString: return printable(v.str);
+    case GgufType::kBool: return v.b ? "true" : "false";
+    case GgufType::kF32: case GgufType::kF64: return str_cat(v.f);
+    case GgufType::kI8: case GgufType::kI16: case GgufType::kI32: case GgufType::kI64: return str_cat(v.i);
+    case GgufType::kArray: break;
+    default: return str_cat(v.u);
+  }
+  // Arrays: element type, count and the first few elements.
+  constexpr size_t kShown = 4;
+  std::string out = str_cat("[", v.array_count, " x ", model::gguf_type_name(v.array_type), "]");
+  std::vector<std::string> shown;
+  if (v.array_type == GgufType::kString) {
+    for (auto s : file.get_string_array(key)) {
+      if (shown.size() == kShown) break;
+      shown.push_back(printable(s, 24));
+    }
+  } else if (v.array_type == GgufType::kF32) {
+    for (float x : file.get_f32_array(key)) {
+      if (shown.size() == kShown) break;
+      shown.push_back(str_cat(x));
+    }
+  } else {
+    try {
+      for (int32_t x : file.get_i32_array(key)) {
+        if (shown.size() == kShown) break;
+        shown.push_back(str_cat(x));
+      }
+    } catch (const Error&) {
+      shown.clear();  // not integers that fit int32: type and count only
+    }
+  }
+  if (!shown.empty()) {
+    out += " ";
+    for (size_t i = 0; i < shown.size(); ++i) out += (i ? ", " : "") + shown[i];
+    if (v.array_count > shown.size()) out += ", ...";
+  }
+  return out;
+}
+
+// The attention shape from <arch>.* keys, or why it is not known.
+std::optional<kvstore::KVShape> model_kv_shape(const model::GgufFile& file, std::string* why, uint64_t* bytes_per_token) {
+  const std::string arch = file.get_string_or("general.architecture", "");
+  if (arch.empty()) {
+    *why = "no general.architecture";
+    return std::nullopt;
+  }
+  const auto key = [&](const char* name) { return arch + "." + name; };
+  for (const char* needed : {"block_count", "attention.head_count"})
+    if (!file.has(key(needed))) {
+      *why = "missing " + key(needed);
+      return std::nullopt;
+    }
+  const uint64_t layers = file.get_uint(key("block_count"));
+  const uint64_t heads = file.get_uint(key("attention.head_count"));
+  const uint64_t kv_heads = file.get_uint_or(key("attention.head_count_kv"), heads);
+  uint64_t k_len = file.get_uint_or(key("attention.key_length"), 0);
+  if (k_len == 0) {
+    if (!file.has(key("embedding_length")) || heads == 0) {
+      *why = "missing " + key("embedding_length");
+      return std::nullopt;
+    }
+    k_len = file.get_uint(key("embedding_length")) / heads;
+  }
+  const uint64_t v_len = file.get_uint_or(key("attention.value_length"), k_len);
+  // Values come from the file: multiply without overflow. f16 K and V: 2 bytes each.
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(layers, kv_heads, &total) || __builtin_mul_overflow(total, k_len + v_len, &total) ||
+      __builtin_mul_overflow(total, uint64_t{2}, &total) || k_len + v_len < k_len) {
+    *why = "the shape overflows";
+    return std::nullopt;
+  }
+  *bytes_per_token = total;
+  const uint64_t limit = 1 << 20;
+  if (layers > limit || kv_heads > limit || k_len > limit || k_len != v_len) {
+    *why = "shape outside what the KV store holds";
+    return std::nullopt;
+  }
+  return kvstore::KVShape{static_cast<int>(layers), static_cast<int>(kv_heads), static_cast<int>(k_len)};
+}
+
+// Prints the report; returns the model's attention shape when it is known.
+std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
+  std::printf("file:       %s (%s, GGUF v%u, alignment %llu)\n", file.name().c_str(),
+              format_bytes(file.file_size()).c_str(), file.version(),
+              static_cast<unsigned long long>(file.alignment()));
+  std::printf("metadata:   %zu keys\n", file.metadata().size());
+  size_t width = 0;
+  for (const auto& kv : file.metadata()) width = std::max(width, kv.key.size());
+  for (const auto& kv : file.metadata())
+    std::printf("  %-*s  %-6s  %s\n", static_cast<int>(std::min<size_t>(width, 48)), kv.key.c_str(),
+                model::gguf_type_name(kv.value.type), describe_value(file, kv.key, kv.value).c_str());
+
+  uint64_t total = 0;
+  size_t name_width = 4;
+  for (const auto& t : file.tensors()) {
+    total += t.n_bytes;
+    name_width = std::max(name_width, t.name.size());
+  }
+  std::printf("tensors:    %zu (%s)\n", file.tensors().size(), format_bytes(total).c_str());
+  const int nw = static_cast<int>(std::min<size_t>(name_width, 64));
+  if (!file.tensors().empty()) std::printf("  %-*s  %-5s  %-28s  %s\n", nw, "name", "type", "shape", "bytes");
+  for (const auto& t : file.tensors()) {
+    std::string shape = "[";
+    for (size_t i = 0; i < t.dims.size(); ++i) shape += str_cat(i ? ", " : "", t.dims[i]);
+    shape += "]";
+    std::printf("  %-*s  %-5s  %-28s  %llu\n", nw, t.name.c_str(), model::ggml_type_info(t.type).name, shape.c_str(),
+                static_cast<unsigned long long>(t.n_bytes));
+  }
+
+  const std::string tokenizer = file.get_string_or("tokenizer.ggml.model", "");
+  const model::GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+  std::string vocab = "no tokenizer.ggml.tokens";
+  if (tokens != nullptr && tokens->type == model::GgufType::kArray && tokens->array_type == model::GgufType::kString)
+    vocab = str_cat("vocabulary of ", tokens->array_count, " tokens");
+  else if (tokens != nullptr)
+    vocab = "tokenizer.ggml.tokens is not an array of strings";
+  std::printf("tokenizer:  %s, %s\n", tokenizer.empty() ? "none (no tokenizer.ggml.model)" : tokenizer.c_str(),
+              vocab.c_str());
+
+  std::string why;
+  uint64_t per_token = 0;
+  const auto shape = model_kv_shape(file, &why, &per_token);
+  if (per_token != 0)
+    std::printf("kv cache:   %llu bytes per token (K and V in f16)\n", static_cast<unsigned long long>(per_token));
+  else
+    std::printf("kv cache:   unknown (%s)\n", why.c_str());
+  return shape;
 }
 
 // Returns false when the store would not fit the DRAM budget.
@@ -115,6 +272,15 @@ int main(int argc, char** argv) {
     LongContextConfig config;
     if (!args.config_path.empty()) config = load_config_file(args.config_path, args.overrides);
     const auto topology = kvstore::NumaTopology::detect();
+    if (!args.gguf_path.empty()) {
+      const model::GgufFile file = model::GgufFile::open(args.gguf_path);
+      const auto shape = print_gguf(file);
+      if (args.config_path.empty()) return 0;
+      if (!shape) fail(ErrorCode::kUnsupported, args.gguf_path, ": the model's attention shape is unknown");
+      Args with_shape = args;
+      with_shape.shape = *shape;
+      return print_preflight(with_shape, config, topology) ? 0 : 1;
+    }
     print_system(topology);
     if (!args.config_path.empty() && !print_preflight(args, config, topology)) return 1;
     return 0;

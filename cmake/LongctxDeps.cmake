@@ -5,6 +5,14 @@ find_package(yaml-cpp REQUIRED)
 find_package(hwy REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+# oneDNN (libdnnl-dev): found directly because Debian's dnnl-config.cmake
+# demands the OpenCL headers of its GPU runtime, which the CPU backend never uses.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+add_library(DNNL::dnnl UNKNOWN IMPORTED)
+set_target_properties(DNNL::dnnl PROPERTIES IMPORTED_LOCATION ${DNNL_LIBRARY}
+                                            INTERFACE_INCLUDE_DIRECTORIES ${DNNL_INCLUDE_DIR})
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-tokenizer regexes
 
 # CUDA: AUTO builds gpu/ when nvcc is found.
 set(LONGCTX_HAVE_CUDA OFF)

@@ -56,7 +56,10 @@ void dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> ds
 
 // The bytes of `src` stored as `type`: F32, F16, BF16, Q8_0 and Q4_0 (the
 // reference quantizers of ggml: per block of 32, d = absmax / 127 for Q8_0,
-// d = max / -8 for Q4_0). Throws Error(kUnsupported) for other types.
+// d = max / -8 for Q4_0, except that values are divided by the f16-rounded d,
+// so a Q8_0 element is within d/2 of its value). Throws Error(kUnsupported)
+// for other types, Error(kInvalidArgument) for a non-finite value or one too
+// large for an f16 scale.
 std::vector<uint8_t> quantize(GgmlType type, std::span<const float> src);
 
 }  // namespace longctx::model

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "longctx/model/ggml_types.h"
+#include "longctx/model/gguf.h"
 
 namespace longctx::model {
 
@@ -24,6 +25,17 @@ class GgufWriter {
   void set_string_array(std::string key, std::vector<std::string> values);
   void set_f32_array(std::string key, std::vector<float> values);
   void set_i32_array(std::string key, std::vector<int32_t> values);
+  // The remaining scalar types of the spec.
+  void set_u8(std::string key, uint8_t value);
+  void set_i8(std::string key, int8_t value);
+  void set_u16(std::string key, uint16_t value);
+  void set_i16(std::string key, int16_t value);
+  void set_i64(std::string key, int64_t value);
+  void set_f64(std::string key, double value);
+  // A value written exactly as given: `payload` is what follows the type id
+  // on disk (for an array: element type, count, elements). Not validated, so
+  // tests can build invalid files (unknown types, nested arrays, bad bools).
+  void set_raw(std::string key, uint32_t type_id, std::vector<uint8_t> payload);
 
   // dims in GGUF order (dims[0] contiguous); data already encoded as `type`
   // (size checked against ggml_bytes).
@@ -32,7 +44,8 @@ class GgufWriter {
   void add_tensor_f32(std::string name, std::vector<int64_t> dims, GgmlType type, std::span<const float> values);
 
   // The whole file. version 2 or 3; alignment a power of two (written as
-  // general.alignment when it is not 32).
+  // general.alignment when it is not 32). A general.alignment the caller set
+  // as u32 must equal `alignment`; one set with set_raw is written as is.
   std::vector<uint8_t> to_bytes(uint32_t version = 3, uint32_t alignment = 32) const;
   // to_bytes() written atomically (write_file_atomically).
   void write(const std::string& path, uint32_t version = 3, uint32_t alignment = 32) const;

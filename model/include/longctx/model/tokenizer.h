@@ -45,7 +45,9 @@ struct Vocab {
 // add_bos_token,add_eos_token,add_space_prefix} and tokenizer.chat_template.
 // Throws Error(kCorrupt) naming the key: arrays of different lengths, a
 // special token id outside [0, n_vocab), a merge naming unknown tokens, an
-// unknown tokenizer model (Error(kUnsupported)).
+// unknown tokenizer model or pre-tokenizer (Error(kUnsupported)). Absent
+// flags default as in llama.cpp: add_bos_token true for llama and Llama-3,
+// false for other gpt2 vocabularies; add_space_prefix true for llama.
 Vocab vocab_from_gguf(const GgufFile& file);
 
 class Tokenizer {
@@ -56,14 +58,22 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // parse_special: control and user-defined token texts in `text` become their
-  // ids (chat templates need this); otherwise they are plain text.
+  // parse_special: control (and unknown) token texts in `text` become their
+  // ids (chat templates need this); otherwise they are plain text. User-defined
+  // tokens (added words such as Qwen's <tool_call>) are always matched whole,
+  // as Hugging Face tokenizers and llama.cpp do. Matching is leftmost-longest.
+  // add_bos: add BOS (and EOS) where the vocabulary's add_bos / add_eos ask.
+  // SPM with add_space_prefix puts "▁" before the text and after each special
+  // token.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
   // The bytes of token `id` as text (SPM "▁" -> " ", byte tokens -> their
   // byte, BPE byte-unicode mapped back); control tokens give "". May be an
   // incomplete UTF-8 sequence: streaming callers concatenate pieces.
   // Throws Error(kInvalidArgument) for an id outside [0, n_vocab).
   std::string token_to_piece(int32_t id) const;
+  // The pieces concatenated; SPM with add_space_prefix drops one leading
+  // space (the prefix encode() added), so decode(encode(s, ...)) == s for text
+  // without special tokens.
   std::string decode(std::span<const int32_t> ids) const;
 
   int64_t n_vocab() const;
@@ -78,6 +88,11 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The words the pre-tokenizer regex splits `text` into (BPE), in order; they
+// concatenate to `text` (bytes no match covers, such as invalid UTF-8, form
+// words of their own). For tests and debugging: compiles the pattern per call.
+std::vector<std::string> pre_tokenize(PreTokenizer pre, std::string_view text);
+
 enum class ChatTemplate : uint8_t { kRaw, kLlama2, kLlama3, kChatml, kInternLM2 };
 // "raw", "llama2", "llama3", "chatml", "internlm2"; Error(kConfig) otherwise.
 ChatTemplate parse_chat_template(std::string_view name);
@@ -91,8 +106,14 @@ struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;
 };
-// The prompt text of `messages` (which the caller encodes with
-// parse_special = true); add_generation_prompt appends the assistant header.
+// The prompt text of `messages`, exactly as the model's Jinja template renders
+// it (Llama-2-chat, Llama-3-Instruct, ChatML without a default system message,
+// InternLM2-chat; kRaw: the contents concatenated). The text already holds the
+// BOS token where the template writes it (llama2, llama3, internlm2): encode
+// it with add_bos = false and parse_special = true. add_generation_prompt
+// appends the assistant header (llama2 has none). llama2 requires alternating
+// user/assistant roles after an optional system message
+// (Error(kInvalidArgument) otherwise, as the template raises).
 std::string apply_chat_template(ChatTemplate chat_template, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt);
 

@@ -18,7 +18,9 @@
 // Metadata: general.architecture ("llama" or "qwen2"), general.name,
 // <arch>.{context_length, embedding_length, block_count, feed_forward_length,
 // attention.head_count, attention.head_count_kv,
-// attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count},
+// attention.key_length, attention.value_length (= head_dim),
+// attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
+// vocab_size},
 // and an SPM tokenizer (tokenizer.ggml.model = "llama": <unk> <s> </s>, the
 // 256 byte tokens <0x00>..<0xFF>, then scored pieces of English text) with
 // the llama2 chat template. RoPE style: llama -> adjacent pairs, qwen2 -> halves.
@@ -53,10 +55,13 @@ struct TestModelSpec {
   uint64_t seed = 1;
 };
 
-// The named shapes the tests use: "mha-64" (MHA, head_dim 64), "gqa-128"
-// (GQA 4:1... head_dim 128), "qwen2-bias" (qkv bias, halves rope), "q8" (Q8_0
-// weights), "f16" (F16 weights), "llama3-rope", and "bench" (32 q heads,
-// 8 kv heads, d 128, few layers, small MLP) for longctx-bench decode.
+// The named shapes the tests use (2 layers, f32 weights, SPM vocab of 320
+// unless said): "mha-64" (4 heads = 4 kv heads, head_dim 64), "gqa-128"
+// (8:2 heads, head_dim 128, n_embd 512 != 8*128, vocab 384), "qwen2-bias" (QKV
+// bias, arch qwen2: halves RoPE; tied embeddings), "q8" (Q8_0 weights, 3 layers), "f16"
+// (F16 weights), "llama3-rope" (4:1 heads, theta 500000, rope_freqs), and
+// "bench" (32 q heads, 8 kv heads, d 128, n_embd 1024, n_ff 2048, vocab
+// 4096: ~160 MB in f32) for longctx-bench decode.
 std::vector<TestModelSpec> standard_test_models();
 // One of standard_test_models() by name; Error(kInvalidArgument) listing the names.
 TestModelSpec test_model_by_name(const std::string& name);

@@ -1,0 +1,94 @@
+// BackendTensor helpers and the one RoPE frequency definition (backend.h).
+#include "longctx/core/backend.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+int64_t BackendTensor::numel() const {
+  int64_t count = 1;
+  for (int64_t extent : shape_) count *= extent;  // backends reject overflowing shapes at alloc
+  return count;
+}
+
+std::string BackendTensor::describe() const {
+  std::string text = std::string(dtype_name(dtype_)) + "[";
+  for (size_t d = 0; d < shape_.size(); ++d) {
+    if (d > 0) text += ", ";
+    text += std::to_string(shape_[d]);
+  }
+  return text + "]";
+}
+
+namespace {
+
+bool positive_finite(double value) { return std::isfinite(value) && value > 0.0; }
+
+void check_rope_params(const RopeParams& p) {
+  if (p.n_rot <= 0 || p.n_rot % 2 != 0) {
+    fail(ErrorCode::kInvalidArgument, "rope: n_rot must be positive and even, got ", p.n_rot);
+  }
+  if (!positive_finite(p.theta)) fail(ErrorCode::kInvalidArgument, "rope: theta must be positive, got ", p.theta);
+  if (p.scaling != RopeScaling::kNone && !positive_finite(p.factor)) {
+    fail(ErrorCode::kInvalidArgument, "rope: scaling factor must be positive, got ", p.factor);
+  }
+  if (p.scaling == RopeScaling::kLlama3) {
+    if (!positive_finite(p.low_freq_factor) || !positive_finite(p.high_freq_factor) ||
+        !(p.high_freq_factor > p.low_freq_factor)) {
+      fail(ErrorCode::kInvalidArgument, "rope: llama3 scaling needs 0 < low_freq_factor < high_freq_factor, got ",
+           p.low_freq_factor, " and ", p.high_freq_factor);
+    }
+    if (p.original_context <= 0) {
+      fail(ErrorCode::kInvalidArgument, "rope: llama3 original_context must be positive, got ", p.original_context);
+    }
+  }
+  if (!p.freq_factors.empty()) {
+    if (p.scaling != RopeScaling::kNone) {
+      fail(ErrorCode::kInvalidArgument, "rope: freq_factors and a scaling type cannot be combined");
+    }
+    if (p.freq_factors.size() != static_cast<size_t>(p.n_rot / 2)) {
+      fail(ErrorCode::kInvalidArgument, "rope: freq_factors has ", p.freq_factors.size(),
+           " values, expected n_rot/2 = ", p.n_rot / 2);
+    }
+    for (size_t i = 0; i < p.freq_factors.size(); ++i) {
+      if (!positive_finite(p.freq_factors[i])) {
+        fail(ErrorCode::kInvalidArgument, "rope: freq_factors[", i, "] must be positive, got ", p.freq_factors[i]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Computed in fp64 and rounded once, so every backend starts from the same floats.
+std::vector<float> rope_inv_freq(const RopeParams& p) {
+  check_rope_params(p);
+  const int half = p.n_rot / 2;
+  std::vector<float> result(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) {
+    double inv = std::pow(double(p.theta), -2.0 * i / p.n_rot);
+    if (p.scaling == RopeScaling::kLinear) {
+      inv /= p.factor;
+    } else if (p.scaling == RopeScaling::kLlama3) {
+      // Llama-3.1: long wavelengths are divided by factor, short ones kept,
+      // the band between blends the two linearly in context/wavelength.
+      const double context = double(p.original_context);
+      const double wavelen = 2.0 * std::numbers::pi / inv;
+      if (wavelen > context / p.low_freq_factor) {
+        inv /= p.factor;
+      } else if (wavelen >= context / p.high_freq_factor) {
+        const double smooth =
+            (context / wavelen - p.low_freq_factor) / (double(p.high_freq_factor) - double(p.low_freq_factor));
+        inv = (1.0 - smooth) * inv / p.factor + smooth * inv;
+      }
+    }
+    if (!p.freq_factors.empty()) inv /= p.freq_factors[static_cast<size_t>(i)];
+    result[static_cast<size_t>(i)] = static_cast<float>(inv);
+  }
+  return result;
+}
+
+}  // namespace longctx

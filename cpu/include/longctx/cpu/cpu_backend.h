@@ -1,0 +1,85 @@
+// The CPU implementation of Backend (core/backend.h): host tensors from an
+// accounted budget, GEMMs on oneDNN, elementwise ops on oneTBB.
+//
+// Shapes the ops accept (every op checks them and throws
+// Error(kInvalidArgument) naming the op and the shapes; dtypes likewise):
+// - matmul: x f32 [n, ...] (in = product of the dims after the first),
+//   w [out, in] in weight_dtype(), bias [out] (f32 or bf16) or null,
+//   y f32 [n, ...] (out = product of the dims after the first), y distinct
+//   from x. So a [n, n_heads, head_dim] tensor is a valid y for out =
+//   n_heads * head_dim. Up to 4 rows (decode) go to a Highway kernel that
+//   streams w once (f32 x, bf16 w widened exactly). More rows go to oneDNN;
+//   bf16 weights there: where oneDNN has bf16 kernels for the CPU (AVX-512),
+//   x is rounded to bf16 and multiplied bf16 x bf16 with f32 accumulation;
+//   elsewhere (or with Bf16Matmul::kDequantize) tiles of w are widened to f32.
+// - rms_norm: x f32 of any rank >= 1, normalized over its last dim d; weight
+//   [d] (f32 or bf16); y the shape of x (may be x).
+// - rope: x f32 [n, n_heads, head_dim], n_rot <= head_dim; angles are
+//   position * rope_inv_freq(params)[i], evaluated in fp64.
+// - swiglu, add: f32 tensors of one shape; out may alias an input.
+// - embed: table [n_vocab, d] (f32, f16 or bf16); out f32 [tokens.size(), d].
+//   All tokens are checked before anything is written.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "longctx/core/backend.h"
+
+namespace longctx::cpu {
+
+// How a bf16-weight matmul computes.
+enum class Bf16Matmul : uint8_t {
+  kAuto,        // oneDNN bf16 x bf16 when it has a bf16 kernel for this CPU, else kDequantize
+  kDequantize,  // widen weight tiles to f32 and multiply in f32 (exact weights, f32 x)
+};
+
+struct CpuBackendOptions {
+  DType weight_dtype = DType::kF32;  // f32 or bf16
+  // Bytes alloc() and load_weight() may hold at once; 0 = unlimited. oneDNN's
+  // own scratch buffers and the per-shape caches are not counted.
+  uint64_t memory_budget_bytes = 0;
+  Bf16Matmul bf16_matmul = Bf16Matmul::kAuto;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  // Throws Error(kInvalidArgument) for a weight dtype other than f32/bf16.
+  explicit CpuBackend(CpuBackendOptions options = {});
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  std::string name() const override;
+  bool host_memory() const override { return true; }
+  DType weight_dtype() const override;
+
+  std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype = DType::kF32) override;
+  void upload(const TensorView& src, BackendTensor& dst) override;
+  void download(const BackendTensor& src, const MutableTensorView& dst) override;
+  std::unique_ptr<BackendTensor> load_weight(const TensorView& host) override;
+
+  void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) override;
+  void rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) override;
+  void rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) override;
+  void swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) override;
+  void add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) override;
+  void embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) override;
+  void synchronize() override {}
+
+  // Bytes currently held by tensors of this backend (tensors may outlive it).
+  uint64_t bytes_in_use() const;
+  uint64_t memory_budget_bytes() const;
+  // True when bf16 matmuls run on oneDNN's bf16 kernels (false: dequantize path).
+  bool bf16_native() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace longctx::cpu

@@ -1,0 +1,143 @@
+// Matmul of CpuBackend: y[m, n] = x[m, k] · w[n, k]^T with f32 accumulation.
+// Paths, best first:
+// - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
+//   streams the weight rows once, f32 or bf16, split over rows with oneTBB.
+// - f32 weights: oneDNN f32 x f32 -> f32.
+// - bf16 weights, native: x rounded to bf16, oneDNN bf16 x bf16 -> f32, when
+//   oneDNN has an optimized (non-reference) bf16 kernel for this CPU.
+// - bf16 weights, dequantize: tiles of w widened to f32 in a scratch buffer,
+//   oneDNN f32 x f32 into the matching columns of y (CPUs without AVX-512).
+// oneDNN reads the weight in place as a k x n matrix with strides {1, k}
+// (its "ba" layout), so no packed copy is kept; primitives are cached per shape.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cpu_backend_internal.h"
+#include "longctx/core/error.h"
+
+namespace longctx::cpu::detail {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+struct ShapeKey {
+  int64_t m, k, n, ldy;
+  dt src;
+  auto tie() const { return std::tie(m, k, n, ldy, src); }
+  bool operator<(const ShapeKey& other) const { return tie() < other.tie(); }
+};
+
+// A shape cache beyond this many entries is dropped whole (odd chunk sizes
+// in a long run would otherwise grow it without end).
+constexpr size_t kMaxCachedPrimitives = 256;
+// Up to this many rows of x go to the gemv kernel instead of oneDNN.
+constexpr int64_t kGemvMaxM = 4;
+constexpr int64_t kGemvGrainRows = 32;
+// Rows of a bf16 weight widened to f32 at once on the dequantize path: each
+// tile is one oneDNN call that re-packs x, so tiles are wide (>= 256 rows).
+constexpr int64_t kDequantTileRows = 256;
+
+}  // namespace
+
+struct MatmulEngine::State {
+  DType weight_dtype = DType::kF32;
+  bool native_bf16 = false;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mutex;  // guards the caches and the scratch buffers
+  std::map<ShapeKey, dnnl::matmul> primitives;
+  std::vector<uint16_t> x_bf16;
+  std::vector<float> w_tile;
+
+  // src and weights of dtype `src`, dst f32 with row stride ldy. Throws
+  // dnnl::error when oneDNN has no implementation.
+  dnnl::matmul::primitive_desc describe(const ShapeKey& s) const {
+    const dnnl::memory::desc src_md({s.m, s.k}, s.src, dnnl::memory::dims{s.k, 1});
+    const dnnl::memory::desc wei_md({s.k, s.n}, s.src, dnnl::memory::dims{1, s.k});
+    const dnnl::memory::desc dst_md({s.m, s.n}, dt::f32, dnnl::memory::dims{s.ldy, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
+  }
+
+  dnnl::matmul& primitive(const ShapeKey& s) {
+    auto it = primitives.find(s);
+    if (it != primitives.end()) return it->second;
+    if (primitives.size() >= kMaxCachedPrimitives) primitives.clear();
+    try {
+      return primitives.emplace(s, dnnl::matmul(describe(s))).first->second;
+    } catch (const dnnl::error& e) {
+      fail(ErrorCode::kUnsupported, "matmul: oneDNN has no ", s.src == dt::bf16 ? "bf16" : "f32", " kernel for [", s.m,
+           ", ", s.k, "] x [", s.k, ", ", s.n, "]: ", e.what());
+    }
+  }
+
+  void execute(const ShapeKey& s, const void* x, const void* w, float* y) {
+    dnnl::matmul& prim = primitive(s);
+    const auto md = [](dnnl::memory::dims dims, dt type, dnnl::memory::dims strides) {
+      return dnnl::memory::desc(std::move(dims), type, std::move(strides));
+    };
+    dnnl::memory src(md({s.m, s.k}, s.src, {s.k, 1}), engine, const_cast<void*>(x));
+    dnnl::memory wei(md({s.k, s.n}, s.src, {1, s.k}), engine, const_cast<void*>(w));
+    dnnl::memory dst(md({s.m, s.n}, dt::f32, {s.ldy, 1}), engine, y);
+    prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    stream.wait();
+  }
+};
+
+MatmulEngine::MatmulEngine(DType weight_dtype, Bf16Matmul mode) : state_(std::make_unique<State>()) {
+  state_->weight_dtype = weight_dtype;
+  if (weight_dtype == DType::kBF16 && mode == Bf16Matmul::kAuto) {
+    // Native only when oneDNN offers a real kernel: its reference
+    // implementation would be far slower than widening the weights.
+    try {
+      const std::string impl = state_->describe({64, 64, 64, 64, dt::bf16}).impl_info_str();
+      state_->native_bf16 = impl.find("ref") == std::string::npos;
+    } catch (const dnnl::error&) {
+      state_->native_bf16 = false;  // no bf16 support on this CPU (e.g. AVX2 only)
+    }
+  }
+}
+
+MatmulEngine::~MatmulEngine() = default;
+
+bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
+
+void MatmulEngine::run(const float* x, const void* w, float* y, int64_t m, int64_t k, int64_t n) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (k == 0) {  // an empty sum; oneDNN rejects zero-sized reductions
+    std::fill(y, y + m * n, 0.f);
+    return;
+  }
+  if (m <= kGemvMaxM) {
+    // Parallel over weight rows; each task streams its rows once.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGemvGrainRows), [&](const tbb::blocked_range<int64_t>& range) {
+      gemv({x, m, k, w, s.weight_dtype, y, n, range.begin(), range.end()});
+    });
+  } else if (s.weight_dtype == DType::kF32) {
+    s.execute({m, k, n, n, dt::f32}, x, w, y);
+  } else if (s.native_bf16) {
+    s.x_bf16.resize(size_t(m * k));
+    convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
+    s.execute({m, k, n, n, dt::bf16}, s.x_bf16.data(), w, y);
+  } else {
+    const int64_t tile = std::min(n, kDequantTileRows);
+    s.w_tile.resize(size_t(tile * k));
+    const auto* wb = static_cast<const uint16_t*>(w);
+    for (int64_t o = 0; o < n; o += tile) {
+      const int64_t rows = std::min(tile, n - o);
+      convert(wb + o * k, DType::kBF16, s.w_tile.data(), DType::kF32, size_t(rows * k));
+      s.execute({m, k, rows, n, dt::f32}, x, s.w_tile.data(), y + o);
+    }
+  }
+}
+
+}  // namespace longctx::cpu::detail

@@ -1,0 +1,73 @@
+// Llama-family models from GGUF: general.architecture "llama" (Llama 2/3,
+// Mistral, InternLM2 converted to the Llama layout) and "qwen2" (QKV bias).
+// Hyperparameters come from the <arch>.* metadata keys, weights from the
+// standard llama.cpp tensor names (see tools/test_model.h for the layout),
+// dequantized to f32 on the host and stored by Backend::load_weight.
+//
+// RoPE: llama -> RopeStyle::kNormal (adjacent pairs: llama.cpp's converter
+// permutes Q/K into that order), qwen2 -> kNeox (halves); theta from
+// <arch>.rope.freq_base (default 10000), rotated channels from
+// <arch>.rope.dimension_count (default head_dim); rope_freqs.weight (Llama-3.1)
+// -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with
+// <arch>.rope.scaling.factor (or the older <arch>.rope.scale_linear) ->
+// RopeScaling::kLinear; other scaling types are Error(kUnsupported).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "longctx/core/backend.h"
+#include "longctx/model/gguf.h"
+#include "longctx/model/tokenizer.h"
+#include "longctx/scheduler/transformer.h"
+
+namespace longctx::model {
+
+// The hyperparameters of a Llama-family GGUF. Throws Error(kUnsupported) for
+// another architecture or RoPE scaling, Error(kCorrupt) naming the key for a
+// missing or inconsistent value (head_count not a multiple of head_count_kv,
+// value_length != key_length, dimension_count odd or > head_dim, ...).
+scheduler::TransformerSpec read_llama_spec(const GgufFile& file);
+
+// Checks every tensor the spec needs before loading any: present, a weight
+// type (Error(kUnsupported) for a quantization longctx cannot dequantize,
+// Error(kCorrupt) for a non-weight type such as i32), and its GGUF shape
+// (Error(kCorrupt): "tensor 'blk.3.attn_k.weight': expected [256, 128], got
+// f32[256, 256]"). qkv_bias is set from the presence of blk.0.attn_q.bias
+// (then every layer needs all three biases); output.weight absent = tied to
+// token_embd.weight. rope_freqs.weight, when present, must hold n_rot/2
+// values. Updates spec.qkv_bias and spec.rope.freq_factors.
+void check_llama_tensors(const GgufFile& file, scheduler::TransformerSpec& spec);
+
+// read_llama_spec + check_llama_tensors, then every weight dequantized
+// (GgufFile::tensor_f32) and stored with backend.load_weight.
+scheduler::Transformer load_llama(const GgufFile& file, Backend& backend);
+
+// A model file opened for inference: the GGUF mapping, its tokenizer and its
+// weights on a backend.
+class Model {
+ public:
+  // Opens and validates `path`, builds the tokenizer from its metadata and
+  // loads the weights onto `backend` (which must outlive the Model).
+  static std::unique_ptr<Model> open(const std::string& path, Backend& backend);
+
+  const GgufFile& gguf() const { return gguf_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const scheduler::Transformer& transformer() const { return transformer_; }
+  const scheduler::TransformerSpec& spec() const { return transformer_.spec; }
+  // Identifies the model for KV snapshots: architecture, shape, and a CRC32C
+  // of the tensor table and of the first bytes of each tensor.
+  const std::string& fingerprint() const { return fingerprint_; }
+
+ private:
+  Model(GgufFile gguf, Tokenizer tokenizer, scheduler::Transformer transformer, std::string fingerprint);
+  GgufFile gguf_;
+  Tokenizer tokenizer_;
+  scheduler::Transformer transformer_;
+  std::string fingerprint_;
+};
+
+// The fingerprint Model::fingerprint() reports for `file`.
+std::string model_fingerprint(const GgufFile& file);
+
+}  // namespace longctx::model

@@ -1,0 +1,241 @@
+// Llama-family GGUF -> scheduler::Transformer (llama.h).
+#include "longctx/model/llama.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "longctx/core/crc32c.h"
+#include "longctx/core/error.h"
+
+namespace longctx::model {
+namespace {
+
+using scheduler::TransformerSpec;
+
+// A count key as int, checked against [lo, hi] (Error kCorrupt naming the key).
+int count_key(const GgufFile& f, const std::string& key, uint64_t lo, uint64_t hi) {
+  const uint64_t v = f.get_uint(key);
+  if (v < lo || v > hi)
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", key, "' is ", v, ", expected ", lo, "..", hi);
+  return static_cast<int>(v);
+}
+
+int count_key_or(const GgufFile& f, const std::string& key, uint64_t fallback, uint64_t lo, uint64_t hi) {
+  return f.has(key) ? count_key(f, key, lo, hi) : static_cast<int>(fallback);
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+// The tensor `name` with GGUF dims `dims` (dims[0] contiguous) and a weight type.
+const GgufTensorInfo& expect_tensor(const GgufFile& f, const std::string& name, const std::vector<int64_t>& dims) {
+  const GgufTensorInfo* t = f.find_tensor(name);
+  if (!t) fail(ErrorCode::kCorrupt, f.name(), ": tensor '", name, "' is missing");
+  switch (t->type) {
+    case GgmlType::kI8:
+    case GgmlType::kI16:
+    case GgmlType::kI32:
+    case GgmlType::kI64:
+      fail(ErrorCode::kCorrupt, f.name(), ": tensor '", name, "' has type ", ggml_type_info(t->type).name,
+           ", not a weight type");
+    default:
+      break;
+  }
+  if (!ggml_type_info(t->type).dequantizable)
+    fail(ErrorCode::kUnsupported, f.name(), ": tensor '", name, "' has type ", ggml_type_info(t->type).name,
+         ", which longctx cannot dequantize");
+  if (t->dims != dims)
+    fail(ErrorCode::kCorrupt, f.name(), ": tensor '", name, "': expected ", dims_text(dims), ", got ",
+         t->describe());
+  return *t;
+}
+
+std::string layer_name(int layer, const char* suffix) { return "blk." + std::to_string(layer) + "." + suffix; }
+
+}  // namespace
+
+TransformerSpec read_llama_spec(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama" && arch != "qwen2")
+    fail(ErrorCode::kUnsupported, f.name(), ": architecture '", arch,
+         "' is not supported (longctx runs \"llama\" and \"qwen2\")");
+  const std::string p = arch + ".";
+  constexpr uint64_t kMaxDim = 1 << 20, kMaxLayers = 4096;
+  TransformerSpec s;
+  s.arch = arch;
+  s.n_layers = count_key(f, p + "block_count", 1, kMaxLayers);
+  s.n_embd = count_key(f, p + "embedding_length", 1, kMaxDim);
+  s.n_ff = count_key(f, p + "feed_forward_length", 1, kMaxDim);
+  s.n_heads = count_key(f, p + "attention.head_count", 1, 4096);
+  s.n_kv_heads = count_key_or(f, p + "attention.head_count_kv", uint64_t(s.n_heads), 1, 4096);
+  if (s.n_heads % s.n_kv_heads != 0)
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "attention.head_count' (", s.n_heads,
+         ") is not a multiple of '", p, "attention.head_count_kv' (", s.n_kv_heads, ")");
+  if (!f.has(p + "attention.key_length") && s.n_embd % s.n_heads != 0)
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "embedding_length' (", s.n_embd,
+         ") is not a multiple of the head count and '", p, "attention.key_length' is absent");
+  s.head_dim = count_key_or(f, p + "attention.key_length", uint64_t(s.n_embd / s.n_heads), 1, 4096);
+  const int value_length = count_key_or(f, p + "attention.value_length", uint64_t(s.head_dim), 1, 4096);
+  if (value_length != s.head_dim)
+    fail(ErrorCode::kUnsupported, f.name(), ": key '", p, "attention.value_length' (", value_length,
+         ") differs from the key length (", s.head_dim, ")");
+  s.rms_eps = static_cast<float>(f.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (!(s.rms_eps > 0.0f) || !(s.rms_eps < 1.0f))
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "attention.layer_norm_rms_epsilon' is ", s.rms_eps,
+         ", expected a value in (0, 1)");
+  s.context_length = static_cast<int64_t>(f.get_uint_or(p + "context_length", 0));
+
+  RopeParams& rope = s.rope;
+  rope.style = arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
+  rope.theta = static_cast<float>(f.get_float_or(p + "rope.freq_base", 10000.0));
+  if (!(rope.theta > 1.0f) || !(rope.theta < std::numeric_limits<float>::infinity()))
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.freq_base' is ", rope.theta, ", expected > 1");
+  rope.n_rot = count_key_or(f, p + "rope.dimension_count", uint64_t(s.head_dim), 0, uint64_t(s.head_dim));
+  if (rope.n_rot % 2 != 0)
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.dimension_count' is ", rope.n_rot, ", expected even");
+  const std::string scaling = f.get_string_or(p + "rope.scaling.type", "none");
+  double factor = f.get_float_or(p + "rope.scaling.factor", 0.0);
+  if (scaling == "linear" || (scaling == "none" && f.has(p + "rope.scale_linear"))) {
+    if (scaling == "none") factor = f.get_float(p + "rope.scale_linear");
+    if (!(factor > 0.0) || !(factor < 1e6))
+      fail(ErrorCode::kCorrupt, f.name(), ": linear RoPE scaling factor is ", factor, ", expected > 0");
+    if (factor != 1.0) {
+      rope.scaling = RopeScaling::kLinear;
+      rope.factor = static_cast<float>(factor);
+    }
+  } else if (scaling != "none") {
+    fail(ErrorCode::kUnsupported, f.name(), ": key '", p, "rope.scaling.type' is '", scaling,
+         "'; longctx supports none and linear (Llama-3.1 scaling comes as rope_freqs.weight)");
+  }
+  // The vocabulary size is the embedding's row count (checked in check_llama_tensors).
+  const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (!embd) fail(ErrorCode::kCorrupt, f.name(), ": tensor 'token_embd.weight' is missing");
+  if (embd->dims.size() != 2)
+    fail(ErrorCode::kCorrupt, f.name(), ": tensor 'token_embd.weight': expected 2 dims, got ", embd->describe());
+  s.n_vocab = embd->dims[1];
+  if (f.has(p + "vocab_size") && f.get_uint(p + "vocab_size") != uint64_t(s.n_vocab))
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "vocab_size' is ", f.get_uint(p + "vocab_size"),
+         " but token_embd.weight has ", s.n_vocab, " rows");
+  return s;
+}
+
+void check_llama_tensors(const GgufFile& f, TransformerSpec& s) {
+  const int64_t d = s.n_embd, q = s.q_dim(), kv = s.kv_dim(), ff = s.n_ff, v = s.n_vocab;
+  expect_tensor(f, "token_embd.weight", {d, v});
+  expect_tensor(f, "output_norm.weight", {d});
+  if (f.find_tensor("output.weight")) expect_tensor(f, "output.weight", {d, v});
+  s.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  for (int l = 0; l < s.n_layers; ++l) {
+    expect_tensor(f, layer_name(l, "attn_norm.weight"), {d});
+    expect_tensor(f, layer_name(l, "attn_q.weight"), {d, q});
+    expect_tensor(f, layer_name(l, "attn_k.weight"), {d, kv});
+    expect_tensor(f, layer_name(l, "attn_v.weight"), {d, kv});
+    if (s.qkv_bias) {
+      expect_tensor(f, layer_name(l, "attn_q.bias"), {q});
+      expect_tensor(f, layer_name(l, "attn_k.bias"), {kv});
+      expect_tensor(f, layer_name(l, "attn_v.bias"), {kv});
+    }
+    expect_tensor(f, layer_name(l, "attn_output.weight"), {q, d});
+    expect_tensor(f, layer_name(l, "ffn_norm.weight"), {d});
+    expect_tensor(f, layer_name(l, "ffn_gate.weight"), {d, ff});
+    expect_tensor(f, layer_name(l, "ffn_up.weight"), {d, ff});
+    expect_tensor(f, layer_name(l, "ffn_down.weight"), {ff, d});
+  }
+  s.rope.freq_factors.clear();
+  if (f.find_tensor("rope_freqs.weight")) {
+    const GgufTensorInfo& t = expect_tensor(f, "rope_freqs.weight", {s.rope.n_rot / 2});
+    if (s.rope.scaling != RopeScaling::kNone)
+      fail(ErrorCode::kCorrupt, f.name(), ": tensor 'rope_freqs.weight' given together with linear RoPE scaling");
+    s.rope.freq_factors = f.tensor_f32(t);
+    for (size_t i = 0; i < s.rope.freq_factors.size(); ++i)
+      if (!(s.rope.freq_factors[i] > 0.0f) || !(s.rope.freq_factors[i] < std::numeric_limits<float>::infinity()))
+        fail(ErrorCode::kCorrupt, f.name(), ": tensor 'rope_freqs.weight': value ", i, " is ",
+             s.rope.freq_factors[i], ", expected a positive finite divisor");
+  }
+  s.validate();
+}
+
+scheduler::Transformer load_llama(const GgufFile& f, Backend& backend) {
+  scheduler::Transformer t;
+  t.spec = read_llama_spec(f);
+  check_llama_tensors(f, t.spec);
+  // GGUF dims [in, out] are the row-major [out, in] the Transformer wants.
+  auto load = [&](const std::string& name) {
+    const GgufTensorInfo& info = *f.find_tensor(name);
+    const std::vector<float> data = f.tensor_f32(info);
+    const TensorView view = info.dims.size() == 1 ? make_view(data.data(), DType::kF32, {info.dims[0]})
+                                                  : make_view(data.data(), DType::kF32, {info.dims[1], info.dims[0]});
+    return backend.load_weight(view);
+  };
+  t.weights.token_embd = load("token_embd.weight");
+  t.weights.output_norm = load("output_norm.weight");
+  if (f.find_tensor("output.weight")) t.weights.output = load("output.weight");
+  for (int l = 0; l < t.spec.n_layers; ++l) {
+    scheduler::LayerWeights w;
+    w.attn_norm = load(layer_name(l, "attn_norm.weight"));
+    w.wq = load(layer_name(l, "attn_q.weight"));
+    w.wk = load(layer_name(l, "attn_k.weight"));
+    w.wv = load(layer_name(l, "attn_v.weight"));
+    if (t.spec.qkv_bias) {
+      w.bq = load(layer_name(l, "attn_q.bias"));
+      w.bk = load(layer_name(l, "attn_k.bias"));
+      w.bv = load(layer_name(l, "attn_v.bias"));
+    }
+    w.wo = load(layer_name(l, "attn_output.weight"));
+    w.ffn_norm = load(layer_name(l, "ffn_norm.weight"));
+    w.w_gate = load(layer_name(l, "ffn_gate.weight"));
+    w.w_up = load(layer_name(l, "ffn_up.weight"));
+    w.w_down = load(layer_name(l, "ffn_down.weight"));
+    t.weights.layers.push_back(std::move(w));
+  }
+  t.validate();
+  return t;
+}
+
+std::string model_fingerprint(const GgufFile& f) {
+  // The tensor table and the first KiB of each tensor: cheap on a 100 GB
+  // file and different for any two models one would confuse.
+  uint32_t crc = 0;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    crc = crc32c(t.name.data(), t.name.size(), crc);
+    crc = crc32c(t.dims.data(), t.dims.size() * sizeof(int64_t), crc);
+    const uint32_t type = static_cast<uint32_t>(t.type);
+    crc = crc32c(&type, sizeof(type), crc);
+    const std::span<const uint8_t> bytes = f.tensor_data(t);
+    crc = crc32c(bytes.data(), std::min<size_t>(bytes.size(), 1024), crc);
+  }
+  const std::string arch = f.get_string_or("general.architecture", "?");
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08" PRIx32, crc);
+  return str_cat(arch, " ", f.get_string_or("general.name", ""), " ", f.tensors().size(), " tensors crc32c ", hex);
+}
+
+Model::Model(GgufFile gguf, Tokenizer tokenizer, scheduler::Transformer transformer, std::string fingerprint)
+    : gguf_(std::move(gguf)),
+      tokenizer_(std::move(tokenizer)),
+      transformer_(std::move(transformer)),
+      fingerprint_(std::move(fingerprint)) {}
+
+std::unique_ptr<Model> Model::open(const std::string& path, Backend& backend) {
+  GgufFile gguf = GgufFile::open(path);
+  Tokenizer tokenizer(vocab_from_gguf(gguf));
+  scheduler::Transformer transformer = load_llama(gguf, backend);
+  // Real models may pad the embedding beyond the vocabulary, never the reverse.
+  if (tokenizer.n_vocab() > transformer.spec.n_vocab)
+    fail(ErrorCode::kCorrupt, gguf.name(), ": the tokenizer has ", tokenizer.n_vocab(),
+         " tokens but token_embd.weight only ", transformer.spec.n_vocab, " rows");
+  std::string fingerprint = model_fingerprint(gguf);
+  return std::unique_ptr<Model>(
+      new Model(std::move(gguf), std::move(tokenizer), std::move(transformer), std::move(fingerprint)));
+}
+
+}  // namespace longctx::model

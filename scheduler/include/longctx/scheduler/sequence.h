@@ -1,0 +1,143 @@
+// One sequence of a Transformer: its KV store, its decode policy and the
+// forward passes that fill and read them (DESIGN.md "Data flow").
+//
+// prefill(tokens), layer-major: the hidden states of all the tokens, kept as
+// one backend tensor per chunk of chunk_size tokens, go through layer 0, then
+// layer 1, ... For each layer and chunk at positions [p, p + n): RMSNorm,
+// q/k/v projections (+ bias), RoPE at positions p.., K/V appended to the
+// layer in the KV store, CPU prefill attention of the chunk's queries over
+// the layer's earlier tokens and the chunk causally (QUOKA-restricted
+// history when config.quoka.enabled), output projection, residual, MLP,
+// residual. When a layer is done, DecodePolicy::on_prefill_end gets its last
+// min(preselect.window, n) queries (SnapKV preselection, DYNAMIC
+// representatives, H2O). The logits of the last token are returned; those of
+// every position are passed chunk by chunk to PrefillOptions::on_logits.
+//
+// decode(token): one token through every layer; its K/V are appended and
+// DecodePolicy::decode attends what config.policy selects (the local window
+// included: there is no device window on the CPU path).
+//
+// A later prefill continues at n_past (multi-turn): the new tokens attend
+// everything before them and the policy is fed the new prompt's last queries.
+//
+// The backend's ops are queued in order; host reads wait with synchronize().
+// Not thread-safe. If an operation throws after it started writing the KV
+// store (an out-of-memory inside a layer, say), the sequence is marked broken
+// and every later call throws until reset().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "longctx/core/backend.h"
+#include "longctx/core/config.h"
+#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/kvstore/kv_store.h"
+#include "longctx/kvstore/memory_budget.h"
+#include "longctx/kvstore/numa.h"
+#include "longctx/scheduler/transformer.h"
+
+namespace longctx::scheduler {
+
+struct PrefillOptions {
+  // Progress in token-layers: called after every (layer, chunk) with
+  // done = layers finished * n + tokens of the current layer, total = n_layers * n.
+  std::function<void(int64_t done, int64_t total)> progress;
+  // When set, receives the logits of every position of this prefill, in order:
+  // first = index (in `tokens`) of the chunk's first token, logits f32
+  // [n, n_vocab] row-major. Costs one output projection per position.
+  std::function<void(int64_t first, int64_t n, std::span<const float> logits)> on_logits;
+};
+
+struct SequenceStats {
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0.0;
+  int64_t decode_tokens = 0;
+  double decode_seconds = 0.0;
+  // Attended fraction of a decode step: tokens attended exactly, summed over
+  // layers and kv heads, over the tokens cached (layers x kv heads x n_tokens).
+  double last_attended_fraction = 0.0;
+  double sum_attended_fraction = 0.0;  // over the decode steps counted above
+
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
+  double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
+  double mean_attended_fraction() const { return decode_tokens > 0 ? sum_attended_fraction / decode_tokens : 0.0; }
+};
+
+class Sequence {
+ public:
+  // Validates the model (Transformer::validate) and the config
+  // (validate_config), then builds the KV store for config.max_seq_len
+  // (preflight: Error(kOutOfMemory) when config.dram_budget, or 90% of the
+  // machine's memory when 0, cannot hold it) and the decode policy.
+  // `backend` and `model` must outlive the sequence and `model`'s weights
+  // must live on `backend`. `topology`: null = the machine's (hwloc).
+  Sequence(Backend& backend, const Transformer& model, const LongContextConfig& config,
+           const kvstore::NumaTopology* topology = nullptr);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // Appends `tokens` (at least one) at n_past and returns the logits of the
+  // last one, f32 [n_vocab]. Throws Error(kInvalidArgument) before touching
+  // anything for an empty prompt, a token outside [0, n_vocab), or
+  // n_past + n > max_seq_len.
+  std::vector<float> prefill(std::span<const int32_t> tokens, const PrefillOptions& options = {});
+
+  // Appends one token at n_past and returns the logits that follow it. The
+  // same checks as prefill.
+  std::vector<float> decode(int32_t token);
+
+  int64_t n_past() const { return n_past_; }
+  const SequenceStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = SequenceStats{}; }
+  // The policy's record of the last decode step.
+  const cpu::DecodePolicy& policy() const { return *policy_; }
+
+  // The KV store, e.g. for snapshots. After load_snapshot into it, call
+  // sync_with_store().
+  kvstore::KVStore& store() { return *store_; }
+  const kvstore::KVStore& store() const { return *store_; }
+  // Takes n_past from the store (every layer must hold the same number of
+  // tokens, else Error(kInvalidArgument)) and starts a fresh decode policy
+  // (its prefill-end state is lost; the next prefill feeds it again).
+  void sync_with_store();
+
+  // Drops every token and the policy's state; n_past = 0, stats kept.
+  void reset();
+
+  const Transformer& model() const { return model_; }
+  const LongContextConfig& config() const { return config_; }
+
+ private:
+  struct Workspace;
+
+  void check_usable(const char* what) const;
+  void check_tokens(std::span<const int32_t> tokens, const char* what) const;
+  // One layer over the rows of x [n, n_embd] at positions first_pos.., in
+  // place. on_queries (may be empty) sees the rows' queries after RoPE, host
+  // f32 [n, n_heads, head_dim].
+  void layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
+                     int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries);
+  // Logits f32 [rows, n_vocab] of every row of x [rows, n_embd].
+  std::vector<float> logits_of(const BackendTensor& x);
+
+  Backend& backend_;
+  const Transformer& model_;
+  LongContextConfig config_;
+  std::unique_ptr<kvstore::NumaTopology> owned_topology_;
+  const kvstore::NumaTopology* topology_ = nullptr;
+  std::unique_ptr<kvstore::MemoryBudget> budget_;
+  std::unique_ptr<kvstore::KVStore> store_;
+  std::unique_ptr<cpu::DecodePolicy> policy_;
+  std::unique_ptr<Workspace> decode_ws_;
+  int64_t n_past_ = 0;
+  int64_t decode_idx_ = 0;  // decode steps since the last prefill (DecodePolicy's token_idx)
+  bool broken_ = false;
+  SequenceStats stats_;
+};
+
+}  // namespace longctx::scheduler

@@ -1,0 +1,302 @@
+// Sequence: layer-major chunked prefill and decode steps (sequence.h).
+//
+// Backend ops produce q/k/v and consume the attention output; the KV store
+// and the attention kernels are on the host. With a host-memory backend (the
+// CPU backend) the kernels read and write the backend tensors in place; with
+// another backend the tensors are staged through host vectors.
+#include "longctx/scheduler/sequence.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/policy/quoka.h"
+#include "longctx/cpu/prefill_attention.h"
+
+namespace longctx::scheduler {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+uint64_t budget_bytes(const LongContextConfig& config) {
+  return config.dram_budget != 0 ? config.dram_budget : kvstore::default_dram_budget();
+}
+
+}  // namespace
+
+// Activations of one pass over n rows (a prefill chunk, or the decode token).
+struct Sequence::Workspace {
+  int64_t n = 0;
+  std::unique_ptr<BackendTensor> x;     // [n, n_embd] hidden state (decode only; prefill keeps its own)
+  std::unique_ptr<BackendTensor> xn;    // [n, n_embd] normed
+  std::unique_ptr<BackendTensor> q;     // [n, n_heads, head_dim]
+  std::unique_ptr<BackendTensor> k, v;  // [n, n_kv_heads, head_dim]
+  std::unique_ptr<BackendTensor> attn;  // [n, n_heads, head_dim] attention output
+  std::unique_ptr<BackendTensor> o;     // [n, n_embd]
+  std::unique_ptr<BackendTensor> gate, up;  // [n, n_ff]
+  std::vector<float> lse;               // [n, n_heads]
+  // Host copies for backends without host memory.
+  std::vector<float> host_q, host_k, host_v, host_attn;
+
+  Workspace(Backend& b, const TransformerSpec& s, int64_t rows, bool with_x) : n(rows) {
+    if (with_x) x = b.alloc({n, s.n_embd});
+    xn = b.alloc({n, s.n_embd});
+    q = b.alloc({n, s.n_heads, s.head_dim});
+    k = b.alloc({n, s.n_kv_heads, s.head_dim});
+    v = b.alloc({n, s.n_kv_heads, s.head_dim});
+    attn = b.alloc({n, s.n_heads, s.head_dim});
+    o = b.alloc({n, s.n_embd});
+    gate = b.alloc({n, s.n_ff});
+    up = b.alloc({n, s.n_ff});
+    lse.resize(size_t(n * s.n_heads));
+  }
+};
+
+namespace {
+
+// A host f32 view [rows, heads, dim] of a backend tensor: the tensor itself on
+// a host-memory backend, else a downloaded copy in `staging`.
+TensorView host_view(Backend& backend, const BackendTensor& t, std::vector<float>& staging) {
+  const auto& s = t.shape();
+  if (backend.host_memory()) return make_view(t.data(), DType::kF32, {s[0], s[1], s[2]});
+  staging.resize(size_t(t.numel()));
+  backend.download(t, make_mutable_view(staging.data(), DType::kF32, {s[0], s[1], s[2]}));
+  return make_view(staging.data(), DType::kF32, {s[0], s[1], s[2]});
+}
+
+MutableTensorView host_out(Backend& backend, BackendTensor& t, std::vector<float>& staging) {
+  const auto& s = t.shape();
+  if (backend.host_memory()) return make_mutable_view(t.data(), DType::kF32, {s[0], s[1], s[2]});
+  staging.resize(size_t(t.numel()));
+  return make_mutable_view(staging.data(), DType::kF32, {s[0], s[1], s[2]});
+}
+
+// Rows [row, row + 1) of x [n, d] as a new [1, d] tensor.
+std::unique_ptr<BackendTensor> copy_row(Backend& backend, const BackendTensor& x, int64_t row) {
+  const int64_t d = x.shape()[1];
+  auto out = backend.alloc({1, d});
+  backend.synchronize();
+  if (backend.host_memory()) {
+    std::memcpy(out->data(), static_cast<const float*>(x.data()) + row * d, size_t(d) * sizeof(float));
+    return out;
+  }
+  std::vector<float> host(size_t(x.numel()));
+  backend.download(x, make_mutable_view(host.data(), DType::kF32, {x.shape()[0], d}));
+  backend.upload(make_view(host.data() + row * d, DType::kF32, {1, d}), *out);
+  return out;
+}
+
+}  // namespace
+
+Sequence::Sequence(Backend& backend, const Transformer& model, const LongContextConfig& config,
+                   const kvstore::NumaTopology* topology)
+    : backend_(backend), model_(model), config_(config) {
+  model_.validate();
+  validate_config(config_);
+  if (!topology) {
+    owned_topology_ = std::make_unique<kvstore::NumaTopology>(kvstore::NumaTopology::detect());
+    topology = owned_topology_.get();
+  }
+  topology_ = topology;
+  budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
+  store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
+  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+}
+
+Sequence::~Sequence() = default;
+
+void Sequence::check_usable(const char* what) const {
+  if (broken_)
+    fail(ErrorCode::kInvalidArgument, "Sequence::", what,
+         ": an earlier call failed while writing the KV store; call reset() first");
+}
+
+void Sequence::check_tokens(std::span<const int32_t> tokens, const char* what) const {
+  if (tokens.empty()) fail(ErrorCode::kInvalidArgument, "Sequence::", what, ": no tokens");
+  const int64_t n_vocab = model_.spec.n_vocab;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= n_vocab)
+      fail(ErrorCode::kInvalidArgument, "Sequence::", what, ": token ", i, " is ", tokens[i], ", outside [0, ",
+           n_vocab, ")");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n_past_ + n > config_.max_seq_len)
+    fail(ErrorCode::kInvalidArgument, "Sequence::", what, ": ", n, " tokens after the ", n_past_,
+         " already cached exceed max_seq_len ", config_.max_seq_len);
+}
+
+void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
+                             int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries) {
+  Backend& b = backend_;
+  const TransformerSpec& s = model_.spec;
+  const LayerWeights& w = model_.weights.layers[size_t(layer)];
+  const int64_t n = ws.n;
+
+  b.rms_norm(x, *w.attn_norm, s.rms_eps, *ws.xn);
+  b.matmul(*ws.xn, *w.wq, w.bq.get(), *ws.q);
+  b.matmul(*ws.xn, *w.wk, w.bk.get(), *ws.k);
+  b.matmul(*ws.xn, *w.wv, w.bv.get(), *ws.v);
+  b.rope(*ws.q, first_pos, s.rope);
+  b.rope(*ws.k, first_pos, s.rope);
+  b.synchronize();
+
+  const TensorView q = host_view(b, *ws.q, ws.host_q);
+  store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+  const MutableTensorView out = host_out(b, *ws.attn, ws.host_attn);
+  if (decode_step) {
+    policy_->decode(layer, token_idx, make_view(q.data, DType::kF32, {s.n_heads, s.head_dim}),
+                    /*include_local=*/true, make_mutable_view(out.data, DType::kF32, {s.n_heads, s.head_dim}),
+                    make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads}));
+  } else {
+    const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {n, s.n_heads});
+    if (config_.quoka.enabled)
+      cpu::quoka_prefill_attention(*store_, layer, first_pos, q, config_.quoka, config_.initial_len,
+                                   config_.chunk_size, s.attn_scale, out, lse);
+    else
+      cpu::prefill_attention(*store_, layer, first_pos, q, s.attn_scale, out, lse);
+  }
+  if (on_queries) on_queries(static_cast<const float*>(q.data), n);
+  if (!b.host_memory()) b.upload(as_const(out), *ws.attn);
+
+  b.matmul(*ws.attn, *w.wo, nullptr, *ws.o);
+  b.add(x, *ws.o, x);
+  b.rms_norm(x, *w.ffn_norm, s.rms_eps, *ws.xn);
+  b.matmul(*ws.xn, *w.w_gate, nullptr, *ws.gate);
+  b.matmul(*ws.xn, *w.w_up, nullptr, *ws.up);
+  b.swiglu(*ws.gate, *ws.up, *ws.gate);
+  b.matmul(*ws.gate, *w.w_down, nullptr, *ws.o);
+  b.add(x, *ws.o, x);
+}
+
+// Logits of every row of x [rows, n_embd] (x is left as it was).
+std::vector<float> Sequence::logits_of(const BackendTensor& x) {
+  const TransformerSpec& s = model_.spec;
+  const int64_t rows = x.shape()[0];
+  auto normed = backend_.alloc({rows, s.n_embd});
+  backend_.rms_norm(x, *model_.weights.output_norm, s.rms_eps, *normed);
+  auto logits = backend_.alloc({rows, s.n_vocab});
+  backend_.matmul(*normed, model_.weights.output_weight(), nullptr, *logits);
+  std::vector<float> host(size_t(rows * s.n_vocab));
+  backend_.download(*logits, make_mutable_view(host.data(), DType::kF32, {rows, s.n_vocab}));
+  backend_.synchronize();
+  return host;
+}
+
+std::vector<float> Sequence::prefill(std::span<const int32_t> tokens, const PrefillOptions& options) {
+  check_usable("prefill");
+  check_tokens(tokens, "prefill");
+  const auto start = std::chrono::steady_clock::now();
+  const TransformerSpec& s = model_.spec;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t chunk = config_.chunk_size;
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+
+  // The hidden states of the whole prompt, one tensor per chunk.
+  std::vector<std::unique_ptr<BackendTensor>> hidden;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t first = c * chunk, rows = std::min(chunk, n - first);
+    hidden.push_back(backend_.alloc({rows, s.n_embd}));
+    backend_.embed(*model_.weights.token_embd, tokens.subspan(size_t(first), size_t(rows)), *hidden.back());
+  }
+  // At most two chunk lengths: chunk_size and the last chunk's.
+  std::unique_ptr<Workspace> full, tail;
+  auto workspace = [&](int64_t rows) -> Workspace& {
+    std::unique_ptr<Workspace>& ws = rows == chunk ? full : tail;
+    if (!ws) ws = std::make_unique<Workspace>(backend_, s, rows, false);
+    return *ws;
+  };
+
+  // The queries of the last w prompt tokens of each layer, for the policy.
+  const int64_t w = std::min<int64_t>(config_.preselect.window, n);
+  const int64_t q_row = int64_t(s.n_heads) * s.head_dim;
+  std::vector<float> window_q(size_t(w * q_row));
+
+  broken_ = true;  // cleared when every layer holds the new tokens
+  for (int layer = 0; layer < s.n_layers; ++layer) {
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int64_t first = c * chunk;
+      BackendTensor& x = *hidden[size_t(c)];
+      const int64_t rows = x.shape()[0];
+      auto keep_window = [&](const float* q, int64_t rows_in) {
+        for (int64_t i = std::max(first, n - w); i < first + rows_in; ++i)
+          std::memcpy(window_q.data() + (i - (n - w)) * q_row, q + (i - first) * q_row, size_t(q_row) * sizeof(float));
+      };
+      layer_forward(layer, n_past_ + first, x, workspace(rows), false, 0, keep_window);
+      if (options.progress) options.progress(int64_t(layer) * n + first + rows, int64_t(s.n_layers) * n);
+    }
+    if (w > 0)
+      policy_->on_prefill_end(layer, make_view(window_q.data(), DType::kF32, {w, s.n_heads, s.head_dim}));
+  }
+  n_past_ += n;
+  decode_idx_ = 0;
+  broken_ = false;
+
+  if (options.on_logits) {
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const BackendTensor& x = *hidden[size_t(c)];
+      const int64_t rows = x.shape()[0];
+      const std::vector<float> logits = logits_of(x);
+      options.on_logits(c * chunk, rows, logits);
+    }
+  }
+  const BackendTensor& last = *hidden.back();
+  const auto last_row = copy_row(backend_, last, last.shape()[0] - 1);
+  std::vector<float> logits = logits_of(*last_row);
+  stats_.prefill_tokens += n;
+  stats_.prefill_seconds += seconds_since(start);
+  return logits;
+}
+
+std::vector<float> Sequence::decode(int32_t token) {
+  check_usable("decode");
+  check_tokens(std::span<const int32_t>(&token, 1), "decode");
+  const auto start = std::chrono::steady_clock::now();
+  const TransformerSpec& s = model_.spec;
+  if (!decode_ws_) decode_ws_ = std::make_unique<Workspace>(backend_, s, 1, true);
+  Workspace& ws = *decode_ws_;
+  backend_.embed(*model_.weights.token_embd, std::span<const int32_t>(&token, 1), *ws.x);
+
+  broken_ = true;
+  int64_t attended = 0, cached = 0;
+  for (int layer = 0; layer < s.n_layers; ++layer) {
+    layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
+    attended += policy_->last_stats().attended_tokens;
+    cached += store_->n_tokens(layer) * s.n_kv_heads;
+  }
+  ++n_past_;
+  ++decode_idx_;
+  broken_ = false;
+
+  std::vector<float> logits = logits_of(*ws.x);
+  stats_.decode_tokens += 1;
+  stats_.decode_seconds += seconds_since(start);
+  stats_.last_attended_fraction = cached > 0 ? double(attended) / double(cached) : 0.0;
+  stats_.sum_attended_fraction += stats_.last_attended_fraction;
+  return logits;
+}
+
+void Sequence::sync_with_store() {
+  const int64_t n = store_->n_tokens(0);
+  for (int layer = 1; layer < model_.spec.n_layers; ++layer)
+    if (store_->n_tokens(layer) != n)
+      fail(ErrorCode::kInvalidArgument, "Sequence::sync_with_store: layer ", layer, " holds ",
+           store_->n_tokens(layer), " tokens, layer 0 holds ", n);
+  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  n_past_ = n;
+  decode_idx_ = 0;
+  broken_ = false;
+}
+
+void Sequence::reset() {
+  store_->clear();
+  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  n_past_ = 0;
+  decode_idx_ = 0;
+  broken_ = false;
+}
+
+}  // namespace longctx::scheduler

@@ -1,0 +1,109 @@
+// `longctx-info FILE.gguf` end to end: the report of a valid file, and exit
+// code 1 with a message (never a signal) for invalid ones. Runs the binary
+// built next to this test; skipped when it was not built.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gguf_test_util.h"
+#include "longctx/model/gguf_writer.h"
+
+namespace longctx::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int status = -1;  // raw wait status
+  std::string output;  // stdout and stderr
+};
+
+class GgufInfoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    binary_ = fs::read_symlink("/proc/self/exe").parent_path() / "longctx-info";
+    if (!fs::exists(binary_)) GTEST_SKIP() << binary_ << " was not built";
+    std::string pattern = (fs::temp_directory_path() / "longctx-info-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  std::string write(const std::string& name, const std::vector<uint8_t>& bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    return path;
+  }
+
+  RunResult run(const std::string& path) {
+    RunResult r;
+    const std::string command = "'" + binary_.string() + "' '" + path + "' 2>&1";
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return r;
+    std::array<char, 4096> buffer;
+    size_t n;
+    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
+    r.status = ::pclose(pipe);
+    return r;
+  }
+
+  fs::path binary_, dir_;
+};
+
+GgufWriter llama_like() {
+  GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  w.set_u32("llama.block_count", 32);
+  w.set_u32("llama.embedding_length", 4096);
+  w.set_u32("llama.attention.head_count", 32);
+  w.set_u32("llama.attention.head_count_kv", 8);
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a", "b", "c", "d"});
+  std::vector<float> v(64 * 2, 0.25f);
+  w.add_tensor_f32("token_embd.weight", {64, 2}, GgmlType::kQ8_0, v);
+  w.add_tensor_f32("output_norm.weight", {64}, GgmlType::kF32, std::span(v).first(64));
+  return w;
+}
+
+TEST_F(GgufInfoTest, ValidFile) {
+  const RunResult r = run(write("ok.gguf", llama_like().to_bytes()));
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  for (const char* part : {"GGUF v3", "llama.attention.head_count_kv", "[7 x string]", "\"<unk>\"",
+                           "token_embd.weight", "q8_0", "[64, 2]", "136", "gpt2, vocabulary of 7 tokens",
+                           // 2 (K and V) * 32 layers * 8 kv heads * 128 dims * 2 bytes
+                           "131072 bytes per token"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in\n" << r.output;
+}
+
+TEST_F(GgufInfoTest, InvalidFilesExitWithOne) {
+  const auto good = llama_like().to_bytes();
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> cases;
+  cases.push_back({"truncated.gguf", std::vector<uint8_t>(good.begin(), good.begin() + 100)});
+  auto huge = good;
+  testing::patch<uint64_t>(huge, 16, ~uint64_t{0});
+  cases.push_back({"huge_count.gguf", huge});
+  cases.push_back({"empty.gguf", {}});
+  for (const auto& [name, bytes] : cases) {
+    const RunResult r = run(write(name, bytes));
+    ASSERT_TRUE(WIFEXITED(r.status)) << name << " ended by a signal\n" << r.output;
+    EXPECT_EQ(WEXITSTATUS(r.status), 1) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find(name), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("corrupt"), std::string::npos) << r.output;
+  }
+  const RunResult missing = run((dir_ / "absent.gguf").string());
+  ASSERT_TRUE(WIFEXITED(missing.status));
+  EXPECT_EQ(WEXITSTATUS(missing.status), 1) << missing.output;
+}
+
+}  // namespace
+}  // namespace longctx::model

@@ -1,0 +1,337 @@
+// Llama-family loading (model/llama.h): the generated test models of
+// tools/test_model.h load onto the CPU backend and their logits (prefill and
+// decode) match the fp64 reference forward pass of
+// tests/scheduler/reference_forward.h, fed with the file's own tensors and
+// the hyperparameters of the TestModelSpec (not the loader's reading of
+// them); metadata and tensor errors name the key or tensor.
+#include "longctx/model/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/cpu_backend.h"
+#include "longctx/scheduler/sequence.h"
+#include "longctx/tools/test_model.h"
+#include "model/gguf_test_util.h"
+#include "scheduler/reference_forward.h"
+
+namespace longctx::model {
+namespace {
+
+using scheduler::TransformerSpec;
+using tools::TestModelSpec;
+
+const kvstore::NumaTopology& topology() {
+  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
+  return detected;
+}
+
+// The spec as the generator documents it, independent of read_llama_spec.
+TransformerSpec documented_spec(const TestModelSpec& t, const GgufFile& file) {
+  TransformerSpec s;
+  s.arch = t.arch;
+  s.n_layers = t.n_layers;
+  s.n_heads = t.n_heads;
+  s.n_kv_heads = t.n_kv_heads;
+  s.head_dim = t.head_dim;
+  s.n_embd = t.n_embd;
+  s.n_ff = t.n_ff;
+  s.n_vocab = t.n_vocab;
+  s.rms_eps = t.rms_eps;
+  s.qkv_bias = t.qkv_bias;
+  s.rope.n_rot = t.head_dim;
+  s.rope.theta = t.rope_theta;
+  s.rope.style = t.arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
+  if (t.llama3_rope) s.rope.freq_factors = file.tensor_f32(*file.find_tensor("rope_freqs.weight"));
+  s.context_length = t.context_length;
+  return s;
+}
+
+// The file's tensors as host arrays ([out, in] row-major is GGUF's data order).
+longctx::testing::HostModel host_model(const TransformerSpec& spec, const GgufFile& f) {
+  auto get = [&](const std::string& name) { return f.tensor_f32(*f.find_tensor(name)); };
+  longctx::testing::HostModel m;
+  m.spec = spec;
+  m.token_embd = get("token_embd.weight");
+  m.output_norm = get("output_norm.weight");
+  if (f.find_tensor("output.weight")) m.output = get("output.weight");
+  for (int l = 0; l < spec.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    longctx::testing::HostLayer L;
+    L.attn_norm = get(p + "attn_norm.weight");
+    L.wq = get(p + "attn_q.weight");
+    L.wk = get(p + "attn_k.weight");
+    L.wv = get(p + "attn_v.weight");
+    if (spec.qkv_bias) {
+      L.bq = get(p + "attn_q.bias");
+      L.bk = get(p + "attn_k.bias");
+      L.bv = get(p + "attn_v.bias");
+    }
+    L.wo = get(p + "attn_output.weight");
+    L.ffn_norm = get(p + "ffn_norm.weight");
+    L.w_gate = get(p + "ffn_gate.weight");
+    L.w_up = get(p + "ffn_up.weight");
+    L.w_down = get(p + "ffn_down.weight");
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+LongContextConfig small_config() {
+  LongContextConfig c;
+  c.chunk_size = 16;
+  c.max_seq_len = 256;
+  c.block_size = 16;
+  c.initial_len = 16;
+  c.local_windows_len = 32;
+  c.second_select_num = 16;  // every block: decode attends everything
+  c.kv_type = DType::kF32;
+  c.dense_layer_num = 0;
+  c.dram_budget = uint64_t{64} << 20;
+  return c;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+TEST(Llama, GeneratedModelsMatchTheReference) {
+  cpu::CpuBackend backend;
+  for (const TestModelSpec& t : tools::standard_test_models()) {
+    if (t.name == "bench") continue;  // 160 MB; same code paths as gqa-128
+    SCOPED_TRACE(t.name);
+    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
+    const scheduler::Transformer model = load_llama(file, backend);
+    const TransformerSpec expected = documented_spec(t, file);
+    const TransformerSpec& s = model.spec;
+    EXPECT_EQ(s.arch, expected.arch);
+    EXPECT_EQ(s.n_layers, expected.n_layers);
+    EXPECT_EQ(s.n_heads, expected.n_heads);
+    EXPECT_EQ(s.n_kv_heads, expected.n_kv_heads);
+    EXPECT_EQ(s.head_dim, expected.head_dim);
+    EXPECT_EQ(s.n_embd, expected.n_embd);
+    EXPECT_EQ(s.n_ff, expected.n_ff);
+    EXPECT_EQ(s.n_vocab, expected.n_vocab);
+    EXPECT_EQ(s.rms_eps, expected.rms_eps);
+    EXPECT_EQ(s.qkv_bias, expected.qkv_bias);
+    EXPECT_EQ(s.rope.n_rot, expected.rope.n_rot);
+    EXPECT_EQ(s.rope.theta, expected.rope.theta);
+    EXPECT_EQ(s.rope.style, expected.rope.style);
+    EXPECT_EQ(s.rope.scaling, RopeScaling::kNone);
+    EXPECT_EQ(s.rope.freq_factors, expected.rope.freq_factors);
+    EXPECT_EQ(model.weights.output == nullptr, t.tie_embeddings);
+
+    // 40 prompt tokens in chunks of 16, then 4 decode steps.
+    std::mt19937 rng(uint32_t(t.seed) + 5);
+    std::uniform_int_distribution<int32_t> dist(0, t.n_vocab - 1);
+    std::vector<int32_t> tokens(44);
+    for (int32_t& x : tokens) x = dist(rng);
+    const longctx::testing::HostModel host = host_model(expected, file);
+    const std::vector<double> ref = longctx::testing::reference_logits(host, tokens);
+    const double tol = longctx::testing::logits_tolerance(expected, 44, max_abs(ref));
+
+    scheduler::Sequence seq(backend, model, small_config(), &topology());
+    std::vector<float> logits;
+    scheduler::PrefillOptions options;
+    options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };
+    seq.prefill(std::span<const int32_t>(tokens).first(40), options);
+    for (int i = 40; i < 44; ++i) {
+      const std::vector<float> step = seq.decode(tokens[size_t(i)]);
+      if (i < 43) logits.insert(logits.end(), step.begin(), step.end());
+    }
+    ASSERT_EQ(logits.size(), size_t(43 * t.n_vocab));
+    double worst = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::abs(double(logits[i]) - ref[i]));
+    EXPECT_LE(worst, tol);
+    EXPECT_GT(max_abs(ref), 0.5);  // logits of real size, not a degenerate model
+  }
+}
+
+TEST(Llama, ModelOpenReadsTokenizerAndFingerprint) {
+  cpu::CpuBackend backend;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  TestModelSpec t = tools::test_model_by_name("mha-64");
+  const std::string a = (dir / "longctx_llama_test_a.gguf").string();
+  const std::string b = (dir / "longctx_llama_test_b.gguf").string();
+  tools::make_test_model(t).write(a);
+  t.seed = 2;
+  tools::make_test_model(t).write(b);
+  const auto ma = Model::open(a, backend);
+  const auto mb = Model::open(b, backend);
+  EXPECT_EQ(ma->tokenizer().n_vocab(), ma->spec().n_vocab);
+  EXPECT_EQ(ma->fingerprint(), model_fingerprint(GgufFile::open(a)));
+  EXPECT_NE(ma->fingerprint(), mb->fingerprint());
+  const std::vector<int32_t> ids = ma->tokenizer().encode("hello world", true, false);
+  ASSERT_FALSE(ids.empty());
+  scheduler::Sequence seq(backend, ma->transformer(), small_config(), &topology());
+  EXPECT_EQ(seq.prefill(ids).size(), size_t(ma->spec().n_vocab));
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
+// ---- errors ----
+
+template <typename F>
+std::string error_of(F&& fn, ErrorCode code) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+std::string load_error(const std::vector<uint8_t>& bytes, ErrorCode code) {
+  cpu::CpuBackend backend;
+  return error_of([&] { load_llama(GgufFile::from_bytes(bytes, "m.gguf"), backend); }, code);
+}
+
+// The GGUF tensor-info record of `name`: [u64 len][name][u32 n_dims][u64 dims...][u32 type][u64 offset].
+size_t info_of(const std::vector<uint8_t>& bytes, const std::string& name) {
+  std::string needle(8, '\0');
+  const uint64_t len = name.size();
+  std::memcpy(needle.data(), &len, 8);
+  return testing::find_unique(bytes, needle + name) + 8 + name.size();
+}
+
+TEST(Llama, MissingTensorIsNamed) {
+  std::vector<uint8_t> bytes = tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes();
+  const size_t at = info_of(bytes, "blk.1.attn_k.weight");
+  bytes[at - 1] = 'x';  // renamed "blk.1.attn_k.weighx": the loader does not find it
+  EXPECT_EQ(load_error(bytes, ErrorCode::kCorrupt), "m.gguf: tensor 'blk.1.attn_k.weight' is missing");
+}
+
+TEST(Llama, MisshapedTensorIsNamed) {
+  std::vector<uint8_t> bytes = tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes();
+  const size_t at = info_of(bytes, "blk.0.ffn_up.weight");  // [256, 512] -> [512, 256]: same size
+  testing::patch<uint64_t>(bytes, at + 4, 512);
+  testing::patch<uint64_t>(bytes, at + 12, 256);
+  EXPECT_EQ(load_error(bytes, ErrorCode::kCorrupt),
+            "m.gguf: tensor 'blk.0.ffn_up.weight': expected [256, 512], got f32[512, 256]");
+}
+
+TEST(Llama, NonWeightTypeIsNamed) {
+  std::vector<uint8_t> bytes = tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes();
+  const size_t at = info_of(bytes, "blk.1.ffn_norm.weight");  // f32 [256] -> i32 [256]: same size
+  testing::patch<uint32_t>(bytes, at + 4 + 8, uint32_t(GgmlType::kI32));
+  const std::string message = load_error(bytes, ErrorCode::kCorrupt);
+  EXPECT_NE(message.find("'blk.1.ffn_norm.weight' has type i32"), std::string::npos) << message;
+}
+
+TEST(Llama, MissingBiasOfOneLayerIsNamed) {
+  TestModelSpec t = tools::test_model_by_name("qwen2-bias");
+  std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+  const size_t at = info_of(bytes, "blk.1.attn_v.bias");
+  bytes[at - 1] = 'z';
+  EXPECT_EQ(load_error(bytes, ErrorCode::kCorrupt), "m.gguf: tensor 'blk.1.attn_v.bias' is missing");
+}
+
+// A file with only the metadata keys and the embedding, for read_llama_spec:
+// u32 keys (without the "<arch>." prefix) to set or change, and `extra` for others.
+struct MetaFile {
+  std::string arch;
+  std::map<std::string, uint32_t> u32 = {{"block_count", 2},
+                                         {"embedding_length", 64},
+                                         {"feed_forward_length", 128},
+                                         {"attention.head_count", 4},
+                                         {"attention.head_count_kv", 2}};
+  std::function<void(GgufWriter&)> extra;
+  explicit MetaFile(std::string a = "llama") : arch(std::move(a)) {}
+  TransformerSpec read() const {
+    GgufWriter w;
+    w.set_string("general.architecture", arch);
+    for (const auto& [key, value] : u32) w.set_u32(arch + "." + key, value);
+    if (extra) extra(w);
+    std::vector<float> embd(64 * 10, 0.5f);
+    w.add_tensor_f32("token_embd.weight", {64, 10}, GgmlType::kF32, embd);
+    const std::vector<uint8_t> bytes = w.to_bytes();
+    return read_llama_spec(GgufFile::from_bytes(bytes, "meta.gguf"));
+  }
+};
+
+TEST(Llama, SpecDefaultsAndScaling) {
+  MetaFile m;
+  TransformerSpec s = m.read();
+  EXPECT_EQ(s.head_dim, 16);  // embedding_length / head_count
+  EXPECT_EQ(s.rope.n_rot, 16);
+  EXPECT_EQ(s.rope.theta, 10000.0f);
+  EXPECT_EQ(s.rms_eps, 1e-5f);
+  EXPECT_EQ(s.n_vocab, 10);
+  EXPECT_EQ(s.rope.style, RopeStyle::kNormal);
+  m.extra = [](GgufWriter& w) {
+    w.set_string("llama.rope.scaling.type", "linear");
+    w.set_f32("llama.rope.scaling.factor", 4.0f);
+  };
+  m.u32["rope.dimension_count"] = 8;
+  s = m.read();
+  EXPECT_EQ(s.rope.scaling, RopeScaling::kLinear);
+  EXPECT_EQ(s.rope.factor, 4.0f);
+  EXPECT_EQ(s.rope.n_rot, 8);
+
+  MetaFile old_key;
+  old_key.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", 2.0f); };
+  EXPECT_EQ(old_key.read().rope.factor, 2.0f);
+  EXPECT_EQ(MetaFile("qwen2").read().rope.style, RopeStyle::kNeox);
+}
+
+TEST(Llama, SpecErrorsNameTheKey) {
+  {
+    MetaFile m("gptneox");
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("architecture 'gptneox'"),
+              std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("'llama.rope.scaling.type' is 'yarn'"),
+              std::string::npos);
+  }
+  {
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.set_u32("llama.embedding_length", 64);
+    const std::vector<uint8_t> bytes = w.to_bytes();
+    const std::string message =
+        error_of([&] { read_llama_spec(GgufFile::from_bytes(bytes, "x.gguf")); }, ErrorCode::kCorrupt);
+    EXPECT_NE(message.find("llama.block_count"), std::string::npos) << message;
+  }
+  {
+    MetaFile m;
+    m.u32["attention.head_count"] = 3;
+    m.u32["attention.key_length"] = 16;
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("head_count_kv"), std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.u32["rope.dimension_count"] = 7;
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("rope.dimension_count"), std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.u32["attention.value_length"] = 32;
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("value_length"), std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.u32["vocab_size"] = 11;
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("vocab_size"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace longctx::model
