@@ -515,7 +515,7 @@ int run_accuracy(const std::vector<std::string>& args) {
 
   const Shape& s = a.shape;
   std::string needle_heads;
-  for (int kv : s.needle_heads) needle_heads += (needle_heads.empty() ? "" : ",") + std::to_string(kv);
+  for (int kv : s.needle_heads) needle_heads.append(needle_heads.empty() ? "" : ",").append(std::to_string(kv));
   Record setup;
   setup.set("bench", "accuracy").set("workload", "setup").set("layers", 1).set("q_heads", s.q_heads);
   setup.set("kv_heads", s.kv_heads).set("head_dim", s.head_dim).set("kv_type", "f16").set("block_size", s.block_size);
@@ -564,7 +564,7 @@ int run_accuracy(const std::vector<std::string>& args) {
     std::printf("\nmultiquery: %d questions in sequence, one needle span each; q<j> = needle recall of question j\n",
                 a.questions);
     std::vector<std::string> columns{"policy", "context", "budget_pct", "attended_pct"};
-    for (int j = 0; j < a.questions; ++j) columns.push_back("q" + std::to_string(j));
+    for (int j = 0; j < a.questions; ++j) columns.push_back(std::string("q").append(std::to_string(j)));
     for (const char* c : {"later", "top10", "rel_err", "l1", "ms"}) columns.push_back(c);
     print_table(by_workload["multiquery"], columns);
   }

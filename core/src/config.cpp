@@ -393,6 +393,32 @@ Key string_key(std::string path, Field<std::string> f, std::string meaning) {
   return key;
 }
 
+// One of `choices` (lower-case names), any case; stored lower-case.
+Key choice_string_key(std::string path, Field<std::string> f, std::vector<std::string> choices,
+                      std::string meaning) {
+  std::string listed;
+  for (size_t i = 0; i < choices.size(); ++i) listed += str_cat(i ? ", " : "", choices[i]);
+  Key key;
+  key.path = std::move(path);
+  key.type = "enum";
+  key.values = str_cat(listed, " (any case)");
+  key.meaning = std::move(meaning);
+  const auto allowed = [=](const std::string& text) {
+    return std::find(choices.begin(), choices.end(), text) != choices.end();
+  };
+  key.parse = [=](const YAML::Node& node, Config& c) {
+    const std::string text = lower(scalar_text(node, str_cat("one of ", listed), /*quoted_ok=*/true));
+    if (!allowed(text)) bad_value(str_cat("expected one of ", listed, ", got ", describe(node)));
+    f.ref(c) = text;
+  };
+  key.check = [=](const Config& c) -> std::string {
+    if (allowed(f.cref(c))) return {};
+    return str_cat("must be one of ", listed, ", got '", shown(f.cref(c)), "'");
+  };
+  key.emit = [=](const Config& c) { return f.cref(c); };
+  return key;
+}
+
 template <typename E>
 struct Choice {
   std::string_view name;
@@ -579,6 +605,8 @@ constexpr Section kSections[] = {
     {"razor", "`razor`: retrieval heads (RazorAttention)"},
     {"quoka", "`quoka`: sparse prefill (QUOKA)"},
     {"h2o", "`h2o`: the H2O baseline (`policy: h2o`)"},
+    {"model", "`model`: the model file and its chat template (longctx-chat)"},
+    {"sampling", "`sampling`: how longctx-chat picks each token"},
 };
 
 bool is_section(std::string_view name) {
@@ -710,6 +738,29 @@ const std::vector<Key>& keys() {
                 "tokens kept per layer and kv head (heavy hitters + recent); 0 = as block selection",
                 ">= 0; with policy h2o, the budget <= max_seq_len"),
         "`0` (= initial_len + second_select_num * block_size + local_windows_len)"));
+    // model (longctx-chat)
+    k.push_back(with_default_doc(
+        string_key("model.path", field(&Config::model, &ModelConfig::path),
+                   "GGUF model file, relative to the working directory; --model overrides it"),
+        "`\"\"` (none: give `--model`)"));
+    k.push_back(choice_string_key("model.chat_template", field(&Config::model, &ModelConfig::chat_template),
+                                  {"auto", "raw", "llama2", "llama3", "chatml", "internlm2"},
+                                  "prompt format; auto = from the GGUF's tokenizer.chat_template (raw when "
+                                  "unknown); raw = the text as is"));
+    k.push_back(string_key("model.system_prompt", field(&Config::model, &ModelConfig::system_prompt),
+                           "system message before the first user message; empty = none"));
+    // sampling (longctx-chat)
+    k.push_back(number_key("sampling.temperature", field(&Config::sampling, &SamplingConfig::temperature), 0.0,
+                           100.0, "logits are divided by it before softmax; 0 = greedy (argmax, reproducible)"));
+    k.push_back(int_key("sampling.top_k", field(&Config::sampling, &SamplingConfig::top_k), 0, kIntMax,
+                        "keep only the top_k most probable tokens; 0 = every token"));
+    k.push_back(number_key("sampling.top_p", field(&Config::sampling, &SamplingConfig::top_p), 0.0, 1.0,
+                           "then keep the smallest most-probable set whose probability is >= top_p; 1 = off"));
+    k.push_back(int_key("sampling.seed", field(&Config::sampling, &SamplingConfig::seed), 0,
+                        std::numeric_limits<int64_t>::max(),
+                        "random seed of sampling: the same seed gives the same answer", ">= 0"));
+    k.push_back(int_key("sampling.max_tokens", field(&Config::sampling, &SamplingConfig::max_tokens), 1, kIntMax,
+                        "tokens generated per answer at most (the answer also ends at end-of-generation)"));
     return k;
   }();
   return table;
@@ -1126,7 +1177,8 @@ std::string config_reference_markdown() {
       "A longctx configuration is one YAML map (see `configs/`). The keys of KTransformers'\n"
       "long-context mode are flat at the top level; longctx's own settings for preselection,\n"
       "adaptive budgets, RazorAttention, QUOKA and the H2O baseline live in the maps\n"
-      "`preselect`, `budget`, `razor`, `quoka` and `h2o`.\n"
+      "`preselect`, `budget`, `razor`, `quoka` and `h2o`; `longctx-chat`'s model and sampling\n"
+      "settings in `model` and `sampling` (the engine ignores them).\n"
       "Every key is optional: an empty file gives every default below. `configs/default.yaml`\n"
       "lists every key with its default.\n"
       "\n"

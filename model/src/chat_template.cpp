@@ -73,7 +73,9 @@ std::string llama2(std::span<const ChatMessage> messages) {
       out += strip(content);
       out += " [/INST]";
     } else if (m.role == "assistant") {
-      out += " " + strip(content) + " </s>";
+      out += " ";
+      out += strip(content);
+      out += " </s>";
     }  // other roles print nothing, as in the template
   }
   return out;

@@ -73,6 +73,16 @@ void expect_same(const LongContextConfig& a, const LongContextConfig& b) {
   EXPECT_EQ(a.quoka.b_cp, b.quoka.b_cp);
   EXPECT_EQ(a.quoka.query_reduce, b.quoka.query_reduce);
   EXPECT_EQ(a.quoka.head_reduce, b.quoka.head_reduce);
+  EXPECT_EQ(a.model.path, b.model.path);
+  EXPECT_EQ(a.model.chat_template, b.model.chat_template);
+  EXPECT_EQ(a.model.system_prompt, b.model.system_prompt);
+  EXPECT_EQ(std::memcmp(&a.sampling.temperature, &b.sampling.temperature, sizeof(double)), 0)
+      << a.sampling.temperature << " vs " << b.sampling.temperature;
+  EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
+  EXPECT_EQ(std::memcmp(&a.sampling.top_p, &b.sampling.top_p, sizeof(double)), 0)
+      << a.sampling.top_p << " vs " << b.sampling.top_p;
+  EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+  EXPECT_EQ(a.sampling.max_tokens, b.sampling.max_tokens);
 }
 
 // The message of the kConfig error that parsing must raise ("" if none).
@@ -404,6 +414,42 @@ TEST(ConfigParse, EnumErrors) {
 }
 
 // ---- errors and where they point ---------------------------------------------
+
+TEST(ConfigParse, ModelAndSampling) {
+  const LongContextConfig c = parse_config(
+      "model:\n  path: models/demo.gguf\n  chat_template: LLaMA2\n  system_prompt: 'Be brief.'\n"
+      "sampling:\n  temperature: 0.7\n  top_k: 0\n  top_p: 0.9\n  seed: 42\n  max_tokens: 16\n",
+      "x.yaml");
+  EXPECT_EQ(c.model.path, "models/demo.gguf");
+  EXPECT_EQ(c.model.chat_template, "llama2");  // stored lower-case
+  EXPECT_EQ(c.model.system_prompt, "Be brief.");
+  EXPECT_EQ(c.sampling.temperature, 0.7);
+  EXPECT_EQ(c.sampling.top_k, 0);
+  EXPECT_EQ(c.sampling.top_p, 0.9);
+  EXPECT_EQ(c.sampling.seed, 42);
+  EXPECT_EQ(c.sampling.max_tokens, 16);
+  const LongContextConfig d;
+  EXPECT_EQ(d.model.chat_template, "auto");
+  EXPECT_EQ(d.sampling.temperature, 0.0);  // greedy by default: reproducible answers
+
+  EXPECT_EQ(config_error("model:\n  chat_template: mistral\n"),
+            "x.yaml:2:18: key 'model.chat_template': expected one of auto, raw, llama2, llama3, chatml, "
+            "internlm2, got 'mistral'");
+  EXPECT_EQ(config_error("sampling:\n  temperature: -1\n"),
+            "x.yaml:2:16: key 'sampling.temperature': must be in [0, 100], got -1");
+  EXPECT_EQ(config_error("sampling:\n  top_p: 1.5\n"), "x.yaml:2:10: key 'sampling.top_p': must be in [0, 1], got 1.5");
+  EXPECT_EQ(config_error("sampling:\n  max_tokens: 0\n"),
+            "x.yaml:2:15: key 'sampling.max_tokens': must be >= 1, got 0");
+  EXPECT_EQ(config_error("sampling:\n  seed: -3\n"), "x.yaml:2:9: key 'sampling.seed': must be >= 0, got -3");
+  EXPECT_EQ(config_error("sampling:\n  temprature: 1\n"),
+            "x.yaml:2:3: unknown key 'sampling.temprature' (did you mean 'sampling.temperature'?)");
+  EXPECT_EQ(config_error("", {"sampling.top_k=x"}),
+            "override 'sampling.top_k=x': key 'sampling.top_k': expected an integer, got 'x'");
+  LongContextConfig bad;
+  bad.model.chat_template = "jinja";
+  EXPECT_EQ(validation_error(bad),
+            "key 'model.chat_template': must be one of auto, raw, llama2, llama3, chatml, internlm2, got 'jinja'");
+}
 
 TEST(ConfigErrors, WrongTypeExample) {
   EXPECT_EQ(config_error("chunk_size: 256\nmax_seq_len: 8192\nblock_size: abc\n", {}, "configs/x.yaml"),
@@ -811,7 +857,7 @@ std::vector<std::string> keys_of_yaml(const std::string& yaml) {
 TEST(ConfigDocs, ReferenceDescribesEveryKey) {
   const std::string reference = config_reference_markdown();
   const std::vector<std::string> keys = keys_of_yaml(config_to_yaml(LongContextConfig{}));
-  EXPECT_EQ(keys.size(), 39u);  // every field of LongContextConfig
+  EXPECT_EQ(keys.size(), 47u);  // every field of LongContextConfig
   for (const std::string& key : keys) {
     EXPECT_NE(reference.find("| `" + key + "`"), std::string::npos) << key;
   }
@@ -927,6 +973,15 @@ LongContextConfig random_valid_config(std::mt19937_64& rng) {
   c.quoka.b_cp = static_cast<int>(spread(0, kIntMax));
   c.quoka.query_reduce = coin() ? Reduce::kMax : Reduce::kMean;
   c.quoka.head_reduce = coin() ? Reduce::kMax : Reduce::kMean;
+  for (int64_t i = 0, n = uniform(0, 6); i < n; ++i) c.model.path += pieces[uniform(0, 20)];
+  static const char* const templates[] = {"auto", "raw", "llama2", "llama3", "chatml", "internlm2"};
+  c.model.chat_template = templates[uniform(0, 5)];
+  for (int64_t i = 0, n = uniform(0, 6); i < n; ++i) c.model.system_prompt += pieces[uniform(0, 20)];
+  c.sampling.temperature = coin() ? 0.0 : std::uniform_real_distribution<double>(0.0, 100.0)(rng);
+  c.sampling.top_k = static_cast<int>(spread(0, kIntMax));
+  c.sampling.top_p = coin() ? 1.0 : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  c.sampling.seed = static_cast<int64_t>(rng() >> 1);
+  c.sampling.max_tokens = static_cast<int>(spread(1, kIntMax));
   return c;
 }
 

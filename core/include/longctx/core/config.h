@@ -2,7 +2,8 @@
 //
 // Keys follow KTransformers' long-context mode (flat, top level); longctx's own
 // settings live in the nested maps `preselect`, `budget`, `razor`, `quoka`
-// and `h2o`. Every key
+// and `h2o`; the applications' settings (longctx-chat) in `model` and
+// `sampling`. Every key
 // has a default, documented in docs/config.md (generated from the same table
 // the loader uses, see config_reference_markdown()). Unknown keys, wrong
 // types, out-of-range values and impossible combinations are rejected with
@@ -88,6 +89,23 @@ struct QuokaConfig {
   Reduce head_reduce = Reduce::kMean;   // over the query heads of a kv group
 };
 
+// The model an application runs (longctx-chat); not used by the engine.
+struct ModelConfig {
+  std::string path;                   // GGUF file; empty = given on the command line
+  std::string chat_template = "auto"; // auto (from the GGUF), raw, llama2, llama3, chatml, internlm2
+  std::string system_prompt;          // empty = no system message
+};
+
+// Token sampling of longctx-chat: temperature, then top-k, then top-p
+// (model/sampler.h).
+struct SamplingConfig {
+  double temperature = 0.0;  // 0 = greedy (argmax)
+  int top_k = 40;            // keep the k most probable tokens; 0 = all
+  double top_p = 0.95;       // then the smallest set with probability >= top_p; 1 = all
+  int64_t seed = 0;          // random seed (same seed, same answer)
+  int max_tokens = 512;      // tokens generated per answer at most
+};
+
 struct LongContextConfig {
   // ---- KTransformers long-context keys ----
   int chunk_size = 4096;             // prefill chunk, tokens
@@ -118,6 +136,10 @@ struct LongContextConfig {
   RazorConfig razor;
   QuokaConfig quoka;
   H2OConfig h2o;
+
+  // ---- applications ----
+  ModelConfig model;
+  SamplingConfig sampling;
 };
 
 // The H2O budget in tokens: h2o.budget_tokens, or when 0 what block selection

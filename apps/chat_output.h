@@ -1,0 +1,52 @@
+// longctx-chat's terminal output: the answer streamed as whole UTF-8
+// characters, and the prefill progress (a bar on a terminal, lines otherwise).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace longctx::chat {
+
+// Writes token pieces to `out` as they come, holding back a UTF-8 sequence
+// that a piece left incomplete until the next piece completes it.
+class Utf8Stream {
+ public:
+  explicit Utf8Stream(std::FILE* out) : out_(out) {}
+  void write(const std::string& piece);
+  // Writes whatever is held back (an invalid or cut sequence, as bytes).
+  void finish();
+
+ private:
+  std::FILE* out_;
+  std::string pending_;
+};
+
+// The length of the longest prefix of `bytes` that does not end inside a
+// UTF-8 sequence (an invalid byte counts as complete: it is written as is).
+size_t complete_utf8_prefix(const std::string& bytes);
+
+// Prefill progress on `out` (stderr): on a terminal one line redrawn with \r,
+// "prefill [#####.....] 12288/32768 tokens  2450 tok/s  ETA 8s"; otherwise a
+// plain line at every 10%.
+class Progress {
+ public:
+  Progress(std::FILE* out, int64_t tokens);
+  // done/total in the Sequence's units (token-layers).
+  void update(int64_t done, int64_t total);
+  void finish();
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  int64_t tokens_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  int last_decile_ = -1;
+  bool drawn_ = false;
+};
+
+// "12.3 MiB"
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace longctx::chat

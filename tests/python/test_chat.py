@@ -1,0 +1,183 @@
+"""longctx-chat end to end, through the real binary (subprocess).
+
+Uses the embedded demo pass-key model (longctx-make-demo, tools/DEMO_MODEL.md)
+and a haystack document (longctx-make-haystack): the greedy answer to any
+question about the document is the hidden key. Random-weight test models
+(longctx-make-model) serve as "another model" for snapshots.
+
+Runs as a script (ctest: /usr/bin/python3 with LONGCTX_BIN_DIR and
+LONGCTX_SOURCE_DIR set). Exit status 1 on the first failure.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+CHAT = os.path.join(BIN_DIR, "longctx-chat")
+CONFIG = os.path.join(SOURCE_DIR, "configs", "demo.yaml")
+QUESTION = "What is the pass key?"
+passed = 0
+
+
+def check(condition, what, detail=""):
+    global passed
+    if not condition:
+        print("FAIL:", what)
+        if detail:
+            print(detail)
+        sys.exit(1)
+    passed += 1
+
+
+def run(args, stdin=None, timeout=300):
+    p = subprocess.run(args, input=stdin, capture_output=True, text=True, errors="replace", timeout=timeout)
+    # Under ASan/UBSan an error report also exits 1: never accept one.
+    check("Sanitizer" not in p.stderr and "runtime error:" not in p.stderr, "no sanitizer report", p.stderr)
+    return p.returncode, p.stdout, p.stderr
+
+
+def chat(*args, stdin=None):
+    # Small KV store: the documents here are 2K tokens.
+    return run([CHAT, "--config", CONFIG, "--set", "max_seq_len=8192", *args], stdin=stdin)
+
+
+def stats(stderr):
+    """The [stats] lines as dicts: answer, prefill, decode token counts."""
+    out = []
+    for m in re.finditer(r"\[stats\] answer (\d+) tokens \(([^)]*)\) \| prefill (\d+) tokens, ([\d.]+) tokens/s \| "
+                         r"decode (\d+) tokens, ([\d.]+) tokens/s \| KV (.*) for (\d+) tokens \| "
+                         r"attended ([\d.]+)% of the cache per step", stderr):
+        out.append({"answer": int(m[1]), "reason": m[2], "prefill": int(m[3]), "decode": int(m[5]),
+                    "n_past": int(m[8]), "attended": float(m[9])})
+    return out
+
+
+def expect_error(result, pattern, what):
+    rc, out, err = result
+    check(rc == 1, f"{what}: exit status 1", f"rc={rc}\nstderr:\n{err}")
+    check(re.search(pattern, err) is not None, f"{what}: message matches {pattern!r}", err)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="longctx-chat-test-")
+    demo = os.path.join(tmp, "demo.gguf")
+    doc = os.path.join(tmp, "doc.txt")
+    meta = os.path.join(tmp, "doc.json")
+    subprocess.run([os.path.join(BIN_DIR, "longctx-make-demo"), "--out", demo], check=True, capture_output=True)
+    subprocess.run([os.path.join(BIN_DIR, "longctx-make-haystack"), "--tokens", "2048", "--depth", "0.3",
+                    "--seed", "5", "--no-question", "--out", doc, "--json", meta], check=True, capture_output=True)
+    key = json.load(open(meta))["key"]
+    others = []
+    for seed in ("1", "2"):
+        path = os.path.join(tmp, f"mha-{seed}.gguf")
+        subprocess.run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "mha-64", "--seed", seed,
+                        "--out", path], check=True, capture_output=True)
+        others.append(path)
+
+    # One-shot answer: the key, greedy, with the stats line.
+    base = ["--model", demo, "--prompt-file", doc]
+    rc, out, err = chat(*base, "--prompt", QUESTION, "--temperature", "0")
+    check(rc == 0, "one-shot exits 0", err)
+    check(out.strip() == key, f"one-shot answers the key {key}", f"stdout={out!r}\nstderr:\n{err}")
+    s = stats(err)
+    check(len(s) == 1, "one stats line", err)
+    check(s[0]["reason"] == "end of generation" and s[0]["answer"] == len(key) + 1, "answer ' KEY' then </s>", err)
+    check(s[0]["prefill"] > 1500 and s[0]["n_past"] >= s[0]["prefill"], "stats count the document's prefill", err)
+    check(0 < s[0]["attended"] < 100, "stats: a fraction of the cache attended (QUEST)", err)
+    first_prefill = s[0]["prefill"]
+
+    # Reproducible: greedy twice, and sampling with the same seed twice.
+    check(chat(*base, "--prompt", QUESTION, "--temperature", "0")[1] == out, "greedy answers are identical")
+    sampled = [chat(*base, "--prompt", QUESTION, "--temperature", "1.5", "--set", "sampling.seed=7",
+                    "--set", "sampling.top_k=0", "--set", "sampling.top_p=1")[1] for _ in range(2)]
+    check(sampled[0] == sampled[1], "sampling with one seed is reproducible", str(sampled))
+
+    # --raw: no chat template, fewer prompt tokens, still the key.
+    rc, out_raw, err = chat(*base, "--prompt", QUESTION, "--raw")
+    check(rc == 0 and out_raw.strip() == key, "--raw answers the key", err)
+    check(stats(err)[0]["prefill"] < first_prefill, "--raw prompt has no template tokens", err)
+
+    # --max-tokens N limits the answer.
+    rc, out3, err = chat(*base, "--prompt", QUESTION, "--max-tokens", "3")
+    check(rc == 0 and out3.strip() == key[:2], "--max-tokens 3: ' ' and two digits", f"{out3!r}\n{err}")
+    check(stats(err)[0]["answer"] == 3 and stats(err)[0]["reason"] == "max_tokens", "stats: 3 tokens", err)
+
+    # --save-kv, then --load-kv: same answer, no document prefill; a second question too.
+    snap = os.path.join(tmp, "doc.kv")
+    rc, out_saved, err = chat(*base, "--prompt", QUESTION, "--save-kv", snap)
+    check(rc == 0 and out_saved == out, "--save-kv run answers as a fresh run", err)
+    check(os.path.exists(snap), "--save-kv wrote the snapshot")
+    rc, out_loaded, err = chat("--model", demo, "--load-kv", snap, "--prompt", QUESTION)
+    check(rc == 0 and out_loaded == out, "--load-kv answers identically to a fresh run", f"{out_loaded!r}\n{err}")
+    check("(no prefill)" in err, "--load-kv says it did not prefill", err)
+    s = stats(err)
+    check(s[0]["prefill"] < 30 and s[0]["n_past"] > 1500, "--load-kv prefilled only the question", err)
+    rc, out2, err = chat("--model", demo, "--load-kv", snap, "--prompt", "Tell me the pass key again, please.")
+    check(rc == 0 and out2.strip() == key, "--load-kv with another question answers the key", err)
+
+    # Interactive: two turns on one sequence, the document prefilled once.
+    rc, out_i, err = chat(*base, stdin=f"{QUESTION}\n\nAnd once more: {QUESTION}\n")
+    check(rc == 0, "interactive exits 0 at end of input", err)
+    s = stats(err)
+    check(len(s) == 2, "interactive: two answers", err)
+    check(out_i.split() == [key, key], "interactive: the key twice", out_i)
+    check(s[1]["prefill"] < 40 and s[1]["n_past"] > s[0]["n_past"], "second turn appends, no re-prefill", err)
+
+    # Snapshots from another model are refused.
+    snap_other = os.path.join(tmp, "other.kv")
+    rc, _, err = run([CHAT, "--model", others[0], "--raw", "--prompt-file", doc, "--prompt", "x", "--max-tokens",
+                      "1", "--save-kv", snap_other, "--set", "max_seq_len=8192"])
+    check(rc == 0 and os.path.exists(snap_other), "snapshot of a random model", err)
+    expect_error(run([CHAT, "--model", others[1], "--raw", "--load-kv", snap_other, "--prompt", "x",
+                      "--set", "max_seq_len=8192"]), r"another model", "snapshot of a same-shape model, other weights")
+    expect_error(chat("--model", demo, "--load-kv", snap_other, "--prompt", "x"), r"another model",
+                 "snapshot of a model of another shape")
+    expect_error(chat("--model", demo, "--raw", "--load-kv", snap, "--prompt", "x"), r"chat template 'llama2'",
+                 "snapshot made with another chat template")
+    bad_snap = os.path.join(tmp, "bad.kv")
+    with open(snap, "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0xFF
+    with open(bad_snap, "wb") as f:
+        f.write(data)
+    expect_error(chat("--model", demo, "--load-kv", bad_snap, "--prompt", "x"), r"bad.kv", "corrupt snapshot")
+
+    # Errors: message, exit 1, nothing written.
+    expect_error(chat("--model", os.path.join(tmp, "missing.gguf"), "--prompt", "x"), r"missing\.gguf",
+                 "missing model file")
+    truncated = os.path.join(tmp, "truncated.gguf")
+    with open(demo, "rb") as f:
+        head = f.read(5000)
+    with open(truncated, "wb") as f:
+        f.write(head)
+    expect_error(chat("--model", truncated, "--prompt", "x"), r"truncated\.gguf", "truncated model file")
+    bad_yaml = os.path.join(tmp, "bad.yaml")
+    with open(bad_yaml, "w") as f:
+        f.write("# bad\nblock_size: 16\nsampling:\n  temprature: 0\n")
+    expect_error(run([CHAT, "--config", bad_yaml, "--model", demo, "--prompt", "x"]),
+                 r"bad\.yaml:4:3: unknown key 'sampling\.temprature'", "bad config key names file:line:key")
+    expect_error(chat(*base, "--prompt", "x", "--set", "sampling.top_p=2"),
+                 r"key 'sampling.top_p': must be in \[0, 1\]", "bad override value")
+    never = os.path.join(tmp, "never.kv")
+    expect_error(chat(*base, "--prompt", QUESTION, "--set", "max_seq_len=1024", "--set", "local_windows_len=64",
+                      "--save-kv", never), r"too long: \d+ tokens.*max_seq_len 1024", "prompt longer than max_seq_len")
+    check(not os.path.exists(never), "no snapshot written after an error")
+    expect_error(chat(*base, "--prompt", QUESTION, "--set", "dram_budget=64KiB", "--save-kv", never),
+                 r"\d+ bytes", "DRAM budget too small names the bytes needed")
+    check(not os.path.exists(never), "no snapshot written after an out-of-memory error")
+    expect_error(chat(*base, "--prompt", QUESTION, "--save-kv", os.path.join(tmp, "no-dir", "x.kv")),
+                 r"no-dir", "snapshot into a missing directory")
+    check(not os.path.exists(os.path.join(tmp, "no-dir")), "nothing created for a failed --save-kv")
+    expect_error(chat("--prompt", "x"), r"no model", "no model given")
+    expect_error(chat("--model", demo, "--bogus"), r"unknown argument '--bogus'", "unknown argument")
+    leftovers = [f for f in os.listdir(tmp) if f.startswith(".") or "tmp" in f]
+    check(not leftovers, "no temporary files left behind", str(leftovers))
+    print(f"test_chat: {passed} checks passed")
+
+
+if __name__ == "__main__":
+    main()
