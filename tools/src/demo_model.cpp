@@ -10,6 +10,7 @@
 
 #include "longctx/core/backend.h"
 #include "longctx/core/error.h"
+#include "longctx/tools/test_model.h"
 
 namespace longctx::tools {
 namespace {
@@ -52,23 +53,6 @@ struct Matrix {
 void add(model::GgufWriter& w, const std::string& name, const Matrix& m) {
   w.add_tensor_f32(name, {m.in, m.out}, GgmlType::kF32, m.v);
 }
-
-// Llama-2 chat format, as tools/test_model.cpp writes it.
-constexpr const char* kLlama2ChatTemplate =
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set system_message = '<<SYS>>\\n' + messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}"
-    "{% set messages = messages[1:] %}"
-    "{% else %}{% set system_message = '' %}{% endif %}"
-    "{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}"
-    "{% if message['role'] == 'user' %}"
-    "{{ bos_token + '[INST] ' + (system_message if loop.first else '') + message['content'] | trim + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}"
-    "{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
-    "{% endif %}"
-    "{% endfor %}";
 
 // Words that get whole-word tokens (besides the sentences' own words).
 const char* const kExtraWords[] = {"the", "a", "is", "what", "key", "pass", "passkey", "answer", "number",

@@ -108,23 +108,6 @@ std::vector<std::string> text_pieces(size_t count) {
   return pieces;
 }
 
-// Llama-2 chat format: "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>".
-constexpr const char* kLlama2ChatTemplate =
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set system_message = '<<SYS>>\\n' + messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}"
-    "{% set messages = messages[1:] %}"
-    "{% else %}{% set system_message = '' %}{% endif %}"
-    "{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}"
-    "{% if message['role'] == 'user' %}"
-    "{{ bos_token + '[INST] ' + (system_message if loop.first else '') + message['content'] | trim + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}"
-    "{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
-    "{% endif %}"
-    "{% endfor %}";
-
 void add_tokenizer(model::GgufWriter& w, int n_vocab) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<float> scores(3, 0.0f);
@@ -309,5 +292,22 @@ model::GgufWriter make_test_model(const TestModelSpec& s) {
   }
   return w;
 }
+
+// Llama-2 chat format: "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>".
+const char* const kLlama2ChatTemplate =
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set system_message = '<<SYS>>\\n' + messages[0]['content'] | trim + '\\n<</SYS>>\\n\\n' %}"
+    "{% set messages = messages[1:] %}"
+    "{% else %}{% set system_message = '' %}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + (system_message if loop.first else '') + message['content'] | trim + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
+    "{% endif %}"
+    "{% endfor %}";
 
 }  // namespace longctx::tools

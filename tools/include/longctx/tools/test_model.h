@@ -66,6 +66,9 @@ std::vector<TestModelSpec> standard_test_models();
 // One of standard_test_models() by name; Error(kInvalidArgument) listing the names.
 TestModelSpec test_model_by_name(const std::string& name);
 
+// The Jinja text of the Llama-2 chat template written as tokenizer.chat_template.
+extern const char* const kLlama2ChatTemplate;
+
 // The model as a GGUF writer (call .write(path) or .to_bytes()).
 model::GgufWriter make_test_model(const TestModelSpec& spec);
 
