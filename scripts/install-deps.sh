@@ -10,6 +10,7 @@ packages=(
   libtbb-dev libdnnl-dev libhwloc-dev hwloc libyaml-cpp-dev libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-yaml python3-pytest
+  tmux gnuplot-nox
 )
 
 sudo_cmd=()

@@ -172,7 +172,8 @@ def main():
     expect_error(chat(*base, "--prompt", QUESTION, "--save-kv", os.path.join(tmp, "no-dir", "x.kv")),
                  r"no-dir", "snapshot into a missing directory")
     check(not os.path.exists(os.path.join(tmp, "no-dir")), "nothing created for a failed --save-kv")
-    expect_error(chat("--prompt", "x"), r"no model", "no model given")
+    # configs/demo.yaml names build/demo.gguf; clear it to get the "no model" error.
+    expect_error(chat("--set", "model.path=", "--prompt", "x"), r"no model", "no model given")
     expect_error(chat("--model", demo, "--bogus"), r"unknown argument '--bogus'", "unknown argument")
     leftovers = [f for f in os.listdir(tmp) if f.startswith(".") or "tmp" in f]
     check(not leftovers, "no temporary files left behind", str(leftovers))
