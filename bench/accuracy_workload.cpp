@@ -8,6 +8,7 @@
 #include "accuracy.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/random.h"
 #include "longctx/cpu/synthetic.h"
 
 namespace longctx::bench::accuracy {
@@ -16,21 +17,16 @@ namespace {
 // Standard normals from SplitMix64 by Box-Muller: the same numbers on every platform.
 class Normal {
  public:
-  explicit Normal(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
+  explicit Normal(uint64_t seed) : engine_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
   double operator()() {
-    const double u1 = (double(next() >> 11) + 0.5) * 0x1p-53;  // (0, 1)
-    const double u2 = double(next() >> 11) * 0x1p-53;
+    const double u1 = engine_.uniform_open();
+    const double u2 = engine_.uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
   }
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return engine_.next(); }
 
  private:
-  uint64_t state_;
+  SplitMix64 engine_;
 };
 
 // The generator's sink pairs: the d/16 lowest-frequency RoPE pairs (synthetic.cpp).

@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "longctx/core/error.h"
+#include "longctx/core/random.h"
 #include "tbb/parallel_for.h"
 
 namespace longctx::cpu {
@@ -15,23 +16,6 @@ namespace {
 constexpr double kSinkValueScale = 0.1;    // sinks absorb attention but carry little
 constexpr double kNeedleValueScale = 4.0;  // needle values stand out in the output
 constexpr size_t kChunkTokens = 1024;      // tokens per random stream (and per task)
-
-// SplitMix64 (Steele, Lea & Flood): a Weyl sequence through a 64-bit
-// finalizer. Fast, statistically strong, and the same on every platform.
-uint64_t splitmix64_finalize(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t operator()() { return splitmix64_finalize(state_ += 0x9E3779B97F4A7C15ull); }
-
- private:
-  uint64_t state_;
-};
 
 // Start of the stream of token chunk `chunk`: a scrambled state per (seed,
 // chunk). A chunk draws < 2^20 numbers, so streams that start at unrelated
@@ -75,7 +59,7 @@ class NormalSource {
   explicit NormalSource(uint64_t seed) : engine_(seed), zig_(ziggurat()) {}
 
   // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return double(engine_() >> 11) * 0x1p-53; }
+  double uniform() { return engine_.uniform(); }
 
   // Uniform integer in [0, n), n >= 1.
   int64_t below(int64_t n) { return std::min(n - 1, int64_t(uniform() * double(n))); }
@@ -105,7 +89,7 @@ class NormalSource {
     } while (-2.0 * y < x * x);
     return negative ? x - ZigguratTables::kR : ZigguratTables::kR - x;
   }
-  double open_uniform() { return (double(engine_() >> 11) + 0.5) * 0x1p-53; }  // (0, 1)
+  double open_uniform() { return engine_.uniform_open(); }  // (0, 1)
 
   SplitMix64 engine_;
   const ZigguratTables& zig_;

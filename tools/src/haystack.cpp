@@ -10,27 +10,11 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "longctx/core/random.h"
 #include "longctx/tools/demo_model.h"
 
 namespace longctx::tools {
 namespace {
-
-// splitmix64 (Steele, Lea and Flood 2014), as tools/test_model.cpp.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return next() % n; }  // bias < n / 2^64: irrelevant here
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-
- private:
-  uint64_t state_;
-};
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -46,7 +30,7 @@ std::string json_escape(const std::string& s) {
 Haystack make_haystack(const HaystackSpec& spec, const model::Tokenizer& tokenizer) {
   if (!(spec.depth <= 1.0))
     fail(ErrorCode::kInvalidArgument, "haystack: depth must be in [0, 1] (or negative for random), got ", spec.depth);
-  Rng rng(spec.seed);
+  SplitMix64 rng(spec.seed);
   Haystack h;
   h.key = std::to_string(1 + rng.below(9));
   for (int i = 1; i < DemoModelShape::kKeyDigits; ++i) h.key += std::to_string(rng.below(10));

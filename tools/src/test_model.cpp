@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "longctx/core/error.h"
+#include "longctx/core/random.h"
 
 namespace longctx::tools {
 namespace {
@@ -29,26 +30,11 @@ constexpr int kUnkId = 0, kBosId = 1, kEosId = 2, kFirstByteId = 3, kFirstPieceI
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-  // Uniform in the open interval (0, 1), so log() below is finite.
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
-  // Box-Muller: sqrt(-2 ln u1) cos(2 pi u2) is N(0, 1).
-  double normal() {
-    const double u1 = uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-
- private:
-  uint64_t state_;
-};
+// Standard normal by Box-Muller: sqrt(-2 ln u1) cos(2 pi u2), u1 and u2 in (0, 1).
+double normal(SplitMix64& rng) {
+  const double u1 = rng.uniform_open(), u2 = rng.uniform_open();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
 
 uint64_t fnv1a64(std::string_view text) {
   uint64_t h = 0xCBF29CE484222325ULL;
@@ -58,9 +44,9 @@ uint64_t fnv1a64(std::string_view text) {
 
 // `n` values mean + std * N(0, 1) from the stream of (seed, name).
 std::vector<float> draw(uint64_t seed, const std::string& name, int64_t n, double mean, double std) {
-  Rng rng(Rng(seed).next() ^ fnv1a64(name));
+  SplitMix64 rng(SplitMix64(seed).next() ^ fnv1a64(name));
   std::vector<float> values(static_cast<size_t>(n));
-  for (float& v : values) v = static_cast<float>(mean + std * rng.normal());
+  for (float& v : values) v = static_cast<float>(mean + std * normal(rng));
   return values;
 }
 
