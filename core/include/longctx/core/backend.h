@@ -1,9 +1,10 @@
 // The Backend interface: the dense operations of a transformer forward pass
 // (GEMMs, RMSNorm, RoPE, SwiGLU, residual adds, embedding lookup) on one
 // device. The CPU backend (cpu/cpu_backend.h, oneDNN + oneTBB) and the CUDA
-// backend (gpu/, later) implement it; the scheduler drives it and never sees a
-// device header. Attention is not here: it runs in the longctx engine (CPU
-// kernels over the KV store, GPU local window).
+// backend (gpu/cuda_backend.h) implement it; the scheduler drives it and never
+// sees a device header. Attention runs in the longctx engine (CPU kernels over
+// the KV store) and, on a device backend, in its DeviceAttention (prefill of
+// one layer's K/V, decode local window).
 //
 // Tensors live in the backend's memory (host memory for the CPU backend,
 // device memory for CUDA), are row-major and contiguous, and are created by
@@ -71,6 +72,74 @@ struct RopeParams {
 // every backend and the tests. The angle of position p is p * inv_freq[i].
 std::vector<float> rope_inv_freq(const RopeParams& params);
 
+// Attention on a device backend (the CUDA backend; DESIGN.md "Data flow"): the
+// device keeps the K/V of the layer being prefilled (layer-major prefill) and
+// a ring of the last `window` tokens of every layer (decode local window).
+// The scheduler drives it through this interface and never sees a device
+// header. All BackendTensors are the backend's f32 activations; calls are
+// queued on the backend's stream in order with its other ops, and return
+// without waiting unless they say so. K/V are kept in `kv_dtype` (f16 or bf16).
+class DeviceAttention {
+ public:
+  struct Shape {
+    int n_layers = 0;
+    int n_heads = 0;     // query heads
+    int n_kv_heads = 0;  // divides n_heads (GQA: query head h reads kv head h / (n_heads / n_kv_heads))
+    int head_dim = 0;    // 64, 128 or 256
+    DType kv_dtype = DType::kF16;  // kF16 or kBF16
+    int64_t max_tokens = 0;   // tokens one layer may hold (max_seq_len)
+    int64_t window = 0;       // local_windows_len: ring slots per layer
+    int64_t initial_len = 0;  // sink tokens: the ring never attends a token < initial_len
+                              // (the CPU part attends those; KVStore's Partition)
+    float scale = 0.0f;       // score scale; 0 = 1/sqrt(head_dim)
+  };
+  virtual ~DeviceAttention() = default;
+
+  // (Re)sizes the device buffers for `shape` and drops every token: one
+  // layer's K/V [max_tokens] and n_layers rings [window]. Throws
+  // Error(kInvalidArgument) naming the field for a shape it cannot run, and
+  // Error(kOutOfMemory) (buffers left as they were) beyond the budget.
+  virtual void configure(const Shape& shape) = 0;
+  // Drops every token of every layer (buffers kept).
+  virtual void clear() = 0;
+
+  // Layer-major prefill of `layer`, whose first `history.rows` tokens are
+  // already cached (an earlier turn): history_k/v are host [n_history,
+  // n_kv_heads, head_dim] in any DType (the layer's cached K/V as the KV store
+  // holds them), uploaded as the start of the layer's device K/V; n_history
+  // may be 0. Drops the previous layer's device K/V. Synchronous.
+  virtual void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) = 0;
+  // One chunk of `layer` at positions [first_pos, first_pos + n), first_pos =
+  // the tokens the layer holds on the device: q [n, n_heads*head_dim], k/v
+  // [n, n_kv_heads*head_dim] (after RoPE), out [n, n_heads*head_dim].
+  // Appends k/v (rounded to kv_dtype) to the layer's device K/V and ring,
+  // computes causal attention of the chunk's queries over every token of the
+  // layer up to their own position into out, and starts an asynchronous copy
+  // of the chunk's K/V (kv_dtype) to pinned host memory for chunk_kv().
+  virtual void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
+                             const BackendTensor& v, BackendTensor& out) = 0;
+  struct HostKV {
+    TensorView k;  // [n, n_kv_heads, head_dim] kv_dtype, pinned host memory
+    TensorView v;
+  };
+  // Waits for the K/V copy of the last prefill_chunk and returns it; valid
+  // until the next prefill_chunk or decode call. (The scheduler appends it to
+  // the KV store while the device computes the rest of the layer.)
+  virtual HostKV chunk_kv() = 0;
+
+  // Decode step of `layer`: k/v [1, n_kv_heads*head_dim] of the new token at
+  // position `pos` (= tokens the layer held before) go into the layer's ring;
+  // the local part of the attention of q [1, n_heads*head_dim] over the ring's
+  // tokens in [max(initial_len, pos + 1 - window), pos] is computed on the
+  // device (out and lse kept inside until decode_merge).
+  virtual void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                            const BackendTensor& v) = 0;
+  // Merges the CPU part (host f32 cpu_out [n_heads, head_dim], cpu_lse
+  // [n_heads], numerical contract of DESIGN.md) with the local part of the
+  // last decode_local into out [1, n_heads*head_dim].
+  virtual void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -103,6 +172,9 @@ class Backend {
   virtual void embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) = 0;
   // Waits for every queued op.
   virtual void synchronize() = 0;
+  // The backend's device attention, or null when attention runs on the CPU
+  // (host-memory backends). Owned by the backend.
+  virtual DeviceAttention* device_attention() { return nullptr; }
 };
 
 }  // namespace longctx

@@ -1,0 +1,32 @@
+// The CUDA backend: the Backend interface (core/backend.h) on one NVIDIA GPU,
+// and its DeviceAttention. GEMMs go through cuBLAS (weights stored bf16 or
+// f16, activations f32 converted on the fly, fp32 accumulation); RMSNorm,
+// RoPE, SwiGLU, add and embedding are CUDA kernels; everything is queued on
+// one compute stream, device->host copies of prefill K/V on a copy stream
+// into pinned buffers, ordered by events. Device memory and pinned host
+// memory come from budgeted pools: asking for more than the budget throws
+// Error(kOutOfMemory) and leaves the backend as it was.
+//
+// This header has no CUDA include; in a build without CUDA make_cuda_backend
+// throws Error(kUnsupported) saying so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "longctx/core/backend.h"
+
+namespace longctx::gpu {
+
+struct CudaBackendOptions {
+  int device = 0;                        // CUDA device index
+  DType weight_dtype = DType::kBF16;     // kBF16 or kF16 (kF32: fp32 GEMMs, for tests)
+  uint64_t device_budget_bytes = 0;      // 0 = 90% of the device's free memory at creation
+  uint64_t pinned_budget_bytes = 256ull << 20;  // pinned host staging (counted like DRAM)
+};
+
+// Throws Error(kUnsupported) without CUDA or without a device ("no CUDA
+// device: <reason>"), Error(kInvalidArgument) for a bad option.
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+}  // namespace longctx::gpu
