@@ -1,9 +1,10 @@
-// Sequence: layer-major chunked prefill and decode steps (sequence.h).
+// Sequence: layer-major chunked prefill and decode steps (sequence.h); the
+// CPU path of attention here, the device path in sequence_device.cpp.
 //
 // Backend ops produce q/k/v and consume the attention output; the KV store
-// and the attention kernels are on the host. With a host-memory backend (the
-// CPU backend) the kernels read and write the backend tensors in place; with
-// another backend the tensors are staged through host vectors.
+// and the CPU attention kernels are on the host. With a host-memory backend
+// (the CPU backend) the kernels read and write the backend tensors in place;
+// with another backend the tensors are staged through host vectors.
 #include "longctx/scheduler/sequence.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
+#include "sequence_internal.h"
 
 namespace longctx::scheduler {
 namespace {
@@ -27,53 +29,13 @@ uint64_t budget_bytes(const LongContextConfig& config) {
   return config.dram_budget != 0 ? config.dram_budget : kvstore::default_dram_budget();
 }
 
-}  // namespace
-
-// Activations of one pass over n rows (a prefill chunk, or the decode token).
-struct Sequence::Workspace {
-  int64_t n = 0;
-  std::unique_ptr<BackendTensor> x;     // [n, n_embd] hidden state (decode only; prefill keeps its own)
-  std::unique_ptr<BackendTensor> xn;    // [n, n_embd] normed
-  std::unique_ptr<BackendTensor> q;     // [n, n_heads, head_dim]
-  std::unique_ptr<BackendTensor> k, v;  // [n, n_kv_heads, head_dim]
-  std::unique_ptr<BackendTensor> attn;  // [n, n_heads, head_dim] attention output
-  std::unique_ptr<BackendTensor> o;     // [n, n_embd]
-  std::unique_ptr<BackendTensor> gate, up;  // [n, n_ff]
-  std::vector<float> lse;               // [n, n_heads]
-  // Host copies for backends without host memory.
-  std::vector<float> host_q, host_k, host_v, host_attn;
-
-  Workspace(Backend& b, const TransformerSpec& s, int64_t rows, bool with_x) : n(rows) {
-    if (with_x) x = b.alloc({n, s.n_embd});
-    xn = b.alloc({n, s.n_embd});
-    q = b.alloc({n, s.n_heads, s.head_dim});
-    k = b.alloc({n, s.n_kv_heads, s.head_dim});
-    v = b.alloc({n, s.n_kv_heads, s.head_dim});
-    attn = b.alloc({n, s.n_heads, s.head_dim});
-    o = b.alloc({n, s.n_embd});
-    gate = b.alloc({n, s.n_ff});
-    up = b.alloc({n, s.n_ff});
-    lse.resize(size_t(n * s.n_heads));
-  }
-};
-
-namespace {
-
-// A host f32 view [rows, heads, dim] of a backend tensor: the tensor itself on
-// a host-memory backend, else a downloaded copy in `staging`.
-TensorView host_view(Backend& backend, const BackendTensor& t, std::vector<float>& staging) {
-  const auto& s = t.shape();
-  if (backend.host_memory()) return make_view(t.data(), DType::kF32, {s[0], s[1], s[2]});
-  staging.resize(size_t(t.numel()));
-  backend.download(t, make_mutable_view(staging.data(), DType::kF32, {s[0], s[1], s[2]}));
-  return make_view(staging.data(), DType::kF32, {s[0], s[1], s[2]});
-}
-
-MutableTensorView host_out(Backend& backend, BackendTensor& t, std::vector<float>& staging) {
-  const auto& s = t.shape();
-  if (backend.host_memory()) return make_mutable_view(t.data(), DType::kF32, {s[0], s[1], s[2]});
-  staging.resize(size_t(t.numel()));
-  return make_mutable_view(staging.data(), DType::kF32, {s[0], s[1], s[2]});
+// Whether attention may run on the backend's DeviceAttention (sequence.h):
+// the device kernels' table (f16/bf16 K/V, head_dim 64/128/256), and no
+// policy that needs the local window on the CPU or a restricted prefill.
+bool device_path_applies(const LongContextConfig& config, const TransformerSpec& s) {
+  const bool kv_ok = config.kv_type == DType::kF16 || config.kv_type == DType::kBF16;
+  const bool dim_ok = s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
+  return kv_ok && dim_ok && config.policy != SelectionPolicy::kH2O && !config.quoka.enabled;
 }
 
 // Rows [row, row + 1) of x [n, d] as a new [1, d] tensor.
@@ -106,6 +68,22 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
   store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
   policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  DeviceAttention* device = backend_.device_attention();
+  if (device && device_path_applies(config_, model_.spec)) {
+    const TransformerSpec& s = model_.spec;
+    DeviceAttention::Shape shape;
+    shape.n_layers = s.n_layers;
+    shape.n_heads = s.n_heads;
+    shape.n_kv_heads = s.n_kv_heads;
+    shape.head_dim = s.head_dim;
+    shape.kv_dtype = config_.kv_type;
+    shape.max_tokens = config_.max_seq_len;
+    shape.window = config_.local_windows_len;
+    shape.initial_len = config_.initial_len;
+    shape.scale = s.attn_scale;
+    device->configure(shape);
+    device_ = device;
+  }
 }
 
 Sequence::~Sequence() = default;
@@ -129,19 +107,41 @@ void Sequence::check_tokens(std::span<const int32_t> tokens, const char* what) c
          " already cached exceed max_seq_len ", config_.max_seq_len);
 }
 
-void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
-                             int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries) {
+void Sequence::attention_inputs(int layer, int64_t first_pos, const BackendTensor& x, Workspace& ws) {
   Backend& b = backend_;
   const TransformerSpec& s = model_.spec;
   const LayerWeights& w = model_.weights.layers[size_t(layer)];
-  const int64_t n = ws.n;
-
   b.rms_norm(x, *w.attn_norm, s.rms_eps, *ws.xn);
   b.matmul(*ws.xn, *w.wq, w.bq.get(), *ws.q);
   b.matmul(*ws.xn, *w.wk, w.bk.get(), *ws.k);
   b.matmul(*ws.xn, *w.wv, w.bv.get(), *ws.v);
   b.rope(*ws.q, first_pos, s.rope);
   b.rope(*ws.k, first_pos, s.rope);
+}
+
+void Sequence::attention_output(int layer, BackendTensor& x, Workspace& ws) {
+  Backend& b = backend_;
+  const TransformerSpec& s = model_.spec;
+  const LayerWeights& w = model_.weights.layers[size_t(layer)];
+  b.matmul(*ws.attn, *w.wo, nullptr, *ws.o);
+  b.add(x, *ws.o, x);
+  b.rms_norm(x, *w.ffn_norm, s.rms_eps, *ws.xn);
+  b.matmul(*ws.xn, *w.w_gate, nullptr, *ws.gate);
+  b.matmul(*ws.xn, *w.w_up, nullptr, *ws.up);
+  b.swiglu(*ws.gate, *ws.up, *ws.gate);
+  b.matmul(*ws.gate, *w.w_down, nullptr, *ws.o);
+  b.add(x, *ws.o, x);
+}
+
+// The CPU path of one layer (and the device path's decode steps whose local
+// window the rings do not hold yet).
+void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
+                             int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries) {
+  Backend& b = backend_;
+  const TransformerSpec& s = model_.spec;
+  const int64_t n = ws.n;
+
+  attention_inputs(layer, first_pos, x, ws);
   b.synchronize();
 
   const TensorView q = host_view(b, *ws.q, ws.host_q);
@@ -161,27 +161,24 @@ void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Wor
   }
   if (on_queries) on_queries(static_cast<const float*>(q.data), n);
   if (!b.host_memory()) b.upload(as_const(out), *ws.attn);
-
-  b.matmul(*ws.attn, *w.wo, nullptr, *ws.o);
-  b.add(x, *ws.o, x);
-  b.rms_norm(x, *w.ffn_norm, s.rms_eps, *ws.xn);
-  b.matmul(*ws.xn, *w.w_gate, nullptr, *ws.gate);
-  b.matmul(*ws.xn, *w.w_up, nullptr, *ws.up);
-  b.swiglu(*ws.gate, *ws.up, *ws.gate);
-  b.matmul(*ws.gate, *w.w_down, nullptr, *ws.o);
-  b.add(x, *ws.o, x);
+  attention_output(layer, x, ws);
 }
 
 // Logits of every row of x [rows, n_embd] (x is left as it was).
-std::vector<float> Sequence::logits_of(const BackendTensor& x) {
+std::vector<float> Sequence::logits_of(const BackendTensor& x, Workspace* ws) {
   const TransformerSpec& s = model_.spec;
   const int64_t rows = x.shape()[0];
-  auto normed = backend_.alloc({rows, s.n_embd});
-  backend_.rms_norm(x, *model_.weights.output_norm, s.rms_eps, *normed);
-  auto logits = backend_.alloc({rows, s.n_vocab});
-  backend_.matmul(*normed, model_.weights.output_weight(), nullptr, *logits);
+  std::unique_ptr<BackendTensor> owned_normed, owned_logits;
+  if (!ws) {
+    owned_normed = backend_.alloc({rows, s.n_embd});
+    owned_logits = backend_.alloc({rows, s.n_vocab});
+  }
+  BackendTensor& normed = ws ? *ws->out_norm : *owned_normed;
+  BackendTensor& logits = ws ? *ws->logits : *owned_logits;
+  backend_.rms_norm(x, *model_.weights.output_norm, s.rms_eps, normed);
+  backend_.matmul(normed, model_.weights.output_weight(), nullptr, logits);
   std::vector<float> host(size_t(rows * s.n_vocab));
-  backend_.download(*logits, make_mutable_view(host.data(), DType::kF32, {rows, s.n_vocab}));
+  backend_.download(logits, make_mutable_view(host.data(), DType::kF32, {rows, s.n_vocab}));
   backend_.synchronize();
   return host;
 }
@@ -217,15 +214,20 @@ std::vector<float> Sequence::prefill(std::span<const int32_t> tokens, const Pref
 
   broken_ = true;  // cleared when every layer holds the new tokens
   for (int layer = 0; layer < s.n_layers; ++layer) {
+    if (device_) device_begin_layer(layer);
     for (int64_t c = 0; c < n_chunks; ++c) {
       const int64_t first = c * chunk;
       BackendTensor& x = *hidden[size_t(c)];
       const int64_t rows = x.shape()[0];
-      auto keep_window = [&](const float* q, int64_t rows_in) {
+      const std::function<void(const float*, int64_t)> keep_window = [&](const float* q, int64_t rows_in) {
         for (int64_t i = std::max(first, n - w); i < first + rows_in; ++i)
           std::memcpy(window_q.data() + (i - (n - w)) * q_row, q + (i - first) * q_row, size_t(q_row) * sizeof(float));
       };
-      layer_forward(layer, n_past_ + first, x, workspace(rows), false, 0, keep_window);
+      if (device_)
+        device_prefill_chunk(layer, n_past_ + first, x, workspace(rows),
+                             first + rows > n - w ? keep_window : std::function<void(const float*, int64_t)>());
+      else
+        layer_forward(layer, n_past_ + first, x, workspace(rows), false, 0, keep_window);
       if (options.progress) options.progress(int64_t(layer) * n + first + rows, int64_t(s.n_layers) * n);
     }
     if (w > 0)
@@ -263,15 +265,19 @@ std::vector<float> Sequence::decode(int32_t token) {
   broken_ = true;
   int64_t attended = 0, cached = 0;
   for (int layer = 0; layer < s.n_layers; ++layer) {
-    layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
-    attended += policy_->last_stats().attended_tokens;
+    if (device_) {
+      attended += device_decode_layer(layer, n_past_, *ws.x, ws, decode_idx_);
+    } else {
+      layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
+      attended += policy_->last_stats().attended_tokens;
+    }
     cached += store_->n_tokens(layer) * s.n_kv_heads;
   }
   ++n_past_;
   ++decode_idx_;
   broken_ = false;
 
-  std::vector<float> logits = logits_of(*ws.x);
+  std::vector<float> logits = logits_of(*ws.x, &ws);
   stats_.decode_tokens += 1;
   stats_.decode_seconds += seconds_since(start);
   stats_.last_attended_fraction = cached > 0 ? double(attended) / double(cached) : 0.0;
@@ -286,6 +292,10 @@ void Sequence::sync_with_store() {
       fail(ErrorCode::kInvalidArgument, "Sequence::sync_with_store: layer ", layer, " holds ",
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
   policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  if (device_) {
+    broken_ = true;  // until every layer's ring holds the store's last tokens
+    for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_begin_layer(layer);
+  }
   n_past_ = n;
   decode_idx_ = 0;
   broken_ = false;
@@ -293,6 +303,7 @@ void Sequence::sync_with_store() {
 
 void Sequence::reset() {
   store_->clear();
+  if (device_) device_->clear();
   policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
   n_past_ = 0;
   decode_idx_ = 0;

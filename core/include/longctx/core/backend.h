@@ -107,7 +107,10 @@ class DeviceAttention {
   // already cached (an earlier turn): history_k/v are host [n_history,
   // n_kv_heads, head_dim] in any DType (the layer's cached K/V as the KV store
   // holds them), uploaded as the start of the layer's device K/V; n_history
-  // may be 0. Drops the previous layer's device K/V. Synchronous.
+  // may be 0. Its last min(window, n_history) tokens also go into the
+  // layer's ring, so calling it with a layer's whole cached K/V refills the
+  // ring (after a KV-store snapshot load). Drops the previous layer's device
+  // K/V. Synchronous.
   virtual void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) = 0;
   // One chunk of `layer` at positions [first_pos, first_pos + n), first_pos =
   // the tokens the layer holds on the device: q [n, n_heads*head_dim], k/v
@@ -131,7 +134,9 @@ class DeviceAttention {
   // position `pos` (= tokens the layer held before) go into the layer's ring;
   // the local part of the attention of q [1, n_heads*head_dim] over the ring's
   // tokens in [max(initial_len, pos + 1 - window), pos] is computed on the
-  // device (out and lse kept inside until decode_merge).
+  // device (out and lse kept inside until decode_merge). `pos` must be the
+  // number of tokens the layer's ring has seen (set by begin_prefill_layer,
+  // advanced by prefill_chunk and decode_local), else Error(kInvalidArgument).
   virtual void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
                             const BackendTensor& v) = 0;
   // Merges the CPU part (host f32 cpu_out [n_heads, head_dim], cpu_lse

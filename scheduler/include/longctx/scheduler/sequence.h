@@ -17,6 +17,23 @@
 // DecodePolicy::decode attends what config.policy selects (the local window
 // included: there is no device window on the CPU path).
 //
+// Device path: when backend.device_attention() is non-null, kv_type is f16 or
+// bf16, head_dim is 64, 128 or 256, policy is not h2o (it attends its recent
+// tokens on the CPU) and QUOKA prefill is off (a restricted prefill on the
+// CPU), attention goes through the backend's DeviceAttention, which the
+// constructor configures (so one live Sequence per device backend: the last
+// one constructed owns its DeviceAttention). Prefill: per layer
+// begin_prefill_layer with the layer's cached tokens (multi-turn), per chunk
+// prefill_chunk on the device, then the chunk's K/V (chunk_kv) appended to
+// the store while the device runs the MLP; only the chunks holding the
+// policy's window queries download q. Decode: decode_local attends the device
+// ring's [max(initial_len, pos + 1 - window), pos], which is the store's
+// Partition local range once the token is appended; the policy attends the
+// rest (include_local = false) and decode_merge combines them. The rings are
+// filled by prefill_chunk and decode_local, and by begin_prefill_layer from a
+// layer's cached K/V, which is how sync_with_store refills them. Without a
+// device path everything runs on the CPU as described above.
+//
 // A later prefill continues at n_past (multi-turn): the new tokens attend
 // everything before them and the policy is fed the new prompt's last queries.
 //
@@ -103,14 +120,19 @@ class Sequence {
   const kvstore::KVStore& store() const { return *store_; }
   // Takes n_past from the store (every layer must hold the same number of
   // tokens, else Error(kInvalidArgument)) and starts a fresh decode policy
-  // (its prefill-end state is lost; the next prefill feeds it again).
+  // (its prefill-end state is lost; the next prefill feeds it again). On the
+  // device path it uploads every layer's K/V (begin_prefill_layer), which
+  // refills the device rings; if that throws, the sequence is broken.
   void sync_with_store();
 
-  // Drops every token and the policy's state; n_past = 0, stats kept.
+  // Drops every token (the device's too) and the policy's state; n_past = 0,
+  // stats kept.
   void reset();
 
   const Transformer& model() const { return model_; }
   const LongContextConfig& config() const { return config_; }
+  // True when attention goes through the backend's DeviceAttention (above).
+  bool uses_device_attention() const { return device_ != nullptr; }
 
  private:
   struct Workspace;
@@ -122,8 +144,21 @@ class Sequence {
   // f32 [n, n_heads, head_dim].
   void layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
                      int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries);
-  // Logits f32 [rows, n_vocab] of every row of x [rows, n_embd].
-  std::vector<float> logits_of(const BackendTensor& x);
+  // The two halves of a layer around attention: norm, q/k/v (+ bias), RoPE
+  // into ws.q/k/v; then output projection, residual and MLP from ws.attn.
+  void attention_inputs(int layer, int64_t first_pos, const BackendTensor& x, Workspace& ws);
+  void attention_output(int layer, BackendTensor& x, Workspace& ws);
+  // Device path (sequence_device.cpp): the start of a layer's prefill (the
+  // layer's cached K/V uploaded as history, the ring refilled from it), one
+  // chunk, one decode layer.
+  void device_begin_layer(int layer);
+  void device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,
+                            const std::function<void(const float* q, int64_t n)>& on_queries);
+  // Returns the tokens the step attended exactly, summed over kv heads.
+  int64_t device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws, int64_t token_idx);
+  // Logits f32 [rows, n_vocab] of every row of x [rows, n_embd]; `ws`, when
+  // given, holds the [1, ...] tensors of the decode step's logits.
+  std::vector<float> logits_of(const BackendTensor& x, Workspace* ws = nullptr);
 
   Backend& backend_;
   const Transformer& model_;
@@ -134,6 +169,8 @@ class Sequence {
   std::unique_ptr<kvstore::KVStore> store_;
   std::unique_ptr<cpu::DecodePolicy> policy_;
   std::unique_ptr<Workspace> decode_ws_;
+  DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
+  std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back
   int64_t n_past_ = 0;
   int64_t decode_idx_ = 0;  // decode steps since the last prefill (DecodePolicy's token_idx)
   bool broken_ = false;

@@ -1,0 +1,100 @@
+// Sequence, device path (sequence.h): attention through the backend's
+// DeviceAttention. The backend computes q/k/v and the MLP as on the CPU path;
+// the device attends the prefill chunks and the decode local window, the KV
+// store still receives every token and the policy attends the rest on the CPU.
+#include <algorithm>
+#include <cstring>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "longctx/core/error.h"
+#include "longctx/scheduler/sequence.h"
+#include "sequence_internal.h"
+
+namespace longctx::scheduler {
+
+// Uploads the layer's cached tokens (an earlier turn, or a loaded snapshot;
+// none on the first prefill) as the history of its device prefill, which also
+// puts the last local_windows_len of them in the layer's ring: [n, n_kv_heads,
+// head_dim] in kv_type, read back from the store's block pages (K transposed
+// back to token-major).
+void Sequence::device_begin_layer(int layer) {
+  const TransformerSpec& s = model_.spec;
+  const int64_t n = store_->n_tokens(layer);
+  const int bs = config_.block_size;
+  const int n_kv = s.n_kv_heads, d = s.head_dim;
+  // Non-empty so that even a zero-row view has a valid pointer.
+  history_k_.resize(std::max<size_t>(1, size_t(n) * n_kv * d));
+  history_v_.resize(history_k_.size());
+  const int64_t n_blocks = store_->n_blocks(layer);
+  // The device path runs on 2-byte kv types only (device_path_applies).
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_blocks * n_kv), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) {
+      const int h = int(i % n_kv);
+      const int64_t b = i / n_kv;
+      const kvstore::BlockView view = store_->block(layer, h, b);
+      const auto* k_t = reinterpret_cast<const uint16_t*>(view.k_t);
+      const auto* v = reinterpret_cast<const uint16_t*>(view.v);
+      for (int t = 0; t < view.n_filled; ++t) {
+        const size_t row = (size_t(b * bs + t) * n_kv + size_t(h)) * size_t(d);
+        for (int c = 0; c < d; ++c) history_k_[row + size_t(c)] = k_t[size_t(c) * bs + size_t(t)];
+        std::memcpy(history_v_.data() + row, v + size_t(t) * d, size_t(d) * sizeof(uint16_t));
+      }
+    }
+  });
+  device_->begin_prefill_layer(layer, make_view(history_k_.data(), config_.kv_type, {n, n_kv, d}),
+                               make_view(history_v_.data(), config_.kv_type, {n, n_kv, d}));
+}
+
+void Sequence::device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,
+                                    const std::function<void(const float* q, int64_t n)>& on_queries) {
+  attention_inputs(layer, first_pos, x, ws);
+  device_->prefill_chunk(layer, first_pos, *ws.q, *ws.k, *ws.v, *ws.attn);
+  attention_output(layer, x, ws);  // queued behind the attention
+  // The chunk's K/V reach the store while the device runs the MLP.
+  const DeviceAttention::HostKV kv = device_->chunk_kv();
+  if (kv.k.rank != 3 || kv.k.shape[0] != ws.n || kv.v.rank != 3 || kv.v.shape[0] != ws.n)
+    fail(ErrorCode::kInternal, "Sequence::prefill: layer ", layer, " chunk at ", first_pos,
+         ": device returned K/V ", kv.k.describe(), " / ", kv.v.describe(), " for ", ws.n, " tokens");
+  store_->append(layer, kv.k, kv.v);
+  if (on_queries) {  // only the chunks with queries in the policy's window
+    if (backend_.host_memory()) backend_.synchronize();
+    const TensorView q = host_view(backend_, *ws.q, ws.host_q);
+    on_queries(static_cast<const float*>(q.data), ws.n);
+  }
+}
+
+int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws, int64_t token_idx) {
+  Backend& b = backend_;
+  const TransformerSpec& s = model_.spec;
+  attention_inputs(layer, pos, x, ws);
+  device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);  // the token enters the ring
+  if (b.host_memory()) b.synchronize();
+  const TensorView q = host_view(b, *ws.q, ws.host_q);
+  store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+
+  // The ring attends [ring_first, pos]. The store now holds pos + 1 tokens and
+  // its Partition's local range is [local_begin, pos + 1) with local_begin =
+  // max(min(initial_len, pos + 1), pos + 1 - window): the same range when
+  // pos + 1 > initial_len, and empty like the ring's when pos + 1 <= initial_len
+  // (then ring_first = initial_len > pos). So the CPU part (include_local =
+  // false: sinks + context) and the ring's part partition the tokens.
+  const kvstore::Partition part = store_->partition(layer);
+  const int64_t ring_first = std::max<int64_t>(config_.initial_len, pos + 1 - config_.local_windows_len);
+  if (part.n_tokens != pos + 1 || part.local_begin != std::min(ring_first, pos + 1))
+    fail(ErrorCode::kInternal, "Sequence::decode: layer ", layer, " at position ", pos, ": store local range [",
+         part.local_begin, ", ", part.n_tokens, ") is not the device ring's [", ring_first, ", ", pos + 1, ")");
+
+  const TensorView q2 = make_view(q.data, DType::kF32, {s.n_heads, s.head_dim});
+  const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads});
+  // A host buffer of its own: cpu_out must not alias ws.attn, merge's output.
+  ws.host_attn.resize(size_t(s.n_heads) * size_t(s.head_dim));
+  const MutableTensorView cpu_out = make_mutable_view(ws.host_attn.data(), DType::kF32, {s.n_heads, s.head_dim});
+  policy_->decode(layer, token_idx, q2, /*include_local=*/false, cpu_out, lse);
+  device_->decode_merge(layer, as_const(cpu_out), as_const(lse), *ws.attn);
+  attention_output(layer, x, ws);
+  return policy_->last_stats().attended_tokens + (part.n_tokens - part.local_begin) * s.n_kv_heads;
+}
+
+}  // namespace longctx::scheduler
