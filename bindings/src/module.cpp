@@ -1,10 +1,13 @@
-// longctx._core: the pybind11 module. Today it exposes the build and machine
-// report and the config loader; the KV store, engine and model runner follow
-// with the Python bindings issue. C++ errors become Python exceptions
-// (longctx.Error, a RuntimeError) carrying the C++ message.
+// longctx._core: the pybind11 module. It exposes the build and machine report,
+// configs (config_bindings.cpp), tensors through DLPack (dlpack.cpp), the KV
+// store (store_bindings.cpp), the CPU attention engine and decode policies
+// (attention_bindings.cpp), the model runner (model_bindings.cpp) and GGUF
+// files (gguf_bindings.cpp). C++ errors become longctx.Error (a RuntimeError)
+// carrying the C++ message; wrong Python types are TypeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "common.h"
 #include "longctx/core/config.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
@@ -40,4 +43,11 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("path"), py::arg("overrides") = std::vector<std::string>{},
       "Loads and validates a YAML config; returns it normalized as YAML text.");
+
+  longctx::bindings::bind_tensor(m);
+  longctx::bindings::bind_config(m);
+  longctx::bindings::bind_store(m);
+  longctx::bindings::bind_attention(m);
+  longctx::bindings::bind_model(m);
+  longctx::bindings::bind_gguf(m);
 }

@@ -1,0 +1,227 @@
+// The CPU attention engine over a KVStore (cpu/attention.h,
+// cpu/prefill_attention.h) and the decode policies (cpu/policy/decode_policy.h).
+// Queries come in through DLPack; results are new NumPy f32 arrays unless an
+// out= tensor is given. Every computation runs without the GIL.
+#include <pybind11/stl.h>
+
+#include "common.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/attention.h"
+#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/cpu/prefill_attention.h"
+#include "store_handle.h"
+
+namespace longctx::bindings {
+namespace {
+
+// An output: the caller's out= tensor (checked, written in place) or a new array.
+struct Out {
+  py::object object;  // what is returned
+  Arg arg;            // keeps an imported out= alive
+  MutableTensorView view;
+};
+
+Out output(py::handle given, const char* what, const std::vector<int64_t>& shape) {
+  Out o;
+  if (given.is_none()) {
+    py::array_t<float> a = new_f32(shape);
+    o.view = view_of(a);
+    o.object = std::move(a);
+  } else {
+    o.arg = tensor_arg(given, what, std::vector<Dim>(shape.begin(), shape.end()), kF32Only);
+    o.view = o.arg.view;
+    o.object = py::reinterpret_borrow<py::object>(given);
+  }
+  return o;
+}
+
+template <typename F>
+void run_locked(const StoreHandle& h, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(*h.mutex);
+  f();
+}
+
+py::tuple prefill_attention(const StoreHandle& h, int layer, int64_t first_pos, py::handle q, float scale,
+                            py::handle out, py::handle lse) {
+  const int d = h.store->layout().shape.head_dim;
+  const Arg qa = tensor_arg(q, "q", {"n", "n_q_heads", d}, kF32Only);
+  const int64_t n = qa.view.shape[0], heads = qa.view.shape[1];
+  Out o = output(out, "out", {n, heads, d});
+  Out l = output(lse, "lse", {n, heads});
+  run_locked(h, [&] { cpu::prefill_attention(*h.store, layer, first_pos, qa.cview(), scale, o.view, l.view); });
+  return py::make_tuple(o.object, l.object);
+}
+
+cpu::Selection selection_arg(py::handle obj, int n_kv_heads) {
+  cpu::Selection s;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> lists;
+  try {
+    lists = obj.cast<decltype(lists)>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("selection: expected a list (one per kv head) of lists of (begin, end) int pairs");
+  }
+  if (int(lists.size()) != n_kv_heads)
+    fail(ErrorCode::kInvalidArgument, "selection: expected one span list per kv head (", n_kv_heads, "), got ",
+         lists.size());
+  for (const auto& spans : lists) {
+    s.spans.emplace_back();
+    for (const auto& [b, e] : spans) s.spans.back().push_back(cpu::TokenSpan{b, e});
+  }
+  return s;
+}
+
+py::list selection_list(const cpu::Selection& s) {
+  py::list out;
+  for (const auto& spans : s.spans) {
+    py::list l;
+    for (const cpu::TokenSpan& t : spans) l.append(py::make_tuple(t.begin, t.end));
+    out.append(l);
+  }
+  return out;
+}
+
+py::tuple decode_attention(const StoreHandle& h, int layer, py::handle q, py::handle selection, float scale,
+                           py::handle out, py::handle lse) {
+  const int d = h.store->layout().shape.head_dim;
+  const Arg qa = tensor_arg(q, "q", {"n_q_heads", d}, kF32Only);
+  const int64_t heads = qa.view.shape[0];
+  Out o = output(out, "out", {heads, d});
+  Out l = output(lse, "lse", {heads});
+  cpu::DecodeAttentionParams params;
+  params.scale = scale;
+  if (selection.is_none()) {
+    run_locked(h, [&] { cpu::dense_decode_attention(*h.store, layer, qa.cview(), params, o.view, l.view); });
+  } else {
+    const cpu::Selection sel = selection_arg(selection, h.store->layout().shape.n_kv_heads);
+    run_locked(h, [&] { cpu::decode_attention(*h.store, layer, qa.cview(), sel, params, o.view, l.view); });
+  }
+  return py::make_tuple(o.object, l.object);
+}
+
+py::tuple merge_attention(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_b) {
+  // Any leading shape: lse [...], out [..., head_dim]; contiguous, the kernel takes pointers.
+  auto oa_t = ImportedTensor::import(out_a, "out_a");
+  const int rank = oa_t->ndim();
+  if (rank < 1 || rank > kMaxTensorRank)
+    fail(ErrorCode::kInvalidArgument, "out_a: expected [..., head_dim] f32 of rank 1 to ", kMaxTensorRank, ", got ",
+         oa_t->describe());
+  std::vector<Dim> out_dims(oa_t->shape().begin(), oa_t->shape().end());
+  std::vector<Dim> lse_dims(out_dims.begin(), out_dims.end() - 1);
+  const Arg oa = check_arg(std::move(oa_t), "out_a", out_dims, kF32Only, /*contiguous=*/true);
+  const Arg la = tensor_arg(lse_a, "lse_a", lse_dims, kF32Only, true);
+  const Arg ob = tensor_arg(out_b, "out_b", out_dims, kF32Only, true);
+  const Arg lb = tensor_arg(lse_b, "lse_b", lse_dims, kF32Only, true);
+  std::vector<int64_t> shape(oa.view.shape.begin(), oa.view.shape.begin() + rank);
+  py::array_t<float> out = new_f32(shape);
+  shape.pop_back();
+  py::array_t<float> lse = new_f32(shape);
+  const int head_dim = int(oa.view.shape[size_t(rank - 1)]);
+  const int n_heads = head_dim == 0 ? 0 : int(oa.view.numel() / head_dim);
+  float* op = out.mutable_data();
+  float* lp = lse.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    cpu::merge_attention(static_cast<const float*>(oa.view.data), static_cast<const float*>(la.view.data),
+                         static_cast<const float*>(ob.view.data), static_cast<const float*>(lb.view.data), op, lp,
+                         n_heads, head_dim);
+  }
+  return py::make_tuple(out, lse);
+}
+
+// longctx.DecodePolicy: the policy and the store it reads (kept alive).
+struct Policy {
+  StoreHandle store;
+  std::unique_ptr<cpu::DecodePolicy> policy;
+};
+
+Policy make_policy(py::handle config, const StoreHandle& store, py::handle retrieval_heads) {
+  const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
+  cpu::RetrievalHeads heads;
+  if (!retrieval_heads.is_none()) {
+    const kvstore::KVShape shape = store.store->layout().shape;
+    heads = cpu::RetrievalHeads(shape.n_layers, shape.n_kv_heads);
+    std::vector<std::pair<int, int>> pairs;
+    try {
+      pairs = retrieval_heads.cast<decltype(pairs)>();
+    } catch (const py::cast_error&) {
+      throw py::type_error("retrieval_heads: expected a list of (layer, kv_head) int pairs");
+    }
+    for (const auto& [layer, head] : pairs) heads.set(layer, head, true);
+  }
+  Policy p{store, nullptr};
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(*store.mutex);
+  p.policy = std::make_unique<cpu::DecodePolicy>(c, *store.store, std::move(heads));
+  return p;
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def("prefill_attention", &prefill_attention, py::arg("store"), py::arg("layer"), py::arg("first_pos"),
+        py::arg("q"), py::arg("scale") = 0.0f, py::arg("out") = py::none(), py::arg("lse") = py::none(),
+        "Attention of a chunk's queries q f32 [n, n_q_heads, head_dim] at positions first_pos.. over every "
+        "earlier token of `layer` and the chunk causally (its K/V appended first). Returns (out f32 [n, "
+        "n_q_heads, head_dim], lse f32 [n, n_q_heads]); scale 0 = 1/sqrt(head_dim).");
+  m.def(
+      "dense_decode_attention",
+      [](const StoreHandle& h, int layer, py::handle q, float scale, py::handle out, py::handle lse) {
+        return decode_attention(h, layer, q, py::none(), scale, out, lse);
+      },
+      py::arg("store"), py::arg("layer"), py::arg("q"), py::arg("scale") = 0.0f, py::arg("out") = py::none(),
+      py::arg("lse") = py::none(),
+      "One decode query per head, q f32 [n_q_heads, head_dim], over every token of `layer`. Returns (out, lse).");
+  m.def("decode_attention", &decode_attention, py::arg("store"), py::arg("layer"), py::arg("q"),
+        py::arg("selection"), py::arg("scale") = 0.0f, py::arg("out") = py::none(), py::arg("lse") = py::none(),
+        "As dense_decode_attention over the tokens `selection` lists: one list of (begin, end) spans per kv head.");
+  m.def("merge_attention", &merge_attention, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"), py::arg("lse_b"),
+        "Merges two partial results by their log-sum-exp: out [..., head_dim], lse [...] f32. An empty part "
+        "(lse -inf) leaves the other unchanged. Returns (out, lse).");
+
+  py::class_<Policy>(m, "DecodePolicy",
+                     "The decode-time selection policy of a config (select, dense, streaming, h2o; RazorAttention) "
+                     "over one store: cpu/policy/decode_policy.h.")
+      .def(py::init(&make_policy), py::arg("config"), py::arg("store"), py::arg("retrieval_heads") = py::none(),
+           "config: Config, path, dict, or None for the store's config. retrieval_heads: optional list of "
+           "(layer, kv_head) pairs (RazorAttention); else config razor.retrieval_heads.")
+      .def(
+          "on_prefill_end",
+          [](Policy& p, int layer, py::handle window_q) {
+            const int d = p.store.store->layout().shape.head_dim;
+            const Arg q = tensor_arg(window_q, "window_q", {"w", "n_q_heads", d}, kF32Only);
+            run_locked(p.store, [&] { p.policy->on_prefill_end(layer, q.cview()); });
+          },
+          py::arg("layer"), py::arg("window_q"),
+          "End of the prefill of `layer`: window_q f32 [w, n_q_heads, head_dim], the last prompt queries.")
+      .def(
+          "decode",
+          [](Policy& p, int layer, int64_t token_idx, py::handle q, bool include_local, py::handle out,
+             py::handle lse) {
+            const int d = p.store.store->layout().shape.head_dim;
+            const Arg qa = tensor_arg(q, "q", {"n_q_heads", d}, kF32Only);
+            const int64_t heads = qa.view.shape[0];
+            Out o = output(out, "out", {heads, d});
+            Out l = output(lse, "lse", {heads});
+            run_locked(p.store, [&] { p.policy->decode(layer, token_idx, qa.cview(), include_local, o.view, l.view); });
+            return py::make_tuple(o.object, l.object);
+          },
+          py::arg("layer"), py::arg("token_idx"), py::arg("q"), py::arg("include_local") = true,
+          py::arg("out") = py::none(), py::arg("lse") = py::none(),
+          "Decode step token_idx (0 = first generated token, already appended) of `layer`: q f32 [n_q_heads, "
+          "head_dim]. Returns (out, lse).")
+      .def("last_selection", [](const Policy& p) { return selection_list(p.policy->last_selection()); },
+           "Per kv head, the (begin, end) token spans the last decode attended exactly.")
+      .def("last_stats",
+           [](const Policy& p) {
+             py::dict d;
+             d["attended_tokens"] = p.policy->last_stats().attended_tokens;
+             d["reselected"] = p.policy->last_stats().reselected;
+             return d;
+           })
+      .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
+      .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
+      .def_property_readonly("store", [](const Policy& p) { return p.store; });
+}
+
+}  // namespace longctx::bindings
