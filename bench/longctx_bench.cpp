@@ -3,6 +3,7 @@
 //
 //   longctx-bench kvstore [--tokens 4096] [--layers 32] [--kv-heads 8] [--head-dim 128] [--reps 5] [--quick]
 //   longctx-bench kernels [--contexts 4096,32768] [--dtype f16] [--budget 4096] [--reps 5] [--quick]
+//   longctx-bench gpu [--histories 32768,131072] [--windows 4096,...,65536] [--reps 5] [--quick] (bench_gpu.cpp)
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,7 @@ int run_kvstore(const std::vector<std::string>& args);
 int run_kernels(const std::vector<std::string>& args);
 int run_accuracy(const std::vector<std::string>& args);
 int run_decode(const std::vector<std::string>& args);
+int run_gpu(const std::vector<std::string>& args);
 }
 
 namespace {
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
       "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n"
       "  accuracy  selection policies x budgets x contexts: recall, output error, time per step\n"
       "  decode    generated model: prefill and decode tokens/s, dense vs sparse attention\n"
+      "  gpu       GPU attention kernels (TFLOP/s, GB/s vs D2D copy, vs torch SDPA) and GPU prefill tokens/s\n"
       "  e2e       demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot\n"
       "            (runs tools/bench_e2e.py with /usr/bin/python3; see its --help)\n";
   if (argc < 2) {
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
     if (command == "kernels") return longctx::bench::run_kernels(args);
     if (command == "accuracy") return longctx::bench::run_accuracy(args);
     if (command == "decode") return longctx::bench::run_decode(args);
+    if (command == "gpu") return longctx::bench::run_gpu(args);
     if (command == "e2e") return run_e2e_script(args);
     std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), usage);
     return 2;

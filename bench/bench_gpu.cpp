@@ -1,0 +1,394 @@
+// longctx-bench gpu: the GPU attention kernels and the GPU prefill path.
+//   prefill_attention  TFLOP/s of causal prefill attention, one chunk of
+//                      --chunk queries over --histories tokens of history
+//                      (n_kv = history + chunk), Llama-8B-like heads (32 q,
+//                      8 kv, d=128), f16 and bf16 K/V; FLOPs = 4 * n_q *
+//                      mean keys per query * head_dim * n_heads; median of
+//                      --reps runs timed with CUDA events. The same shapes
+//                      through torch's scaled_dot_product_attention
+//                      (tools/bench_sdpa.py, when /usr/bin/python3 has torch
+//                      with CUDA) and the ratio.
+//   local_window       GB/s of K/V read by local_window_attention for each
+//                      window (ring of `window` slots, wrapped), single pass
+//                      and split-K (workspace), vs the device-to-device
+//                      cudaMemcpy bandwidth (read + write counted) measured here.
+//   prefill_e2e        tokens/s of a whole prefill of the generated "bench"
+//                      model (tools/test_model.h) through scheduler::Sequence
+//                      on the CUDA backend, per context.
+// Without a CUDA device it prints {"bench":"gpu","skipped":"no CUDA device: ..."}.
+//
+//   longctx-bench gpu [--histories 32768,131072] [--chunk 4096] [--windows 4096,8192,16384,32768,65536]
+//                     [--contexts 32768,131072] [--reps 5] [--no-sdpa] [--no-e2e] [--quick]
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "longctx/core/config.h"
+#include "longctx/core/error.h"
+#include "longctx/gpu/attention.h"
+#include "longctx/gpu/cuda_backend.h"
+#include "longctx/gpu/device.h"
+#include "longctx/model/llama.h"
+#include "longctx/scheduler/sequence.h"
+#include "longctx/tools/test_model.h"
+
+#ifdef LONGCTX_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace longctx::bench {
+namespace {
+
+struct GpuArgs {
+  std::vector<int64_t> histories{32768, 131072};
+  int64_t chunk = 4096;
+  std::vector<int64_t> windows{4096, 8192, 16384, 32768, 65536};
+  std::vector<int64_t> contexts{32768, 131072};
+  int reps = 5;
+  bool sdpa = true;
+  bool e2e = true;
+};
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+
+std::vector<int64_t> parse_list(const std::string& list) {
+  std::vector<int64_t> values;
+  for (size_t pos = 0; pos < list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    values.push_back(std::stoll(list.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return values;
+}
+
+#ifdef LONGCTX_HAVE_CUDA
+
+std::string join(const std::vector<int64_t>& values) {
+  std::string s;
+  for (int64_t v : values) s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+
+void emit(std::vector<Record>& records, const Record& r) {
+  std::printf("%s\n", r.json().c_str());
+  std::fflush(stdout);
+  records.push_back(r);
+}
+
+// Value of "key" in one compact JSON line of bench_sdpa.py ("" when absent).
+std::string json_field(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\":";
+  const size_t at = line.find(tag);
+  if (at == std::string::npos) return "";
+  size_t begin = at + tag.size(), end = begin;
+  if (begin < line.size() && line[begin] == '"') {
+    end = line.find('"', begin + 1);
+    return end == std::string::npos ? "" : line.substr(begin + 1, end - begin - 1);
+  }
+  while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
+  return line.substr(begin, end - begin);
+}
+
+// The generated model file, removed when the benchmark ends.
+struct TempModel {
+  std::string path;
+  TempModel() {
+    path = (std::filesystem::temp_directory_path() / ("longctx-bench-gpu-" + std::to_string(getpid()) + ".gguf"))
+               .string();
+    tools::make_test_model(tools::test_model_by_name("bench")).write(path);
+  }
+  ~TempModel() {
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+  }
+};
+
+// tokens/s of one prefill of `context` tokens; throws kUnsupported when the
+// CUDA backend is not available.
+Record e2e_record(int64_t context) {
+  const TempModel file;
+  auto backend = gpu::make_cuda_backend();
+  const auto model = model::Model::open(file.path, *backend);
+  LongContextConfig c;
+  c.max_seq_len = context;
+  c.chunk_size = 4096;
+  c.block_size = 128;
+  c.initial_len = 128;
+  c.local_windows_len = 1024;
+  c.kv_type = DType::kF16;
+  c.dense_layer_num = 0;
+  c.policy = SelectionPolicy::kDense;
+  c.second_select_num = 22;  // a 4096-token budget, as longctx-bench decode
+  scheduler::Sequence seq(*backend, model->transformer(), c);
+  std::vector<int32_t> tokens(static_cast<size_t>(context));
+  const int64_t vocab = model->spec().n_vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 2654435761u) % uint64_t(vocab));
+  const double start = now_seconds();
+  seq.prefill(tokens);
+  const double seconds = now_seconds() - start;
+  Record r;
+  r.set("bench", "gpu").set("part", "prefill_e2e").set("model", "bench").set("context", context);
+  r.set("backend", backend->name()).set("seconds", seconds).set("tokens_per_s", double(context) / seconds);
+  return r;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(ErrorCode::kInternal, what, ": ", cudaGetErrorString(status));
+}
+
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(ptr_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Seconds of each of `reps` runs of fn (each run = `inner` calls), CUDA events.
+std::vector<double> time_device(int reps, int inner, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> seconds;
+  fn();  // warm-up
+  check(cudaDeviceSynchronize(), "warm-up");
+  for (int r = 0; r < reps; ++r) {
+    check(cudaEventRecord(start), "cudaEventRecord");
+    for (int i = 0; i < inner; ++i) fn();
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.f;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    seconds.push_back(1e-3 * ms / inner);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return seconds;
+}
+
+// Random f32 in [-1, 1) rounded into rows [0, rows) of a kv_dtype buffer, via store_kv.
+void fill_random(void* dst, DType dtype, int64_t rows, int64_t row_elems, uint64_t seed) {
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t{64} << 20) / (row_elems * 4)));
+  std::vector<float> host(size_t(chunk * row_elems));
+  DeviceMemory staging(host.size() * sizeof(float));
+  uint64_t state = seed;
+  for (int64_t begin = 0; begin < rows; begin += chunk) {
+    const int64_t n = std::min(chunk, rows - begin);
+    for (size_t i = 0; i < size_t(n * row_elems); ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      host[i] = float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
+    }
+    check(cudaMemcpy(staging.get(), host.data(), size_t(n * row_elems) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    gpu::StoreKVParams s;
+    s.src = staging.get<float>(), s.dst = dst, s.kv_dtype = dtype;
+    s.n = n, s.row_elems = row_elems, s.first_pos = begin, s.capacity = rows;
+    gpu::store_kv(s, nullptr);
+  }
+  check(cudaDeviceSynchronize(), "fill");
+}
+
+Record prefill_record(const GpuArgs& a, DType dtype, int64_t history) {
+  const int64_t n_q = a.chunk, n_kv = history + n_q;
+  const int64_t row = int64_t(kKvHeads) * kHeadDim;
+  DeviceMemory k(size_t(n_kv * row) * 2), v(size_t(n_kv * row) * 2);
+  DeviceMemory q(size_t(n_q) * kHeads * kHeadDim * 4), out(size_t(n_q) * kHeads * kHeadDim * 4),
+      lse(size_t(n_q) * kHeads * 4);
+  fill_random(k.get(), dtype, n_kv, row, 1);
+  fill_random(v.get(), dtype, n_kv, row, 2);
+  {  // q: f32 in [-1, 1) (store_kv cannot write f32; upload directly)
+    std::vector<float> host(size_t(n_q) * kHeads * kHeadDim);
+    uint64_t state = 3;
+    for (float& x : host) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      x = float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
+    }
+    check(cudaMemcpy(q.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  gpu::PrefillAttentionParams p;
+  p.q = q.get<float>(), p.k = k.get(), p.v = v.get(), p.out = out.get<float>(), p.lse = lse.get<float>();
+  p.kv_dtype = dtype, p.n_q = n_q, p.n_kv = n_kv, p.q_first_pos = history;
+  p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim;
+  const double seconds = median(time_device(a.reps, 1, [&] { gpu::prefill_attention(p, nullptr); }));
+  const double mean_keys = double(history) + double(n_q + 1) / 2.0;
+  const double flops = 4.0 * double(n_q) * mean_keys * kHeadDim * kHeads;
+  Record r;
+  r.set("bench", "gpu").set("part", "prefill_attention").set("dtype", dtype_name(dtype));
+  r.set("history", history).set("n_q", n_q).set("n_kv", n_kv).set("heads", str_cat(kHeads, "/", kKvHeads, "x", kHeadDim));
+  r.set("ms", 1e3 * seconds).set("tflops", flops / seconds / 1e12);
+  return r;
+}
+
+double measure_d2d_gbps(int reps) {
+  const size_t bytes = size_t{512} << 20;
+  DeviceMemory src(bytes), dst(bytes);
+  check(cudaMemset(src.get(), 1, bytes), "cudaMemset");
+  const double seconds = median(time_device(reps, 1, [&] {
+    check(cudaMemcpy(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+  }));
+  return 2.0 * double(bytes) / seconds / 1e9;  // read + write
+}
+
+Record local_record(const GpuArgs& a, int64_t window, bool split, double copy_gbps) {
+  const int64_t row = int64_t(kKvHeads) * kHeadDim;
+  DeviceMemory k(size_t(window * row) * 2), v(size_t(window * row) * 2);
+  DeviceMemory q(size_t(kHeads) * kHeadDim * 4), out(size_t(kHeads) * kHeadDim * 4), lse(size_t(kHeads) * 4);
+  const size_t work_bytes = gpu::local_window_workspace_bytes(kHeads, kHeadDim);
+  DeviceMemory work(work_bytes);
+  fill_random(k.get(), DType::kF16, window, row, 4);
+  fill_random(v.get(), DType::kF16, window, row, 5);
+  check(cudaMemset(q.get(), 0, size_t(kHeads) * kHeadDim * 4), "cudaMemset");
+  gpu::LocalAttentionParams p;
+  p.q = q.get<float>(), p.k = k.get(), p.v = v.get(), p.out = out.get<float>(), p.lse = lse.get<float>();
+  p.kv_dtype = DType::kF16, p.capacity = window;
+  p.last_pos = 3 * window + 17, p.first_pos = p.last_pos + 1 - window;  // a wrapped ring, all slots attended
+  p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim;
+  if (split) p.workspace = work.get(), p.workspace_bytes = work_bytes;
+  const double seconds = median(time_device(a.reps, 20, [&] { gpu::local_window_attention(p, nullptr); }));
+  const double bytes = 2.0 * double(window) * double(row) * 2.0;  // K and V, f16
+  Record r;
+  r.set("bench", "gpu").set("part", "local_window").set("dtype", "f16").set("window", window);
+  r.set("mode", split ? "split" : "single").set("us", 1e6 * seconds).set("gbps", bytes / seconds / 1e9);
+  r.set("copy_gbps", copy_gbps).set("of_copy", bytes / seconds / 1e9 / copy_gbps);
+  return r;
+}
+
+// Runs tools/bench_sdpa.py; returns its JSON lines (or one "skipped" line).
+std::vector<std::string> run_sdpa(const GpuArgs& a) {
+  const std::string command = str_cat("/usr/bin/python3 ", LONGCTX_SOURCE_DIR, "/tools/bench_sdpa.py --histories ",
+                                      join(a.histories), " --n-q ", a.chunk, " --heads ", kHeads, " --kv-heads ",
+                                      kKvHeads, " --head-dim ", kHeadDim, " --reps ", a.reps, " 2>/dev/null");
+  std::vector<std::string> lines;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {R"({"bench":"gpu_sdpa","skipped":"cannot run /usr/bin/python3"})"};
+  std::string line;
+  for (int ch; (ch = std::fgetc(pipe)) != EOF;) {
+    if (ch != '\n') {
+      line += char(ch);
+    } else if (!line.empty()) {
+      if (line.front() == '{') lines.push_back(line);
+      line.clear();
+    }
+  }
+  const int status = pclose(pipe);
+  if (lines.empty()) {
+    Record r;
+    r.set("bench", "gpu_sdpa").set("skipped", str_cat("tools/bench_sdpa.py printed nothing (exit status ", status, ")"));
+    lines.push_back(r.json());
+  }
+  return lines;
+}
+
+int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
+  std::vector<Record> prefill, local, e2e, ratios;
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (int64_t history : a.histories) emit(prefill, prefill_record(a, dtype, history));
+
+  if (a.sdpa) {
+    for (const std::string& line : run_sdpa(a)) {
+      std::printf("%s\n", line.c_str());
+      if (!json_field(line, "skipped").empty()) continue;
+      for (const Record& r : prefill) {
+        if (r.get("dtype") != "\"" + json_field(line, "dtype") + "\"" || r.get("history") != json_field(line, "history"))
+          continue;
+        const double ours = std::strtod(r.get("tflops").c_str(), nullptr);
+        const double theirs = std::strtod(json_field(line, "tflops").c_str(), nullptr);
+        Record x;
+        x.set("bench", "gpu").set("part", "prefill_vs_sdpa").set("dtype", json_field(line, "dtype"));
+        x.set("history", int64_t(std::stoll(json_field(line, "history")))).set("tflops", ours).set("sdpa_tflops", theirs);
+        x.set("sdpa_backend", json_field(line, "backend")).set("ratio", theirs > 0 ? ours / theirs : 0.0);
+        emit(ratios, x);
+      }
+    }
+  }
+
+  const double copy_gbps = measure_d2d_gbps(a.reps);
+  for (int64_t window : a.windows)
+    for (bool split : {false, true}) emit(local, local_record(a, window, split, copy_gbps));
+
+  if (a.e2e) {
+    for (int64_t context : a.contexts) {
+      try {
+        emit(e2e, e2e_record(context));
+      } catch (const Error& e) {  // the CUDA backend is missing or failed: report, keep the rest
+        Record r;
+        r.set("bench", "gpu").set("part", "prefill_e2e").set("context", context).set("skipped", e.what());
+        emit(e2e, r);
+        break;
+      }
+    }
+  }
+
+  std::printf("\nDevice %s (sm_%d%d, %d SMs); heads %d q / %d kv, d=%d\n", device.name.c_str(), device.sm_major,
+              device.sm_minor, device.multiprocessors, kHeads, kKvHeads, kHeadDim);
+  print_table(prefill, {"dtype", "history", "n_q", "ms", "tflops"});
+  if (!ratios.empty()) {
+    std::printf("\n");
+    print_table(ratios, {"dtype", "history", "tflops", "sdpa_tflops", "sdpa_backend", "ratio"});
+  }
+  std::printf("\nlocal window (K+V bytes read / s; copy_gbps = cudaMemcpy D2D, read + write counted)\n");
+  print_table(local, {"window", "mode", "us", "gbps", "copy_gbps", "of_copy"});
+  if (!e2e.empty()) {
+    std::printf("\n");
+    print_table(e2e, {"context", "backend", "seconds", "tokens_per_s", "skipped"});
+  }
+  return 0;
+}
+
+#endif  // LONGCTX_HAVE_CUDA
+
+}  // namespace
+
+int run_gpu(const std::vector<std::string>& args) {
+  GpuArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto next = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      return args[++i];
+    };
+    if (args[i] == "--histories") a.histories = parse_list(next());
+    else if (args[i] == "--chunk") a.chunk = std::stoll(next());
+    else if (args[i] == "--windows") a.windows = parse_list(next());
+    else if (args[i] == "--contexts") a.contexts = parse_list(next());
+    else if (args[i] == "--reps") a.reps = std::stoi(next());
+    else if (args[i] == "--no-sdpa") a.sdpa = false;
+    else if (args[i] == "--no-e2e") a.e2e = false;
+    else if (args[i] == "--quick") a.histories = {32768}, a.windows = {4096, 65536}, a.contexts = {32768}, a.reps = 3;
+    else fail(ErrorCode::kInvalidArgument, "gpu: unknown argument '", args[i], "'");
+  }
+  if (a.reps < 1 || a.chunk < 1) fail(ErrorCode::kInvalidArgument, "gpu: --reps and --chunk must be >= 1");
+  for (int64_t h : a.histories)
+    if (h < 0) fail(ErrorCode::kInvalidArgument, "gpu: history ", h, " must be >= 0");
+  for (int64_t w : a.windows)
+    if (w < 1) fail(ErrorCode::kInvalidArgument, "gpu: window ", w, " must be >= 1");
+  for (int64_t c : a.contexts)
+    if (c < 2048) fail(ErrorCode::kInvalidArgument, "gpu: context ", c, " must be >= 2048");
+
+  std::string why;
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices(&why);
+  if (devices.empty()) {
+    Record r;
+    r.set("bench", "gpu").set("skipped", "no CUDA device: " + why);
+    std::printf("%s\n", r.json().c_str());
+    return 0;
+  }
+#ifdef LONGCTX_HAVE_CUDA
+  return run_device(a, devices.front());
+#else
+  return 0;  // unreachable: a build without CUDA lists no device
+#endif
+}
+
+}  // namespace longctx::bench

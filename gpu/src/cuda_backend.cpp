@@ -1,0 +1,502 @@
+// CudaBackend (cuda_backend.h): tensors from the budgeted device pool, host
+// copies, argument checks (the same as CpuBackend's), cuBLAS GEMMs; the other
+// kernels are in cuda_ops.cu and the attention in cuda_device_attention.cpp.
+#include "longctx/gpu/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "cuda_check.h"
+#include "cuda_internal.h"
+#include "cuda_ops.h"
+#include "longctx/core/error.h"
+#include "longctx/gpu/device.h"
+
+namespace longctx::gpu {
+namespace detail {
+
+void activate(const CudaContext& context) { cuda_check(cudaSetDevice(context.device), "cudaSetDevice"); }
+
+const CudaTensor& cuda_tensor(const BackendTensor& t, const char* op, const char* arg) {
+  const auto* cuda = dynamic_cast<const CudaTensor*>(&t);
+  if (cuda == nullptr)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", t.describe(), " is not a CudaBackend tensor");
+  return *cuda;
+}
+
+CudaTensor& cuda_tensor(BackendTensor& t, const char* op, const char* arg) {
+  return const_cast<CudaTensor&>(cuda_tensor(static_cast<const BackendTensor&>(t), op, arg));
+}
+
+void check_host_view(const TensorView& view, const char* op, const char* arg) {
+  if (view.rank < 0 || view.rank > kMaxTensorRank)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " has rank ", view.rank);
+  dtype_size(view.dtype);  // rejects an invalid dtype value
+  for (int d = 0; d < view.rank; ++d) {
+    if (view.shape[d] < 0)
+      fail(ErrorCode::kInvalidArgument, op, ": ", arg, " has a negative extent: ", view.describe());
+  }
+  if (view.numel() > 0 && view.data == nullptr)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", view.describe(), " has a null data pointer");
+}
+
+namespace {
+
+// Calls fn(row, element_offset) for every innermost row of a strided view.
+template <typename View, typename Fn>
+void for_each_row(const View& view, Fn fn) {
+  const int inner = view.rank - 1;
+  const int64_t row_len = view.rank == 0 ? 1 : view.shape[inner];
+  if (view.numel() == 0) return;
+  const int64_t rows = view.numel() / row_len;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rest = r, offset = 0;
+    for (int d = inner - 1; d >= 0; --d) {
+      offset += (rest % view.shape[d]) * view.strides[d];
+      rest /= view.shape[d];
+    }
+    fn(r, offset);
+  }
+}
+
+}  // namespace
+
+void gather_view(const TensorView& src, void* dst, DType dst_dtype) {
+  const int64_t numel = src.numel();
+  if (src.is_contiguous()) {
+    convert(src.data, src.dtype, dst, dst_dtype, static_cast<size_t>(numel));
+    return;
+  }
+  const int64_t row_len = src.shape[src.rank - 1];
+  const int64_t inner_stride = src.strides[src.rank - 1];
+  const size_t src_size = dtype_size(src.dtype), dst_size = dtype_size(dst_dtype);
+  for_each_row(src, [&](int64_t r, int64_t offset) {
+    const auto* from = static_cast<const std::byte*>(src.data) + offset * int64_t(src_size);
+    auto* to = static_cast<std::byte*>(dst) + r * row_len * int64_t(dst_size);
+    if (inner_stride == 1) {
+      convert(from, src.dtype, to, dst_dtype, static_cast<size_t>(row_len));
+    } else {
+      for (int64_t i = 0; i < row_len; ++i)
+        store_from_f32(to, dst_dtype, size_t(i), load_as_f32(from, src.dtype, size_t(i * inner_stride)));
+    }
+  });
+}
+
+void scatter_view(const void* src, const MutableTensorView& dst) {
+  const size_t size = dtype_size(dst.dtype);
+  if (dst.is_contiguous()) {
+    if (dst.numel() > 0) std::memcpy(dst.data, src, size_t(dst.numel()) * size);
+    return;
+  }
+  const int64_t row_len = dst.shape[dst.rank - 1];
+  const int64_t inner_stride = dst.strides[dst.rank - 1];
+  for_each_row(dst, [&](int64_t r, int64_t offset) {
+    const auto* from = static_cast<const std::byte*>(src) + r * row_len * int64_t(size);
+    auto* to = static_cast<std::byte*>(dst.data) + offset * int64_t(size);
+    for (int64_t i = 0; i < row_len; ++i)
+      std::memcpy(to + i * inner_stride * int64_t(size), from + i * int64_t(size), size);
+  });
+}
+
+void copy_host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
+  if (bytes == 0) return;
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
+  // From pageable memory the call returns once src is staged; from pinned
+  // memory it does not, so wait: the caller may reuse src at once.
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, src) != cudaSuccess) cudaGetLastError();
+  if (attributes.type != cudaMemoryTypeUnregistered) cuda_check(cudaStreamSynchronize(stream), what);
+}
+
+namespace {
+
+const char* cublas_status_text(cublasStatus_t status) { return cublasGetStatusString(status); }
+
+void cublas_check(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) fail(ErrorCode::kOutOfMemory, what, ": ", cublas_status_text(status));
+  if (status != CUBLAS_STATUS_SUCCESS) fail(ErrorCode::kInternal, what, ": ", cublas_status_text(status));
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// Owners of the CUDA handles, so that a constructor that throws half-way
+// releases what it made. Streams are drained before they go.
+struct StreamOwner {
+  cudaStream_t stream = nullptr;
+  StreamOwner() { cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~StreamOwner() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  StreamOwner(const StreamOwner&) = delete;
+  StreamOwner& operator=(const StreamOwner&) = delete;
+};
+
+struct CublasOwner {
+  cublasHandle_t handle = nullptr;
+  CublasOwner() { cublas_check(cublasCreate(&handle), "cublasCreate"); }
+  ~CublasOwner() { cublasDestroy(handle); }
+  CublasOwner(const CublasOwner&) = delete;
+  CublasOwner& operator=(const CublasOwner&) = delete;
+};
+
+int select_device(const CudaBackendOptions& options, std::string& device_name) {
+  std::string why;
+  const std::vector<DeviceInfo> devices = list_devices(&why);
+  if (devices.empty()) fail(ErrorCode::kUnsupported, "make_cuda_backend: no CUDA device: ", why);
+  for (const DeviceInfo& d : devices) {
+    if (d.index == options.device) {
+      device_name = d.name;
+      // Current before the streams and the cuBLAS handle are made (members).
+      cuda_check(cudaSetDevice(d.index), "cudaSetDevice");
+      return d.index;
+    }
+  }
+  fail(ErrorCode::kInvalidArgument, "make_cuda_backend: device ", options.device, " does not exist (this machine has ",
+       devices.size(), " usable CUDA device", devices.size() == 1 ? "" : "s", ")");
+}
+
+uint64_t device_budget(const CudaBackendOptions& options, int device) {
+  if (options.device_budget_bytes != 0) return options.device_budget_bytes;
+  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return uint64_t(double(free) * 0.9);
+}
+
+// Product of the extents after the first (the row length of an [n, ...] tensor).
+int64_t row_length(const BackendTensor& t) {
+  int64_t count = 1;
+  for (size_t d = 1; d < t.shape().size(); ++d) count *= t.shape()[d];
+  return count;
+}
+
+void check_dtype_is(const BackendTensor& t, DType dtype, const char* op, const char* arg) {
+  if (t.dtype() != dtype)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " must be ", dtype_name(dtype), ", got ", t.describe());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override {
+    return str_cat("cuda (", device_name_, ", ", dtype_name(weight_dtype_), " weights)");
+  }
+  bool host_memory() const override { return false; }
+  DType weight_dtype() const override { return weight_dtype_; }
+
+  std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype) override;
+  void upload(const TensorView& src, BackendTensor& dst) override;
+  void download(const BackendTensor& src, const MutableTensorView& dst) override;
+  std::unique_ptr<BackendTensor> load_weight(const TensorView& host) override;
+
+  void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) override;
+  void rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) override;
+  void rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) override;
+  void swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) override;
+  void add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) override;
+  void embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) override;
+  void synchronize() override;
+  DeviceAttention* device_attention() override { return attention_.get(); }
+
+ private:
+  std::unique_ptr<BackendTensor> make_tensor(DType dtype, std::vector<int64_t> shape, const char* what);
+  // Copies a host view into device memory of dst_dtype, converting on the host.
+  void copy_to_device(const TensorView& src, void* dst, DType dst_dtype);
+  // inv_freq of these params on the device (cached per distinct table).
+  const float* inv_freq_on_device(const std::vector<float>& inv_freq);
+
+  DType weight_dtype_;
+  std::string device_name_;
+  int device_;
+  StreamOwner compute_, copy_;
+  CublasOwner cublas_;
+  CudaContext context_;
+  PoolBlock x_scratch_;  // x converted to the weight dtype for cuBLAS
+  std::vector<std::pair<std::vector<float>, PoolBlock>> rope_tables_;
+  std::unique_ptr<DeviceAttention> attention_;
+};
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options)
+    : weight_dtype_(options.weight_dtype), device_(select_device(options, device_name_)) {
+  context_.device = device_;
+  context_.compute = compute_.stream;
+  context_.copy = copy_.stream;
+  context_.device_pool = MemoryPool::create(MemoryPool::Kind::kDevice, device_, device_budget(options, device_));
+  context_.pinned_pool = MemoryPool::create(MemoryPool::Kind::kPinned, device_, options.pinned_budget_bytes);
+  cublas_check(cublasSetStream(cublas_.handle, compute_.stream), "cublasSetStream");
+  // Plain fp32 for f32 weights (no TF32): the f32 path is the exact one.
+  cublas_check(cublasSetMathMode(cublas_.handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  attention_ = make_device_attention(context_);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  attention_.reset();
+  cudaStreamSynchronize(copy_.stream);
+  cudaStreamSynchronize(compute_.stream);
+}
+
+std::unique_ptr<BackendTensor> CudaBackend::make_tensor(DType dtype, std::vector<int64_t> shape, const char* what) {
+  const size_t elem = dtype_size(dtype);  // rejects an invalid dtype value
+  int64_t numel = 1;
+  for (int64_t extent : shape) {
+    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel)) {
+      std::string text;
+      for (int64_t e : shape) text += (text.empty() ? "" : ", ") + std::to_string(e);
+      fail(ErrorCode::kInvalidArgument, "CudaBackend::", what, ": invalid shape [", text, "]");
+    }
+  }
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(size_t(numel), elem, &bytes))
+    fail(ErrorCode::kOutOfMemory, "CudaBackend::", what, ": ", numel, " elements overflow the address space");
+  activate(context_);
+  std::string label = str_cat("CudaBackend::", what, ": ", dtype_name(dtype), "[");
+  for (size_t d = 0; d < shape.size(); ++d) label += str_cat(d > 0 ? ", " : "", shape[d]);
+  PoolBlock block = context_.device_pool->alloc(bytes, label + "]");
+  return std::make_unique<CudaTensor>(dtype, std::move(shape), std::move(block));
+}
+
+std::unique_ptr<BackendTensor> CudaBackend::alloc(std::vector<int64_t> shape, DType dtype) {
+  return make_tensor(dtype, std::move(shape), "alloc");
+}
+
+void CudaBackend::copy_to_device(const TensorView& src, void* dst, DType dst_dtype) {
+  const size_t bytes = size_t(src.numel()) * dtype_size(dst_dtype);
+  if (bytes == 0) return;
+  activate(context_);
+  if (src.is_contiguous() && src.dtype == dst_dtype) {
+    copy_host_to_device(dst, src.data, bytes, compute_.stream, "upload: cudaMemcpyAsync");
+    return;
+  }
+  std::vector<std::byte> staging(bytes);
+  gather_view(src, staging.data(), dst_dtype);
+  copy_host_to_device(dst, staging.data(), bytes, compute_.stream, "upload: cudaMemcpyAsync");
+}
+
+void CudaBackend::upload(const TensorView& src, BackendTensor& dst) {
+  auto& out = cuda_tensor(dst, "upload", "dst");
+  check_host_view(src, "upload", "src");
+  if (src.dtype != out.dtype() || src.numel() != out.numel()) {
+    fail(ErrorCode::kInvalidArgument, "upload: src ", src.describe(), " does not match dst ", out.describe(),
+         " (dtype and element count must be equal)");
+  }
+  copy_to_device(src, out.data(), out.dtype());
+}
+
+void CudaBackend::download(const BackendTensor& src, const MutableTensorView& dst) {
+  const auto& in = cuda_tensor(src, "download", "src");
+  check_host_view(as_const(dst), "download", "dst");
+  if (dst.dtype != in.dtype() || dst.numel() != in.numel()) {
+    fail(ErrorCode::kInvalidArgument, "download: src ", in.describe(), " does not match dst ", dst.describe(),
+         " (dtype and element count must be equal)");
+  }
+  const size_t bytes = in.bytes();
+  if (bytes == 0) return;
+  activate(context_);
+  std::vector<std::byte> staging(dst.is_contiguous() ? 0 : bytes);
+  void* target = dst.is_contiguous() ? dst.data : staging.data();
+  cuda_check(cudaMemcpyAsync(target, in.data(), bytes, cudaMemcpyDeviceToHost, compute_.stream),
+             "download: cudaMemcpyAsync");
+  cuda_check(cudaStreamSynchronize(compute_.stream), "download: cudaStreamSynchronize");
+  if (!dst.is_contiguous()) scatter_view(staging.data(), dst);
+}
+
+std::unique_ptr<BackendTensor> CudaBackend::load_weight(const TensorView& host) {
+  check_host_view(host, "load_weight", "host");
+  std::vector<int64_t> shape(host.shape.begin(), host.shape.begin() + host.rank);
+  auto tensor = make_tensor(weight_dtype_, std::move(shape), "load_weight");
+  copy_to_device(host, tensor->data(), weight_dtype_);
+  return tensor;
+}
+
+void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) {
+  const auto& xt = cuda_tensor(x, "matmul", "x");
+  const auto& wt = cuda_tensor(w, "matmul", "w");
+  auto& yt = cuda_tensor(y, "matmul", "y");
+  check_dtype_is(x, DType::kF32, "matmul", "x");
+  check_dtype_is(y, DType::kF32, "matmul", "y");
+  check_dtype_is(w, weight_dtype_, "matmul", "w (the weight dtype)");
+  const auto shapes = [&] {
+    return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
+                   bias != nullptr ? ", bias " + bias->describe() : std::string());
+  };
+  if (x.shape().size() < 2 || y.shape().size() < 2 || w.shape().size() != 2)
+    fail(ErrorCode::kInvalidArgument, "matmul: need x [n, in...], w [out, in], y [n, out...]; got ", shapes());
+  const int64_t n = x.shape()[0], in = row_length(x), out = row_length(y);
+  if (y.shape()[0] != n || w.shape()[1] != in || w.shape()[0] != out)
+    fail(ErrorCode::kInvalidArgument, "matmul: shapes do not match (y[n, out] = x[n, in] w[out, in]^T): ", shapes());
+  if (bias != nullptr) {
+    cuda_tensor(*bias, "matmul", "bias");
+    if (bias->shape().size() != 1 || bias->shape()[0] != out)
+      fail(ErrorCode::kInvalidArgument, "matmul: bias must be [", out, "]: ", shapes());
+  }
+  if (yt.data() == xt.data() && yt.bytes() > 0) fail(ErrorCode::kInvalidArgument, "matmul: y aliases x: ", shapes());
+  if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
+    fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: ", shapes());
+  if (n == 0 || out == 0) return;
+  activate(context_);
+  float* yp = static_cast<float*>(yt.data());
+  if (in == 0) {  // an empty sum
+    cuda_check(cudaMemsetAsync(yp, 0, size_t(n * out) * sizeof(float), compute_.stream), "matmul: cudaMemsetAsync");
+  } else {
+    const void* xp = xt.data();
+    if (weight_dtype_ != DType::kF32) {
+      // cuBLAS multiplies matching types: x rounded to the weight dtype, fp32 accumulation.
+      const size_t bytes = size_t(n * in) * dtype_size(weight_dtype_);
+      if (x_scratch_.bytes() < bytes)
+        x_scratch_ = context_.device_pool->alloc(bytes, str_cat("CudaBackend::matmul: ", dtype_name(weight_dtype_),
+                                                                 " copy of x ", x.describe()));
+      convert_from_f32(static_cast<const float*>(xp), x_scratch_.get(), weight_dtype_, n * in, compute_.stream);
+      xp = x_scratch_.get();
+    }
+    // Column-major view: y^T [out, n] = w [in, out]^T · x^T [in, n].
+    const float alpha = 1.f, beta = 0.f;
+    const cudaDataType_t type = cuda_type(weight_dtype_);
+    cublas_check(cublasGemmEx(cublas_.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(n), int(in), &alpha, wt.data(),
+                              type, int(in), xp, type, int(in), &beta, yp, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "matmul: cublasGemmEx");
+  }
+  if (bias != nullptr) add_bias_rows(yp, bias->data(), bias->dtype(), n, out, compute_.stream);
+}
+
+void CudaBackend::rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) {
+  const auto& xt = cuda_tensor(x, "rms_norm", "x");
+  const auto& wt = cuda_tensor(weight, "rms_norm", "weight");
+  auto& yt = cuda_tensor(y, "rms_norm", "y");
+  check_dtype_is(x, DType::kF32, "rms_norm", "x");
+  check_dtype_is(y, DType::kF32, "rms_norm", "y");
+  if (x.shape().empty() || x.shape() != y.shape() || weight.shape().size() != 1 ||
+      weight.shape()[0] != x.shape().back()) {
+    fail(ErrorCode::kInvalidArgument, "rms_norm: need x [..., d], weight [d], y like x; got x ", x.describe(),
+         ", weight ", weight.describe(), ", y ", y.describe());
+  }
+  if (!std::isfinite(eps) || eps < 0.f) fail(ErrorCode::kInvalidArgument, "rms_norm: eps must be >= 0, got ", eps);
+  const int64_t d = x.shape().back();
+  if (d == 0) return;
+  if (x.numel() / d > INT_MAX) fail(ErrorCode::kUnsupported, "rms_norm: more than 2^31 rows in x ", x.describe());
+  activate(context_);
+  rms_norm_rows(static_cast<const float*>(xt.data()), wt.data(), weight.dtype(), eps, static_cast<float*>(yt.data()),
+                x.numel() / d, d, compute_.stream);
+}
+
+const float* CudaBackend::inv_freq_on_device(const std::vector<float>& inv_freq) {
+  for (const auto& [table, block] : rope_tables_)
+    if (table == inv_freq) return static_cast<const float*>(block.get());
+  if (rope_tables_.size() >= 16) rope_tables_.clear();  // stream order keeps queued readers safe
+  PoolBlock block = context_.device_pool->alloc(inv_freq.size() * sizeof(float), "CudaBackend::rope: inv_freq table");
+  rope_tables_.emplace_back(inv_freq, std::move(block));
+  const auto& [table, stored] = rope_tables_.back();
+  cuda_check(cudaMemcpyAsync(stored.get(), table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice,
+                             compute_.stream),
+             "rope: cudaMemcpyAsync");
+  return static_cast<const float*>(stored.get());
+}
+
+void CudaBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) {
+  auto& xt = cuda_tensor(x, "rope", "x");
+  check_dtype_is(x, DType::kF32, "rope", "x");
+  if (x.shape().size() != 3)
+    fail(ErrorCode::kInvalidArgument, "rope: x must be [n, n_heads, head_dim], got ", x.describe());
+  const int64_t n = x.shape()[0], n_heads = x.shape()[1], head_dim = x.shape()[2];
+  if (params.n_rot > head_dim)
+    fail(ErrorCode::kInvalidArgument, "rope: n_rot ", params.n_rot, " exceeds head_dim of x ", x.describe());
+  int64_t last = 0;
+  if (first_pos < 0 || __builtin_add_overflow(first_pos, n, &last))
+    fail(ErrorCode::kInvalidArgument, "rope: invalid first position ", first_pos, " for x ", x.describe());
+  const std::vector<float> inv_freq = rope_inv_freq(params);  // validates params
+  if (n == 0 || n_heads == 0) return;
+  activate(context_);
+  rope_rows(static_cast<float*>(xt.data()), n, n_heads, head_dim, first_pos, inv_freq_on_device(inv_freq),
+            int64_t(inv_freq.size()), params.style == RopeStyle::kNeox, compute_.stream);
+}
+
+void CudaBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) {
+  const auto& g = cuda_tensor(gate, "swiglu", "gate");
+  const auto& u = cuda_tensor(up, "swiglu", "up");
+  auto& o = cuda_tensor(out, "swiglu", "out");
+  for (const BackendTensor* t : {&gate, &up, static_cast<const BackendTensor*>(&out)}) {
+    if (t->dtype() != DType::kF32 || t->shape() != gate.shape()) {
+      fail(ErrorCode::kInvalidArgument, "swiglu: gate, up and out must be f32 of one shape; got gate ", gate.describe(),
+           ", up ", up.describe(), ", out ", out.describe());
+    }
+  }
+  activate(context_);
+  swiglu_elems(static_cast<const float*>(g.data()), static_cast<const float*>(u.data()), static_cast<float*>(o.data()),
+               gate.numel(), compute_.stream);
+}
+
+void CudaBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) {
+  const auto& at = cuda_tensor(a, "add", "a");
+  const auto& bt = cuda_tensor(b, "add", "b");
+  auto& o = cuda_tensor(out, "add", "out");
+  for (const BackendTensor* t : {&a, &b, static_cast<const BackendTensor*>(&out)}) {
+    if (t->dtype() != DType::kF32 || t->shape() != a.shape()) {
+      fail(ErrorCode::kInvalidArgument, "add: a, b and out must be f32 of one shape; got a ", a.describe(), ", b ",
+           b.describe(), ", out ", out.describe());
+    }
+  }
+  activate(context_);
+  add_elems(static_cast<const float*>(at.data()), static_cast<const float*>(bt.data()), static_cast<float*>(o.data()),
+            a.numel(), compute_.stream);
+}
+
+void CudaBackend::embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) {
+  const auto& tt = cuda_tensor(table, "embed", "table");
+  auto& o = cuda_tensor(out, "embed", "out");
+  check_dtype_is(out, DType::kF32, "embed", "out");
+  if (table.shape().size() != 2 || out.shape().size() != 2 || out.shape()[0] != int64_t(tokens.size()) ||
+      out.shape()[1] != table.shape()[1]) {
+    fail(ErrorCode::kInvalidArgument, "embed: need table [n_vocab, d], out [", tokens.size(), ", d]; got table ",
+         table.describe(), ", out ", out.describe());
+  }
+  const int64_t n_vocab = table.shape()[0];
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      fail(ErrorCode::kInvalidArgument, "embed: token ", tokens[i], " at index ", i, " is outside the vocabulary [0, ",
+           n_vocab, ")");
+    }
+  }
+  if (tokens.empty() || table.shape()[1] == 0) return;
+  activate(context_);
+  // Freed right after the launch: stream order keeps it until the kernel ran.
+  PoolBlock ids = context_.device_pool->alloc(tokens.size_bytes(), "CudaBackend::embed: token ids");
+  copy_host_to_device(ids.get(), tokens.data(), tokens.size_bytes(), compute_.stream, "embed: cudaMemcpyAsync");
+  embed_rows(tt.data(), table.dtype(), table.shape()[1], static_cast<const int32_t*>(ids.get()),
+             int64_t(tokens.size()), static_cast<float*>(o.data()), compute_.stream);
+}
+
+void CudaBackend::synchronize() {
+  activate(context_);
+  cuda_check(cudaStreamSynchronize(copy_.stream), "synchronize: copy stream");
+  cuda_check(cudaStreamSynchronize(compute_.stream), "synchronize: compute stream");
+}
+
+}  // namespace
+}  // namespace detail
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  if (options.weight_dtype != DType::kF32 && options.weight_dtype != DType::kF16 &&
+      options.weight_dtype != DType::kBF16) {
+    fail(ErrorCode::kInvalidArgument, "make_cuda_backend: weight_dtype must be bf16, f16 or f32, got value ",
+         int(options.weight_dtype));
+  }
+  return std::make_unique<detail::CudaBackend>(options);
+}
+
+}  // namespace longctx::gpu

@@ -1,0 +1,62 @@
+// Pieces of the CUDA backend shared by its source files (private to gpu/src):
+// the tensor type, the streams and pools every part uses, host-side copies of
+// strided views, and the DeviceAttention factory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "cuda_pool.h"
+#include "longctx/core/backend.h"
+#include "longctx/core/tensor.h"
+
+namespace longctx::gpu::detail {
+
+// A backend tensor: device memory from the backend's device pool.
+class CudaTensor final : public BackendTensor {
+ public:
+  CudaTensor(DType dtype, std::vector<int64_t> shape, PoolBlock block)
+      : BackendTensor(dtype, std::move(shape)), block_(std::move(block)) {}
+  void* data() override { return block_.get(); }
+  const void* data() const override { return block_.get(); }
+  size_t bytes() const { return block_.bytes(); }
+
+ private:
+  PoolBlock block_;
+};
+
+// What the backend and its DeviceAttention share. Streams are non-blocking;
+// `compute` runs every op in order, `copy` the D2H copies of prefill K/V.
+struct CudaContext {
+  int device = 0;
+  cudaStream_t compute = nullptr;
+  cudaStream_t copy = nullptr;
+  std::shared_ptr<MemoryPool> device_pool;
+  std::shared_ptr<MemoryPool> pinned_pool;
+};
+
+// Makes the context's device current for this thread.
+void activate(const CudaContext& context);
+
+// The tensor as a CudaTensor, or Error(kInvalidArgument) naming op and arg.
+const CudaTensor& cuda_tensor(const BackendTensor& t, const char* op, const char* arg);
+CudaTensor& cuda_tensor(BackendTensor& t, const char* op, const char* arg);
+
+// Checks rank, extents, dtype value and a null pointer of a host view;
+// Error(kInvalidArgument) naming op and arg.
+void check_host_view(const TensorView& view, const char* op, const char* arg);
+// Copies (and converts) a strided host view into contiguous dst of dst_dtype.
+void gather_view(const TensorView& src, void* dst, DType dst_dtype);
+// Copies contiguous src (of dst's dtype) into a strided host view.
+void scatter_view(const void* src, const MutableTensorView& dst);
+
+// Enqueues a host-to-device copy on `stream`; returns when src may be reused
+// (waits for the copy when src is pinned). `what` names it in errors.
+void copy_host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what);
+
+// The DeviceAttention of a backend (cuda_device_attention.cpp); unconfigured.
+std::unique_ptr<DeviceAttention> make_device_attention(const CudaContext& context);
+
+}  // namespace longctx::gpu::detail
