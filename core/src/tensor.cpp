@@ -1,6 +1,7 @@
 #include "longctx/core/tensor.h"
 
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 
 #include "longctx/core/error.h"
@@ -149,6 +150,76 @@ void check_inner_contiguous(const TensorView& view, const char* what) {
     fail(ErrorCode::kInvalidArgument, what, ": innermost dimension must have stride 1, got ",
          view.describe());
   }
+}
+
+void check_host_view(const TensorView& view, const char* op, const char* arg) {
+  if (view.rank < 0 || view.rank > kMaxTensorRank)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " has rank ", view.rank);
+  dtype_size(view.dtype);  // rejects an invalid dtype value
+  for (int d = 0; d < view.rank; ++d) {
+    if (view.shape[d] < 0)
+      fail(ErrorCode::kInvalidArgument, op, ": ", arg, " has a negative extent: ", view.describe());
+  }
+  if (view.numel() > 0 && view.data == nullptr)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", view.describe(), " has a null data pointer");
+}
+
+namespace {
+
+// Calls fn(row, element_offset) for every innermost row of a strided view.
+template <typename View, typename Fn>
+void for_each_row(const View& view, Fn fn) {
+  const int inner = view.rank - 1;
+  const int64_t row_len = view.rank == 0 ? 1 : view.shape[inner];
+  if (view.numel() == 0) return;
+  const int64_t rows = view.numel() / row_len;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rest = r, offset = 0;
+    for (int d = inner - 1; d >= 0; --d) {
+      offset += (rest % view.shape[d]) * view.strides[d];
+      rest /= view.shape[d];
+    }
+    fn(r, offset);
+  }
+}
+
+}  // namespace
+
+void gather_view(const TensorView& src, void* dst, DType dst_dtype) {
+  const int64_t numel = src.numel();
+  if (src.is_contiguous()) {
+    convert(src.data, src.dtype, dst, dst_dtype, static_cast<size_t>(numel));
+    return;
+  }
+  const int64_t row_len = src.shape[src.rank - 1];
+  const int64_t inner_stride = src.strides[src.rank - 1];
+  const size_t src_size = dtype_size(src.dtype), dst_size = dtype_size(dst_dtype);
+  for_each_row(src, [&](int64_t r, int64_t offset) {
+    const auto* from = static_cast<const std::byte*>(src.data) + offset * int64_t(src_size);
+    auto* to = static_cast<std::byte*>(dst) + r * row_len * int64_t(dst_size);
+    if (inner_stride == 1) {
+      convert(from, src.dtype, to, dst_dtype, static_cast<size_t>(row_len));
+    } else {
+      for (int64_t i = 0; i < row_len; ++i)
+        store_from_f32(to, dst_dtype, size_t(i), load_as_f32(from, src.dtype, size_t(i * inner_stride)));
+    }
+  });
+}
+
+void scatter_view(const void* src, const MutableTensorView& dst) {
+  const size_t size = dtype_size(dst.dtype);
+  if (dst.is_contiguous()) {
+    if (dst.numel() > 0) std::memcpy(dst.data, src, size_t(dst.numel()) * size);
+    return;
+  }
+  const int64_t row_len = dst.shape[dst.rank - 1];
+  const int64_t inner_stride = dst.strides[dst.rank - 1];
+  for_each_row(dst, [&](int64_t r, int64_t offset) {
+    const auto* from = static_cast<const std::byte*>(src) + r * row_len * int64_t(size);
+    auto* to = static_cast<std::byte*>(dst.data) + offset * int64_t(size);
+    for (int64_t i = 0; i < row_len; ++i)
+      std::memcpy(to + i * inner_stride * int64_t(size), from + i * int64_t(size), size);
+  });
 }
 
 }  // namespace longctx

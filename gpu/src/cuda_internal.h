@@ -44,13 +44,6 @@ void activate(const CudaContext& context);
 const CudaTensor& cuda_tensor(const BackendTensor& t, const char* op, const char* arg);
 CudaTensor& cuda_tensor(BackendTensor& t, const char* op, const char* arg);
 
-// Checks rank, extents, dtype value and a null pointer of a host view;
-// Error(kInvalidArgument) naming op and arg.
-void check_host_view(const TensorView& view, const char* op, const char* arg);
-// Copies (and converts) a strided host view into contiguous dst of dst_dtype.
-void gather_view(const TensorView& src, void* dst, DType dst_dtype);
-// Copies contiguous src (of dst's dtype) into a strided host view.
-void scatter_view(const void* src, const MutableTensorView& dst);
 
 // Enqueues a host-to-device copy on `stream`; returns when src may be reused
 // (waits for the copy when src is pinned). `what` names it in errors.

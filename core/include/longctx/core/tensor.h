@@ -50,4 +50,13 @@ void check_dtype(const TensorView& view, const char* what, DType dtype);
 // Throws unless the innermost dimension is contiguous (stride 1) and data is non-null.
 void check_inner_contiguous(const TensorView& view, const char* what);
 
+// Host copies between strided views and contiguous row-major buffers, shared
+// by the backends' upload/download. check_host_view: rank, extents, dtype
+// value and a null pointer, Error(kInvalidArgument) naming op and arg.
+void check_host_view(const TensorView& view, const char* op, const char* arg);
+// Copies (and converts) a strided view into contiguous dst of dst_dtype.
+void gather_view(const TensorView& src, void* dst, DType dst_dtype);
+// Copies contiguous src (of dst's dtype) into a strided view.
+void scatter_view(const void* src, const MutableTensorView& dst);
+
 }  // namespace longctx
