@@ -18,7 +18,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
-#include "longctx/cpu/cpu_backend.h"
+#include "backend_choice.h"
 #include "longctx/kvstore/snapshot.h"
 #include "longctx/model/llama.h"
 #include "longctx/model/sampler.h"
@@ -348,14 +348,15 @@ int run(const Args& a) {
   std::optional<tbb::global_control> threads;
   if (config.threads_num > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(config.threads_num));
 
-  cpu::CpuBackend backend;
+  const apps::ChosenBackend chosen = apps::choose_backend(config.model.backend);
+  Backend& backend = *chosen.backend;
   const auto model = model::Model::open(model_path, backend);
   const model::ChatTemplate tmpl = choose_template(a, config, *model);
   const scheduler::TransformerSpec& spec = model->spec();
-  std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, vocab %lld), template %s, policy %s\n",
+  std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, vocab %lld), template %s, policy %s, backend %s\n",
                model_path.c_str(), spec.arch.c_str(), spec.n_layers, spec.n_heads, spec.n_kv_heads,
                static_cast<long long>(spec.n_vocab), model::chat_template_name(tmpl),
-               selection_policy_name(config.policy));
+               selection_policy_name(config.policy), chosen.description.c_str());
 
   scheduler::Sequence seq(backend, model->transformer(), config);
   const bool interactive = !a.prompt.has_value();

@@ -747,6 +747,11 @@ const std::vector<Key>& keys() {
                                   {"auto", "raw", "llama2", "llama3", "chatml", "internlm2"},
                                   "prompt format; auto = from the GGUF's tokenizer.chat_template (raw when "
                                   "unknown); raw = the text as is"));
+    k.push_back(choice_string_key("model.backend", field(&Config::model, &ModelConfig::backend),
+                                  {"auto", "cpu", "cuda"},
+                                  "device of the dense ops, the chunked prefill attention and the decode local "
+                                  "window; auto = cuda when this build has CUDA and a GPU is present, else cpu; "
+                                  "cuda = fail without one"));
     k.push_back(string_key("model.system_prompt", field(&Config::model, &ModelConfig::system_prompt),
                            "system message before the first user message; empty = none"));
     // sampling (longctx-chat)

@@ -75,6 +75,7 @@ void expect_same(const LongContextConfig& a, const LongContextConfig& b) {
   EXPECT_EQ(a.quoka.head_reduce, b.quoka.head_reduce);
   EXPECT_EQ(a.model.path, b.model.path);
   EXPECT_EQ(a.model.chat_template, b.model.chat_template);
+  EXPECT_EQ(a.model.backend, b.model.backend);
   EXPECT_EQ(a.model.system_prompt, b.model.system_prompt);
   EXPECT_EQ(std::memcmp(&a.sampling.temperature, &b.sampling.temperature, sizeof(double)), 0)
       << a.sampling.temperature << " vs " << b.sampling.temperature;
@@ -417,12 +418,13 @@ TEST(ConfigParse, EnumErrors) {
 
 TEST(ConfigParse, ModelAndSampling) {
   const LongContextConfig c = parse_config(
-      "model:\n  path: models/demo.gguf\n  chat_template: LLaMA2\n  system_prompt: 'Be brief.'\n"
+      "model:\n  path: models/demo.gguf\n  chat_template: LLaMA2\n  system_prompt: 'Be brief.'\n  backend: CPU\n"
       "sampling:\n  temperature: 0.7\n  top_k: 0\n  top_p: 0.9\n  seed: 42\n  max_tokens: 16\n",
       "x.yaml");
   EXPECT_EQ(c.model.path, "models/demo.gguf");
   EXPECT_EQ(c.model.chat_template, "llama2");  // stored lower-case
   EXPECT_EQ(c.model.system_prompt, "Be brief.");
+  EXPECT_EQ(c.model.backend, "cpu");
   EXPECT_EQ(c.sampling.temperature, 0.7);
   EXPECT_EQ(c.sampling.top_k, 0);
   EXPECT_EQ(c.sampling.top_p, 0.9);
@@ -430,11 +432,14 @@ TEST(ConfigParse, ModelAndSampling) {
   EXPECT_EQ(c.sampling.max_tokens, 16);
   const LongContextConfig d;
   EXPECT_EQ(d.model.chat_template, "auto");
+  EXPECT_EQ(d.model.backend, "auto");
   EXPECT_EQ(d.sampling.temperature, 0.0);  // greedy by default: reproducible answers
 
   EXPECT_EQ(config_error("model:\n  chat_template: mistral\n"),
             "x.yaml:2:18: key 'model.chat_template': expected one of auto, raw, llama2, llama3, chatml, "
             "internlm2, got 'mistral'");
+  EXPECT_EQ(config_error("model:\n  backend: rocm\n"),
+            "x.yaml:2:12: key 'model.backend': expected one of auto, cpu, cuda, got 'rocm'");
   EXPECT_EQ(config_error("sampling:\n  temperature: -1\n"),
             "x.yaml:2:16: key 'sampling.temperature': must be in [0, 100], got -1");
   EXPECT_EQ(config_error("sampling:\n  top_p: 1.5\n"), "x.yaml:2:10: key 'sampling.top_p': must be in [0, 1], got 1.5");
@@ -857,7 +862,7 @@ std::vector<std::string> keys_of_yaml(const std::string& yaml) {
 TEST(ConfigDocs, ReferenceDescribesEveryKey) {
   const std::string reference = config_reference_markdown();
   const std::vector<std::string> keys = keys_of_yaml(config_to_yaml(LongContextConfig{}));
-  EXPECT_EQ(keys.size(), 47u);  // every field of LongContextConfig
+  EXPECT_EQ(keys.size(), 48u);  // every field of LongContextConfig
   for (const std::string& key : keys) {
     EXPECT_NE(reference.find("| `" + key + "`"), std::string::npos) << key;
   }

@@ -94,6 +94,7 @@ struct ModelConfig {
   std::string path;                   // GGUF file; empty = given on the command line
   std::string chat_template = "auto"; // auto (from the GGUF), raw, llama2, llama3, chatml, internlm2
   std::string system_prompt;          // empty = no system message
+  std::string backend = "auto";       // auto (cuda when built with CUDA and a GPU is present), cpu, cuda
 };
 
 // Token sampling of longctx-chat: temperature, then top-k, then top-p

@@ -1,0 +1,26 @@
+#include "backend_choice.h"
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/cpu_backend.h"
+#include "longctx/gpu/cuda_backend.h"
+#include "longctx/gpu/device.h"
+
+namespace longctx::apps {
+
+ChosenBackend choose_backend(const std::string& choice) {
+  if (choice != "auto" && choice != "cpu" && choice != "cuda")
+    fail(ErrorCode::kConfig, "key 'model.backend': expected one of auto, cpu, cuda, got '", choice, "'");
+  if (choice != "cpu") {
+    std::string why_none;
+    const std::vector<gpu::DeviceInfo> devices = gpu::list_devices(&why_none);
+    if (!devices.empty()) {
+      const gpu::DeviceInfo& d = devices.front();
+      return {gpu::make_cuda_backend({}), "cuda (" + d.name + ", device " + std::to_string(d.index) + ")"};
+    }
+    if (choice == "cuda") fail(ErrorCode::kUnsupported, "model.backend is cuda but there is no CUDA device: ", why_none);
+    return {std::make_unique<cpu::CpuBackend>(), "cpu (no GPU: " + why_none + ")"};
+  }
+  return {std::make_unique<cpu::CpuBackend>(), "cpu"};
+}
+
+}  // namespace longctx::apps

@@ -1,0 +1,22 @@
+// The Backend an application runs on, as config key model.backend says:
+// cpu, cuda, or auto (cuda when this build has CUDA and a GPU is present,
+// else cpu).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "longctx/core/backend.h"
+
+namespace longctx::apps {
+
+struct ChosenBackend {
+  std::unique_ptr<Backend> backend;
+  std::string description;  // "cpu" or "cuda (NVIDIA H100, device 0)"; with auto, why cpu
+};
+
+// Throws Error(kUnsupported) for "cuda" without CUDA or a GPU (the reason
+// from gpu::list_devices), Error(kConfig) for another name.
+ChosenBackend choose_backend(const std::string& choice);
+
+}  // namespace longctx::apps
