@@ -263,6 +263,33 @@ def test_forward_errors():
     close(got, expect, "bf16 model within bf16 rounding of the f32 model", rel=0.1)
 
 
+def test_older_transformers_return_arity():
+    """An attention module taking output_attentions (transformers < 4.48) returns three values; so must its
+    replacement, with the caller's past_key_value passed through."""
+    class OldLlamaAttention(tiny_llama.LlamaAttention):
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_value=None,
+                    output_attentions=False, use_cache=False, cache_position=None, position_embeddings=None,
+                    **kwargs):
+            out, weights = super().forward(hidden_states, position_embeddings, attention_mask, position_ids)
+            return out, weights, past_key_value
+
+    model = tiny_llama.random_model(seed=5)
+    for layer in model.model.layers:
+        old = OldLlamaAttention(layer.self_attn.config, layer.self_attn.layer_idx)
+        old.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = old
+    x = torch.randn(1, 5, 64)
+    pe = model.model.rotary_emb(x, torch.arange(5)[None])
+    cache = object()
+    with torch.no_grad():
+        expect = model.model.layers[0].self_attn(x, position_embeddings=pe, past_key_value=cache)
+        longctx.inject(model, [{"match": {"class": "LlamaAttention"}, "replace": ATTN}])
+        got = model.model.layers[0].self_attn(x, position_embeddings=pe, past_key_value=cache)
+    check(len(got) == 3 and got[1] is None and got[2] is cache, "old-style module: (out, None, past_key_value)")
+    close(got[0], expect[0], "old-style module: same output")
+    longctx.uninject(model)
+
+
 def test_import_without_torch():
     """`import longctx` (and inject) must not import torch; longctx.torch needs it."""
     code = ("import sys; sys.modules['torch'] = None; import longctx; longctx.inject; longctx.uninject\n"
@@ -274,7 +301,7 @@ def test_import_without_torch():
 def main():
     test_import_without_torch()
     for test in (test_same_logits, test_select_full_budget_and_rules_file, test_uninject, test_rules_errors,
-                 test_forward_errors):
+                 test_forward_errors, test_older_transformers_return_arity):
         test()
     print(f"test_inject: {passed} checks passed")
 

@@ -24,13 +24,15 @@ first position must be the number of tokens the store holds for the layer.
 The engine computes in f32 (q handed over zero-copy through DLPack); the
 output returns in the input's dtype and device. Inference only: no
 gradient flows through the attention. The caller's KV cache
-(past_key_value) is ignored: longctx's store is the cache.
+(past_key_value) is ignored (returned as given to attention modules of
+transformers < 4.48, which return three values): longctx's store is the cache.
 
 This file is named torch.py inside the package; `import torch` below is an
 absolute import of PyTorch (Python 3 has no implicit relative imports).
 """
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -117,6 +119,9 @@ class SparseAttention(nn.Module):
 
     def __init__(self, orig, config=None, layer_idx=None, chunk_size=None, session=None):
         super().__init__()
+        # Return what the replaced module returned: transformers < 4.48 attention
+        # (it takes output_attentions) gives (out, weights, past_key_value), later ones (out, weights).
+        self._returns_cache = "output_attentions" in inspect.signature(orig.forward).parameters
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not isinstance(getattr(orig, name, None), nn.Module):
                 raise ValueError(f"SparseAttention: {type(orig).__name__} has no module '{name}' (expected a "
@@ -293,4 +298,6 @@ class SparseAttention(nn.Module):
                 session.policy.decode(layer, session.decode_idx[layer], qf[0], True, out=out[0])
                 session.decode_idx[layer] += 1
             out = out.to(hidden_states.device, hidden_states.dtype).reshape(1, n, self.num_heads * self.head_dim)
+        if self._returns_cache:
+            return self.o_proj(out), None, past_key_value
         return self.o_proj(out), None
