@@ -14,11 +14,9 @@
 //
 //   longctx-bench decode [--contexts 4096,32768,131072] [--budget 4096] [--steps 16]
 //                        [--prefill 4096] [--kv-type f16] [--quick]
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -117,28 +115,6 @@ Record prefill_record(const DecodeArgs& a, const scheduler::Transformer& model, 
   return r;
 }
 
-std::vector<int64_t> parse_list(const std::string& list) {
-  std::vector<int64_t> values;
-  for (size_t pos = 0; pos < list.size();) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    values.push_back(std::stoll(list.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return values;
-}
-
-// The generated model file, removed when the benchmark ends.
-struct TempModel {
-  std::string path;
-  TempModel() {
-    path = (std::filesystem::temp_directory_path() / ("longctx-bench-" + std::to_string(getpid()) + ".gguf")).string();
-    tools::make_test_model(tools::test_model_by_name("bench")).write(path);
-  }
-  ~TempModel() {
-    std::error_code ignored;
-    std::filesystem::remove(path, ignored);
-  }
-};
 
 }  // namespace
 
@@ -166,7 +142,7 @@ int run_decode(const std::vector<std::string>& args) {
   for (int64_t c : a.contexts)
     if (c < kInitial + kLocal + kBlock) fail(ErrorCode::kInvalidArgument, "decode: context ", c, " is too small");
 
-  const TempModel file;
+  const TempModel file("bench");
   cpu::CpuBackend backend;
   const auto model = model::Model::open(file.path, backend);
   const scheduler::TransformerSpec& s = model->spec();

@@ -19,28 +19,25 @@
 //
 //   longctx-bench gpu [--histories 32768,131072] [--chunk 4096] [--windows 4096,8192,16384,32768,65536]
 //                     [--contexts 32768,131072] [--reps 5] [--no-sdpa] [--no-e2e] [--quick]
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
+#include "longctx/core/random.h"
 #include "longctx/gpu/attention.h"
 #include "longctx/gpu/cuda_backend.h"
+#include "longctx/gpu/device_memory.h"
 #include "longctx/gpu/device.h"
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
 
-#ifdef LONGCTX_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace longctx::bench {
 namespace {
@@ -57,17 +54,6 @@ struct GpuArgs {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
-std::vector<int64_t> parse_list(const std::string& list) {
-  std::vector<int64_t> values;
-  for (size_t pos = 0; pos < list.size();) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    values.push_back(std::stoll(list.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return values;
-}
-
-#ifdef LONGCTX_HAVE_CUDA
 
 std::string join(const std::vector<int64_t>& values) {
   std::string s;
@@ -95,24 +81,11 @@ std::string json_field(const std::string& line, const std::string& key) {
   return line.substr(begin, end - begin);
 }
 
-// The generated model file, removed when the benchmark ends.
-struct TempModel {
-  std::string path;
-  TempModel() {
-    path = (std::filesystem::temp_directory_path() / ("longctx-bench-gpu-" + std::to_string(getpid()) + ".gguf"))
-               .string();
-    tools::make_test_model(tools::test_model_by_name("bench")).write(path);
-  }
-  ~TempModel() {
-    std::error_code ignored;
-    std::filesystem::remove(path, ignored);
-  }
-};
 
 // tokens/s of one prefill of `context` tokens; throws kUnsupported when the
 // CUDA backend is not available.
 Record e2e_record(int64_t context) {
-  const TempModel file;
+  const TempModel file("bench");
   auto backend = gpu::make_cuda_backend();
   const auto model = model::Model::open(file.path, *backend);
   LongContextConfig c;
@@ -138,90 +111,44 @@ Record e2e_record(int64_t context) {
   return r;
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(ErrorCode::kInternal, what, ": ", cudaGetErrorString(status));
-}
-
-class DeviceMemory {
- public:
-  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
-  ~DeviceMemory() { cudaFree(ptr_); }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-// Seconds of each of `reps` runs of fn (each run = `inner` calls), CUDA events.
-std::vector<double> time_device(int reps, int inner, const std::function<void()>& fn) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<double> seconds;
-  fn();  // warm-up
-  check(cudaDeviceSynchronize(), "warm-up");
-  for (int r = 0; r < reps; ++r) {
-    check(cudaEventRecord(start), "cudaEventRecord");
-    for (int i = 0; i < inner; ++i) fn();
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0.f;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    seconds.push_back(1e-3 * ms / inner);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return seconds;
-}
 
 // Random f32 in [-1, 1) rounded into rows [0, rows) of a kv_dtype buffer, via store_kv.
 void fill_random(void* dst, DType dtype, int64_t rows, int64_t row_elems, uint64_t seed) {
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t{64} << 20) / (row_elems * 4)));
   std::vector<float> host(size_t(chunk * row_elems));
-  DeviceMemory staging(host.size() * sizeof(float));
-  uint64_t state = seed;
+  gpu::DeviceMemory staging(host.size() * sizeof(float));
+  SplitMix64 rng(seed);
   for (int64_t begin = 0; begin < rows; begin += chunk) {
     const int64_t n = std::min(chunk, rows - begin);
-    for (size_t i = 0; i < size_t(n * row_elems); ++i) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      host[i] = float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
-    }
-    check(cudaMemcpy(staging.get(), host.data(), size_t(n * row_elems) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    for (size_t i = 0; i < size_t(n * row_elems); ++i) host[i] = float(2.0 * rng.uniform() - 1.0);
+    staging.upload(host.data(), size_t(n * row_elems) * 4);
     gpu::StoreKVParams s;
     s.src = staging.get<float>(), s.dst = dst, s.kv_dtype = dtype;
     s.n = n, s.row_elems = row_elems, s.first_pos = begin, s.capacity = rows;
     gpu::store_kv(s, nullptr);
   }
-  check(cudaDeviceSynchronize(), "fill");
+  gpu::synchronize_device();
 }
 
 Record prefill_record(const GpuArgs& a, DType dtype, int64_t history) {
   const int64_t n_q = a.chunk, n_kv = history + n_q;
   const int64_t row = int64_t(kKvHeads) * kHeadDim;
-  DeviceMemory k(size_t(n_kv * row) * 2), v(size_t(n_kv * row) * 2);
-  DeviceMemory q(size_t(n_q) * kHeads * kHeadDim * 4), out(size_t(n_q) * kHeads * kHeadDim * 4),
+  gpu::DeviceMemory k(size_t(n_kv * row) * 2), v(size_t(n_kv * row) * 2);
+  gpu::DeviceMemory q(size_t(n_q) * kHeads * kHeadDim * 4), out(size_t(n_q) * kHeads * kHeadDim * 4),
       lse(size_t(n_q) * kHeads * 4);
   fill_random(k.get(), dtype, n_kv, row, 1);
   fill_random(v.get(), dtype, n_kv, row, 2);
   {  // q: f32 in [-1, 1) (store_kv cannot write f32; upload directly)
     std::vector<float> host(size_t(n_q) * kHeads * kHeadDim);
-    uint64_t state = 3;
-    for (float& x : host) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      x = float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
-    }
-    check(cudaMemcpy(q.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    SplitMix64 rng(3);
+    for (float& x : host) x = float(2.0 * rng.uniform() - 1.0);
+    q.upload(host.data(), host.size() * 4);
   }
   gpu::PrefillAttentionParams p;
   p.q = q.get<float>(), p.k = k.get(), p.v = v.get(), p.out = out.get<float>(), p.lse = lse.get<float>();
   p.kv_dtype = dtype, p.n_q = n_q, p.n_kv = n_kv, p.q_first_pos = history;
   p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim;
-  const double seconds = median(time_device(a.reps, 1, [&] { gpu::prefill_attention(p, nullptr); }));
+  const double seconds = median(gpu::time_device(a.reps, 1, [&] { gpu::prefill_attention(p, nullptr); }));
   const double mean_keys = double(history) + double(n_q + 1) / 2.0;
   const double flops = 4.0 * double(n_q) * mean_keys * kHeadDim * kHeads;
   Record r;
@@ -233,30 +160,29 @@ Record prefill_record(const GpuArgs& a, DType dtype, int64_t history) {
 
 double measure_d2d_gbps(int reps) {
   const size_t bytes = size_t{512} << 20;
-  DeviceMemory src(bytes), dst(bytes);
-  check(cudaMemset(src.get(), 1, bytes), "cudaMemset");
-  const double seconds = median(time_device(reps, 1, [&] {
-    check(cudaMemcpy(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
-  }));
+  gpu::DeviceMemory src(bytes), dst(bytes);
+  src.fill_bytes(1);
+  const double seconds =
+      median(gpu::time_device(reps, 1, [&] { gpu::copy_device_to_device(dst.get(), src.get(), bytes); }));
   return 2.0 * double(bytes) / seconds / 1e9;  // read + write
 }
 
 Record local_record(const GpuArgs& a, int64_t window, bool split, double copy_gbps) {
   const int64_t row = int64_t(kKvHeads) * kHeadDim;
-  DeviceMemory k(size_t(window * row) * 2), v(size_t(window * row) * 2);
-  DeviceMemory q(size_t(kHeads) * kHeadDim * 4), out(size_t(kHeads) * kHeadDim * 4), lse(size_t(kHeads) * 4);
+  gpu::DeviceMemory k(size_t(window * row) * 2), v(size_t(window * row) * 2);
+  gpu::DeviceMemory q(size_t(kHeads) * kHeadDim * 4), out(size_t(kHeads) * kHeadDim * 4), lse(size_t(kHeads) * 4);
   const size_t work_bytes = gpu::local_window_workspace_bytes(kHeads, kHeadDim);
-  DeviceMemory work(work_bytes);
+  gpu::DeviceMemory work(work_bytes);
   fill_random(k.get(), DType::kF16, window, row, 4);
   fill_random(v.get(), DType::kF16, window, row, 5);
-  check(cudaMemset(q.get(), 0, size_t(kHeads) * kHeadDim * 4), "cudaMemset");
+  q.fill_bytes(0);
   gpu::LocalAttentionParams p;
   p.q = q.get<float>(), p.k = k.get(), p.v = v.get(), p.out = out.get<float>(), p.lse = lse.get<float>();
   p.kv_dtype = DType::kF16, p.capacity = window;
   p.last_pos = 3 * window + 17, p.first_pos = p.last_pos + 1 - window;  // a wrapped ring, all slots attended
   p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim;
   if (split) p.workspace = work.get(), p.workspace_bytes = work_bytes;
-  const double seconds = median(time_device(a.reps, 20, [&] { gpu::local_window_attention(p, nullptr); }));
+  const double seconds = median(gpu::time_device(a.reps, 20, [&] { gpu::local_window_attention(p, nullptr); }));
   const double bytes = 2.0 * double(window) * double(row) * 2.0;  // K and V, f16
   Record r;
   r.set("bench", "gpu").set("part", "local_window").set("dtype", "f16").set("window", window);
@@ -347,8 +273,6 @@ int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
   return 0;
 }
 
-#endif  // LONGCTX_HAVE_CUDA
-
 }  // namespace
 
 int run_gpu(const std::vector<std::string>& args) {
@@ -384,11 +308,7 @@ int run_gpu(const std::vector<std::string>& args) {
     std::printf("%s\n", r.json().c_str());
     return 0;
   }
-#ifdef LONGCTX_HAVE_CUDA
   return run_device(a, devices.front());
-#else
-  return 0;  // unreachable: a build without CUDA lists no device
-#endif
 }
 
 }  // namespace longctx::bench

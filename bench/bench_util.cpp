@@ -2,12 +2,16 @@
 
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+
+#include "longctx/tools/test_model.h"
 
 namespace longctx::bench {
 
@@ -129,6 +133,28 @@ double measure_read_gbps(size_t bytes, int threads, int reps) {
   volatile uint64_t sink = sums[0];  // keep the sums alive
   (void)sink;
   return double(bytes) / seconds / 1e9;
+}
+
+std::vector<int64_t> parse_list(const std::string& list) {
+  std::vector<int64_t> values;
+  for (size_t pos = 0; pos < list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    values.push_back(std::stoll(list.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return values;
+}
+
+TempModel::TempModel(const std::string& preset) {
+  path = (std::filesystem::temp_directory_path() /
+          ("longctx-bench-" + preset + "-" + std::to_string(getpid()) + ".gguf"))
+             .string();
+  tools::make_test_model(tools::test_model_by_name(preset)).write(path);
+}
+
+TempModel::~TempModel() {
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
 }
 
 }  // namespace longctx::bench

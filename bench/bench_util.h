@@ -35,6 +35,19 @@ class Record {
 // Prints records as an aligned table of the given columns.
 void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns);
 
+// "4096,32768" -> {4096, 32768} (a benchmark's list options).
+std::vector<int64_t> parse_list(const std::string& list);
+
+// A generated test model (tools/test_model.h preset `preset`) in a temporary
+// GGUF file, removed when this goes out of scope.
+struct TempModel {
+  std::string path;
+  explicit TempModel(const std::string& preset);
+  ~TempModel();
+  TempModel(const TempModel&) = delete;
+  TempModel& operator=(const TempModel&) = delete;
+};
+
 // memcpy bandwidth over `bytes` (source read + destination write counted,
 // like every gbps field of longctx-bench), median of `reps`, with `threads`
 // threads each copying a contiguous slice.
