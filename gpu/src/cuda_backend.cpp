@@ -14,6 +14,7 @@
 #include "cuda_check.h"
 #include "cuda_internal.h"
 #include "cuda_ops.h"
+#include "longctx/core/backend_args.h"
 #include "longctx/core/error.h"
 #include "longctx/gpu/device.h"
 
@@ -105,18 +106,6 @@ uint64_t device_budget(const CudaBackendOptions& options, int device) {
   size_t free = 0, total = 0;
   cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
   return uint64_t(double(free) * 0.9);
-}
-
-// Product of the extents after the first (the row length of an [n, ...] tensor).
-int64_t row_length(const BackendTensor& t) {
-  int64_t count = 1;
-  for (size_t d = 1; d < t.shape().size(); ++d) count *= t.shape()[d];
-  return count;
-}
-
-void check_dtype_is(const BackendTensor& t, DType dtype, const char* op, const char* arg) {
-  if (t.dtype() != dtype)
-    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " must be ", dtype_name(dtype), ", got ", t.describe());
 }
 
 class CudaBackend final : public Backend {
@@ -221,21 +210,13 @@ void CudaBackend::copy_to_device(const TensorView& src, void* dst, DType dst_dty
 
 void CudaBackend::upload(const TensorView& src, BackendTensor& dst) {
   auto& out = cuda_tensor(dst, "upload", "dst");
-  check_host_view(src, "upload", "src");
-  if (src.dtype != out.dtype() || src.numel() != out.numel()) {
-    fail(ErrorCode::kInvalidArgument, "upload: src ", src.describe(), " does not match dst ", out.describe(),
-         " (dtype and element count must be equal)");
-  }
+  check_upload_args(src, out);
   copy_to_device(src, out.data(), out.dtype());
 }
 
 void CudaBackend::download(const BackendTensor& src, const MutableTensorView& dst) {
   const auto& in = cuda_tensor(src, "download", "src");
-  check_host_view(as_const(dst), "download", "dst");
-  if (dst.dtype != in.dtype() || dst.numel() != in.numel()) {
-    fail(ErrorCode::kInvalidArgument, "download: src ", in.describe(), " does not match dst ", dst.describe(),
-         " (dtype and element count must be equal)");
-  }
+  check_download_args(in, dst);
   const size_t bytes = in.bytes();
   if (bytes == 0) return;
   activate(context_);
@@ -259,26 +240,12 @@ void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const B
   const auto& xt = cuda_tensor(x, "matmul", "x");
   const auto& wt = cuda_tensor(w, "matmul", "w");
   auto& yt = cuda_tensor(y, "matmul", "y");
-  check_dtype_is(x, DType::kF32, "matmul", "x");
-  check_dtype_is(y, DType::kF32, "matmul", "y");
-  check_dtype_is(w, weight_dtype_, "matmul", "w (the weight dtype)");
-  const auto shapes = [&] {
-    return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
-                   bias != nullptr ? ", bias " + bias->describe() : std::string());
-  };
-  if (x.shape().size() < 2 || y.shape().size() < 2 || w.shape().size() != 2)
-    fail(ErrorCode::kInvalidArgument, "matmul: need x [n, in...], w [out, in], y [n, out...]; got ", shapes());
-  const int64_t n = x.shape()[0], in = row_length(x), out = row_length(y);
-  if (y.shape()[0] != n || w.shape()[1] != in || w.shape()[0] != out)
-    fail(ErrorCode::kInvalidArgument, "matmul: shapes do not match (y[n, out] = x[n, in] w[out, in]^T): ", shapes());
-  if (bias != nullptr) {
-    cuda_tensor(*bias, "matmul", "bias");
-    if (bias->shape().size() != 1 || bias->shape()[0] != out)
-      fail(ErrorCode::kInvalidArgument, "matmul: bias must be [", out, "]: ", shapes());
-  }
-  if (yt.data() == xt.data() && yt.bytes() > 0) fail(ErrorCode::kInvalidArgument, "matmul: y aliases x: ", shapes());
+  if (bias != nullptr) cuda_tensor(*bias, "matmul", "bias");
+  const MatmulDims dims = check_matmul_args(x, w, bias, y, weight_dtype_);
+  const int64_t n = dims.n, in = dims.in, out = dims.out;
   if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
-    fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: ", shapes());
+    fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: x ", x.describe(), ", w ", w.describe(), ", y ",
+         y.describe(), bias != nullptr ? ", bias " + bias->describe() : std::string());
   if (n == 0 || out == 0) return;
   activate(context_);
   float* yp = static_cast<float*>(yt.data());
@@ -310,14 +277,7 @@ void CudaBackend::rms_norm(const BackendTensor& x, const BackendTensor& weight, 
   const auto& xt = cuda_tensor(x, "rms_norm", "x");
   const auto& wt = cuda_tensor(weight, "rms_norm", "weight");
   auto& yt = cuda_tensor(y, "rms_norm", "y");
-  check_dtype_is(x, DType::kF32, "rms_norm", "x");
-  check_dtype_is(y, DType::kF32, "rms_norm", "y");
-  if (x.shape().empty() || x.shape() != y.shape() || weight.shape().size() != 1 ||
-      weight.shape()[0] != x.shape().back()) {
-    fail(ErrorCode::kInvalidArgument, "rms_norm: need x [..., d], weight [d], y like x; got x ", x.describe(),
-         ", weight ", weight.describe(), ", y ", y.describe());
-  }
-  if (!std::isfinite(eps) || eps < 0.f) fail(ErrorCode::kInvalidArgument, "rms_norm: eps must be >= 0, got ", eps);
+  check_rms_norm_args(x, weight, eps, y);
   const int64_t d = x.shape().back();
   if (d == 0) return;
   if (x.numel() / d > INT_MAX) fail(ErrorCode::kUnsupported, "rms_norm: more than 2^31 rows in x ", x.describe());
@@ -341,15 +301,8 @@ const float* CudaBackend::inv_freq_on_device(const std::vector<float>& inv_freq)
 
 void CudaBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) {
   auto& xt = cuda_tensor(x, "rope", "x");
-  check_dtype_is(x, DType::kF32, "rope", "x");
-  if (x.shape().size() != 3)
-    fail(ErrorCode::kInvalidArgument, "rope: x must be [n, n_heads, head_dim], got ", x.describe());
+  check_rope_args(x, first_pos, params);
   const int64_t n = x.shape()[0], n_heads = x.shape()[1], head_dim = x.shape()[2];
-  if (params.n_rot > head_dim)
-    fail(ErrorCode::kInvalidArgument, "rope: n_rot ", params.n_rot, " exceeds head_dim of x ", x.describe());
-  int64_t last = 0;
-  if (first_pos < 0 || __builtin_add_overflow(first_pos, n, &last))
-    fail(ErrorCode::kInvalidArgument, "rope: invalid first position ", first_pos, " for x ", x.describe());
   const std::vector<float> inv_freq = rope_inv_freq(params);  // validates params
   if (n == 0 || n_heads == 0) return;
   activate(context_);
@@ -361,12 +314,7 @@ void CudaBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, Bac
   const auto& g = cuda_tensor(gate, "swiglu", "gate");
   const auto& u = cuda_tensor(up, "swiglu", "up");
   auto& o = cuda_tensor(out, "swiglu", "out");
-  for (const BackendTensor* t : {&gate, &up, static_cast<const BackendTensor*>(&out)}) {
-    if (t->dtype() != DType::kF32 || t->shape() != gate.shape()) {
-      fail(ErrorCode::kInvalidArgument, "swiglu: gate, up and out must be f32 of one shape; got gate ", gate.describe(),
-           ", up ", up.describe(), ", out ", out.describe());
-    }
-  }
+  check_elementwise_args("swiglu", {"gate", "up", "out"}, gate, up, out);
   activate(context_);
   swiglu_elems(static_cast<const float*>(g.data()), static_cast<const float*>(u.data()), static_cast<float*>(o.data()),
                gate.numel(), compute_.stream);
@@ -376,12 +324,7 @@ void CudaBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTen
   const auto& at = cuda_tensor(a, "add", "a");
   const auto& bt = cuda_tensor(b, "add", "b");
   auto& o = cuda_tensor(out, "add", "out");
-  for (const BackendTensor* t : {&a, &b, static_cast<const BackendTensor*>(&out)}) {
-    if (t->dtype() != DType::kF32 || t->shape() != a.shape()) {
-      fail(ErrorCode::kInvalidArgument, "add: a, b and out must be f32 of one shape; got a ", a.describe(), ", b ",
-           b.describe(), ", out ", out.describe());
-    }
-  }
+  check_elementwise_args("add", {"a", "b", "out"}, a, b, out);
   activate(context_);
   add_elems(static_cast<const float*>(at.data()), static_cast<const float*>(bt.data()), static_cast<float*>(o.data()),
             a.numel(), compute_.stream);
@@ -390,19 +333,7 @@ void CudaBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTen
 void CudaBackend::embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) {
   const auto& tt = cuda_tensor(table, "embed", "table");
   auto& o = cuda_tensor(out, "embed", "out");
-  check_dtype_is(out, DType::kF32, "embed", "out");
-  if (table.shape().size() != 2 || out.shape().size() != 2 || out.shape()[0] != int64_t(tokens.size()) ||
-      out.shape()[1] != table.shape()[1]) {
-    fail(ErrorCode::kInvalidArgument, "embed: need table [n_vocab, d], out [", tokens.size(), ", d]; got table ",
-         table.describe(), ", out ", out.describe());
-  }
-  const int64_t n_vocab = table.shape()[0];
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-      fail(ErrorCode::kInvalidArgument, "embed: token ", tokens[i], " at index ", i, " is outside the vocabulary [0, ",
-           n_vocab, ")");
-    }
-  }
+  check_embed_args(table, tokens, out);
   if (tokens.empty() || table.shape()[1] == 0) return;
   activate(context_);
   // Freed right after the launch: stream order keeps it until the kernel ran.

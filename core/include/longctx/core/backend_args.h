@@ -1,0 +1,43 @@
+// Argument checks of the Backend ops (backend.h), shared by every backend so
+// that a wrong call fails with the same message on each: ranks, shapes,
+// dtypes and ranges, Error(kInvalidArgument) naming the op and the argument.
+// A backend first checks that the tensors are its own, then calls these,
+// then adds limits of its own (cuBLAS's 32-bit sizes, say).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "longctx/core/backend.h"
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+
+// Product of the extents after the first (the row length of an [n, ...] tensor).
+int64_t backend_row_length(const BackendTensor& t);
+// "op: arg must be f32, got bf16[2, 3]".
+void check_backend_dtype(const BackendTensor& t, DType dtype, const char* op, const char* arg);
+
+// upload / download: a valid host view of the tensor's dtype and element count.
+void check_upload_args(const TensorView& src, const BackendTensor& dst);
+void check_download_args(const BackendTensor& src, const MutableTensorView& dst);
+
+struct MatmulDims {
+  int64_t n = 0, in = 0, out = 0;
+};
+// y[n, out] = x[n, in] w[out, in]^T (+ bias[out]): f32 x and y, w in
+// weight_dtype, y not aliasing x.
+MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
+                             const BackendTensor& y, DType weight_dtype);
+// f32 x [..., d], weight [d], y like x; finite eps >= 0.
+void check_rms_norm_args(const BackendTensor& x, const BackendTensor& weight, float eps, const BackendTensor& y);
+// f32 x [n, n_heads, head_dim], n_rot <= head_dim, first_pos >= 0 and
+// first_pos + n representable (the RoPE params themselves: rope_inv_freq).
+void check_rope_args(const BackendTensor& x, int64_t first_pos, const RopeParams& params);
+// Elementwise ops (swiglu: gate, up, out; add: a, b, out): three f32 tensors of one shape.
+void check_elementwise_args(const char* op, const char* const (&names)[3], const BackendTensor& a,
+                            const BackendTensor& b, const BackendTensor& out);
+// table [n_vocab, d], f32 out [tokens, d], every token in [0, n_vocab).
+void check_embed_args(const BackendTensor& table, std::span<const int32_t> tokens, const BackendTensor& out);
+
+}  // namespace longctx

@@ -1,0 +1,98 @@
+#include "longctx/core/backend_args.h"
+
+#include <cmath>
+#include <string>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+int64_t backend_row_length(const BackendTensor& t) {
+  int64_t count = 1;
+  for (size_t d = 1; d < t.shape().size(); ++d) count *= t.shape()[d];
+  return count;
+}
+
+void check_backend_dtype(const BackendTensor& t, DType dtype, const char* op, const char* arg) {
+  if (t.dtype() != dtype)
+    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " must be ", dtype_name(dtype), ", got ", t.describe());
+}
+
+void check_upload_args(const TensorView& src, const BackendTensor& dst) {
+  check_host_view(src, "upload", "src");
+  if (src.dtype != dst.dtype() || src.numel() != dst.numel())
+    fail(ErrorCode::kInvalidArgument, "upload: src ", src.describe(), " does not match dst ", dst.describe(),
+         " (dtype and element count must be equal)");
+}
+
+void check_download_args(const BackendTensor& src, const MutableTensorView& dst) {
+  check_host_view(as_const(dst), "download", "dst");
+  if (dst.dtype != src.dtype() || dst.numel() != src.numel())
+    fail(ErrorCode::kInvalidArgument, "download: src ", src.describe(), " does not match dst ", dst.describe(),
+         " (dtype and element count must be equal)");
+}
+
+MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
+                             const BackendTensor& y, DType weight_dtype) {
+  check_backend_dtype(x, DType::kF32, "matmul", "x");
+  check_backend_dtype(y, DType::kF32, "matmul", "y");
+  check_backend_dtype(w, weight_dtype, "matmul", "w (the weight dtype)");
+  const auto shapes = [&] {
+    return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
+                   bias != nullptr ? ", bias " + bias->describe() : std::string());
+  };
+  if (x.shape().size() < 2 || y.shape().size() < 2 || w.shape().size() != 2)
+    fail(ErrorCode::kInvalidArgument, "matmul: need x [n, in...], w [out, in], y [n, out...]; got ", shapes());
+  const MatmulDims dims{x.shape()[0], backend_row_length(x), backend_row_length(y)};
+  if (y.shape()[0] != dims.n || w.shape()[1] != dims.in || w.shape()[0] != dims.out)
+    fail(ErrorCode::kInvalidArgument, "matmul: shapes do not match (y[n, out] = x[n, in] w[out, in]^T): ", shapes());
+  if (bias != nullptr && (bias->shape().size() != 1 || bias->shape()[0] != dims.out))
+    fail(ErrorCode::kInvalidArgument, "matmul: bias must be [", dims.out, "]: ", shapes());
+  if (y.data() == x.data() && y.numel() > 0) fail(ErrorCode::kInvalidArgument, "matmul: y aliases x: ", shapes());
+  return dims;
+}
+
+void check_rms_norm_args(const BackendTensor& x, const BackendTensor& weight, float eps, const BackendTensor& y) {
+  check_backend_dtype(x, DType::kF32, "rms_norm", "x");
+  check_backend_dtype(y, DType::kF32, "rms_norm", "y");
+  if (x.shape().empty() || x.shape() != y.shape() || weight.shape().size() != 1 ||
+      weight.shape()[0] != x.shape().back())
+    fail(ErrorCode::kInvalidArgument, "rms_norm: need x [..., d], weight [d], y like x; got x ", x.describe(),
+         ", weight ", weight.describe(), ", y ", y.describe());
+  if (!std::isfinite(eps) || eps < 0.f) fail(ErrorCode::kInvalidArgument, "rms_norm: eps must be >= 0, got ", eps);
+}
+
+void check_rope_args(const BackendTensor& x, int64_t first_pos, const RopeParams& params) {
+  check_backend_dtype(x, DType::kF32, "rope", "x");
+  if (x.shape().size() != 3)
+    fail(ErrorCode::kInvalidArgument, "rope: x must be [n, n_heads, head_dim], got ", x.describe());
+  if (params.n_rot > x.shape()[2])
+    fail(ErrorCode::kInvalidArgument, "rope: n_rot ", params.n_rot, " exceeds head_dim of x ", x.describe());
+  int64_t last = 0;
+  if (first_pos < 0 || __builtin_add_overflow(first_pos, x.shape()[0], &last))
+    fail(ErrorCode::kInvalidArgument, "rope: invalid first position ", first_pos, " for x ", x.describe());
+}
+
+void check_elementwise_args(const char* op, const char* const (&names)[3], const BackendTensor& a,
+                            const BackendTensor& b, const BackendTensor& out) {
+  for (const BackendTensor* t : {&a, &b, &out})
+    if (t->dtype() != DType::kF32 || t->shape() != a.shape())
+      fail(ErrorCode::kInvalidArgument, op, ": ", names[0], ", ", names[1], " and ", names[2],
+           " must be f32 of one shape; got ", names[0], " ", a.describe(), ", ", names[1], " ", b.describe(), ", ",
+           names[2], " ", out.describe());
+}
+
+void check_embed_args(const BackendTensor& table, std::span<const int32_t> tokens, const BackendTensor& out) {
+  check_backend_dtype(out, DType::kF32, "embed", "out");
+  if (table.shape().size() != 2 || out.shape().size() != 2 || out.shape()[0] != int64_t(tokens.size()) ||
+      out.shape()[1] != table.shape()[1])
+    fail(ErrorCode::kInvalidArgument, "embed: need table [n_vocab, d], out [", tokens.size(), ", d]; got table ",
+         table.describe(), ", out ", out.describe());
+  const int64_t n_vocab = table.shape()[0];
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= n_vocab)
+      fail(ErrorCode::kInvalidArgument, "embed: token ", tokens[i], " at index ", i, " is outside the vocabulary [0, ",
+           n_vocab, ")");
+}
+
+}  // namespace longctx
