@@ -31,6 +31,7 @@ using testing::FakeDeviceBackend;
 using testing::HostModel;
 using testing::logits_tolerance;
 using testing::random_host_model;
+using testing::random_tokens;
 using testing::reference_logits;
 using testing::upload_model;
 
@@ -70,14 +71,6 @@ LongContextConfig device_config(SelectionPolicy policy = SelectionPolicy::kDense
   c.policy = policy;
   c.dram_budget = uint64_t{64} << 20;
   return c;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, int32_t(n_vocab - 1));
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = dist(rng);
-  return t;
 }
 
 double max_abs(const std::vector<float>& v) {
