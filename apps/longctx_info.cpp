@@ -215,7 +215,7 @@ std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
     std::string shape = "[";
     for (size_t i = 0; i < t.dims.size(); ++i) shape += str_cat(i ? ", " : "", t.dims[i]);
     shape += "]";
-    std::printf("  %-*s  %-5s  %-28s  %llu\n", nw, t.name.c_str(), model::ggml_type_info(t.type).name, shape.c_str(),
+    std::printf("  %-*s  %-5s  %-28s  %llu\n", nw, t.name.c_str(), ggml_type_info(t.type).name, shape.c_str(),
                 static_cast<unsigned long long>(t.n_bytes));
   }
 

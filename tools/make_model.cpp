@@ -19,12 +19,12 @@ constexpr const char* kUsage =
     "usage: longctx-make-model --preset NAME [--seed N] [--weight-type f32|f16|bf16|q8_0|q4_0] --out FILE.gguf\n"
     "       longctx-make-model --list\n";
 
-model::GgmlType parse_weight_type(const std::string& text) {
-  if (text == "f32") return model::GgmlType::kF32;
-  if (text == "f16") return model::GgmlType::kF16;
-  if (text == "bf16") return model::GgmlType::kBF16;
-  if (text == "q8_0") return model::GgmlType::kQ8_0;
-  if (text == "q4_0") return model::GgmlType::kQ4_0;
+GgmlType parse_weight_type(const std::string& text) {
+  if (text == "f32") return GgmlType::kF32;
+  if (text == "f16") return GgmlType::kF16;
+  if (text == "bf16") return GgmlType::kBF16;
+  if (text == "q8_0") return GgmlType::kQ8_0;
+  if (text == "q4_0") return GgmlType::kQ4_0;
   fail(ErrorCode::kInvalidArgument, "--weight-type: expected f32, f16, bf16, q8_0 or q4_0, got '", text, "'");
 }
 
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
         for (const auto& s : tools::standard_test_models())
           std::printf("%-12s %s, %d layers, %d/%d heads x %d, n_embd %d, n_ff %d, vocab %d, %s%s%s\n",
                       s.name.c_str(), s.arch.c_str(), s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_embd,
-                      s.n_ff, s.n_vocab, model::ggml_type_info(s.weight_type).name, s.qkv_bias ? ", qkv bias" : "",
+                      s.n_ff, s.n_vocab, ggml_type_info(s.weight_type).name, s.qkv_bias ? ", qkv bias" : "",
                       s.llama3_rope ? ", llama3 rope" : "");
         return 0;
       } else if (flag == "-h" || flag == "--help") {
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     if (!weight_type.empty()) spec.weight_type = parse_weight_type(weight_type);
     tools::make_test_model(spec).write(out);
     std::printf("wrote %s: test model '%s', seed %llu, %s weights\n", out.c_str(), spec.name.c_str(),
-                static_cast<unsigned long long>(spec.seed), model::ggml_type_info(spec.weight_type).name);
+                static_cast<unsigned long long>(spec.seed), ggml_type_info(spec.weight_type).name);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "longctx-make-model: %s: %s\n", error_code_name(e.code()), e.what());

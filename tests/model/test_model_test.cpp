@@ -22,7 +22,7 @@
 namespace longctx::tools {
 namespace {
 
-using model::GgmlType;
+using longctx::GgmlType;
 using model::GgufFile;
 
 // Presets small enough to generate many times under ASan ("bench" is ~160 MB).

@@ -15,7 +15,7 @@
 namespace longctx::tools {
 namespace {
 
-using model::GgmlType;
+using longctx::GgmlType;
 using S = DemoModelShape;
 
 constexpr int kBosId = 1, kEosId = 2;

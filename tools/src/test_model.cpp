@@ -23,7 +23,7 @@
 namespace longctx::tools {
 namespace {
 
-using model::GgmlType;
+using longctx::GgmlType;
 
 // The first ids of the vocabulary: <unk> <s> </s> then <0x00>..<0xFF>.
 constexpr int kUnkId = 0, kBosId = 1, kEosId = 2, kFirstByteId = 3, kFirstPieceId = 3 + 256;
@@ -161,8 +161,8 @@ void check_spec(const TestModelSpec& s) {
        "context_length must fit a u32");
   need(s.weight_type == GgmlType::kF32 || s.weight_type == GgmlType::kF16 || s.weight_type == GgmlType::kBF16 ||
            s.weight_type == GgmlType::kQ8_0 || s.weight_type == GgmlType::kQ4_0,
-       "weight_type must be f32, f16, bf16, q8_0 or q4_0 (the types model::quantize writes)");
-  const int64_t block = model::ggml_type_info(s.weight_type).block_elems;
+       "weight_type must be f32, f16, bf16, q8_0 or q4_0 (the types quantize writes)");
+  const int64_t block = ggml_type_info(s.weight_type).block_elems;
   need(s.n_embd % block == 0 && s.n_ff % block == 0 && int64_t{s.n_heads} * s.head_dim % block == 0,
        "n_embd, n_ff and n_heads*head_dim must be multiples of the weight type's block size");
   // Large models would overflow the writer's buffers long before this.

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "longctx/model/ggml_types.h"
+#include "longctx/core/ggml_types.h"
 
 namespace longctx::model {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "longctx/model/ggml_types.h"
+#include "longctx/core/ggml_types.h"
 #include "longctx/model/gguf.h"
 
 namespace longctx::model {

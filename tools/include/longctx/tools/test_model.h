@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "longctx/model/ggml_types.h"
+#include "longctx/core/ggml_types.h"
 #include "longctx/model/gguf_writer.h"
 
 namespace longctx::tools {
@@ -48,7 +48,7 @@ struct TestModelSpec {
   bool qkv_bias = false;
   bool tie_embeddings = false;
   bool llama3_rope = false;    // write rope_freqs.weight (factor 8, low 1, high 4, original 8192)
-  model::GgmlType weight_type = model::GgmlType::kF32;  // 2-D weights; norms and biases stay f32
+  GgmlType weight_type = GgmlType::kF32;  // 2-D weights; norms and biases stay f32
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   int64_t context_length = 1 << 20;

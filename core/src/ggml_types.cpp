@@ -1,7 +1,7 @@
 // GGML block layouts (ggml-org/ggml docs and ggml-common.h), dequantization
 // to f32 and the reference quantizers used by the test model generator.
 // Every multi-byte field is little endian; f16 fields are IEEE binary16.
-#include "longctx/model/ggml_types.h"
+#include "longctx/core/ggml_types.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 
-namespace longctx::model {
+namespace longctx {
 namespace {
 
 constexpr int64_t kQK = 32;    // elements per block of the Q4_0 .. Q8_1 types
@@ -288,4 +288,4 @@ std::vector<uint8_t> quantize(GgmlType type, std::span<const float> src) {
   }
 }
 
-}  // namespace longctx::model
+}  // namespace longctx

@@ -8,14 +8,14 @@
 #include <limits>
 #include <random>
 
-#include "gguf_test_util.h"
+#include "core/ggml_test_util.h"
 #include "longctx/core/dtype.h"
-#include "longctx/model/ggml_types.h"
+#include "longctx/core/ggml_types.h"
 
-namespace longctx::model {
+namespace longctx {
 namespace {
 
-using namespace longctx::model::testing;
+using namespace longctx::testing;
 
 // ---- reference decoders: value of element i (0 <= i < block_elems) of the block at b ----
 
@@ -334,4 +334,4 @@ TEST(GgmlTypes, ArgumentErrors) {
 }
 
 }  // namespace
-}  // namespace longctx::model
+}  // namespace longctx

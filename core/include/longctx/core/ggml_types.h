@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-namespace longctx::model {
+namespace longctx {
 
 // Values are the on-disk ids of the GGUF spec.
 enum class GgmlType : uint32_t {
@@ -62,4 +62,4 @@ void dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> ds
 // large for an f16 scale.
 std::vector<uint8_t> quantize(GgmlType type, std::span<const float> src);
 
-}  // namespace longctx::model
+}  // namespace longctx
