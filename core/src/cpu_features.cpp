@@ -8,9 +8,20 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#endif
 
 namespace longctx {
 namespace {
+
+struct Detected {
+  CpuFeatures features;
+  std::string amx_why;
+};
 
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -51,43 +62,75 @@ std::string brand_string() {
   return brand.substr(first, brand.find_last_not_of(' ') - first + 1);
 }
 
-CpuFeatures detect() {
-  CpuFeatures f;
+// Linux hands out the AMX tile data state (XFEATURE 18) only on request.
+bool request_amx_permission(std::string* why) {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) return true;
+  *why = std::string("Linux refused the AMX tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM): ") +
+         std::strerror(errno);
+  return false;
+#else
+  *why = "AMX needs Linux on x86-64";
+  return false;
+#endif
+}
+
+Detected detect() {
+  Detected out;
+  CpuFeatures& f = out.features;
   f.brand = brand_string();
   const CpuidResult leaf1 = cpuid(1, 0);
   const bool osxsave = bit(leaf1.ecx, 27);
   const uint64_t xcr0 = osxsave ? read_xcr0() : 0;
   const bool os_saves_ymm = (xcr0 & 0x6) == 0x6;     // SSE + AVX state
   const bool os_saves_zmm = (xcr0 & 0xE6) == 0xE6;   // + opmask, ZMM0-15 upper, ZMM16-31
+  const bool os_saves_tiles = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
   const bool avx = bit(leaf1.ecx, 28) && os_saves_ymm;
-  if (!avx) return f;  // every flag below needs the YMM state
+  out.amx_why = "the CPU has no AMX";
+  if (!avx) return out;  // every flag below needs the YMM state
 
   const CpuidResult leaf7 = cpuid(7, 0);
+  const CpuidResult leaf7_1 = leaf7.eax >= 1 ? cpuid(7, 1) : CpuidResult{};
   f.fma = bit(leaf1.ecx, 12);
   f.f16c = bit(leaf1.ecx, 29);
   f.avx2 = bit(leaf7.ebx, 5);
+  f.avx_vnni = bit(leaf7_1.eax, 4);
+  const bool amx_tile = bit(leaf7.edx, 24);
+  if (amx_tile) {
+    if (!os_saves_tiles) out.amx_why = "the OS does not enable the AMX tile state (XCR0)";
+    else if (request_amx_permission(&out.amx_why)) out.amx_why.clear();
+  }
+  if (out.amx_why.empty()) {
+    f.amx_bf16 = bit(leaf7.edx, 22);
+    f.amx_int8 = bit(leaf7.edx, 25);
+  }
   f.avx512f = bit(leaf7.ebx, 16) && os_saves_zmm;
-  if (!f.avx512f) return f;
-  const CpuidResult leaf7_1 = leaf7.eax >= 1 ? cpuid(7, 1) : CpuidResult{};
+  if (!f.avx512f) return out;
   f.avx512bw = bit(leaf7.ebx, 30);
   f.avx512vl = bit(leaf7.ebx, 31);
+  f.avx512vnni = bit(leaf7.ecx, 11);
   f.avx512fp16 = bit(leaf7.edx, 23);
   f.avx512bf16 = bit(leaf7_1.eax, 5);
-  return f;
+  return out;
 }
 
 #else  // not x86: none of these flags exist
 
-CpuFeatures detect() { return CpuFeatures{}; }
+Detected detect() { return {CpuFeatures{}, "AMX needs an x86-64 CPU"}; }
 
 #endif
 
+const Detected& detected() {
+  static const Detected once = detect();
+  return once;
+}
+
 }  // namespace
 
-const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
-  return features;
-}
+const CpuFeatures& cpu_features() { return detected().features; }
+const std::string& amx_unusable_reason() { return detected().amx_why; }
 
 std::string describe_cpu_features(const CpuFeatures& features) {
   const std::pair<bool, const char*> flags[] = {
@@ -95,6 +138,8 @@ std::string describe_cpu_features(const CpuFeatures& features) {
       {features.f16c, "f16c"},           {features.avx512f, "avx512f"},
       {features.avx512bw, "avx512bw"},   {features.avx512vl, "avx512vl"},
       {features.avx512bf16, "avx512bf16"}, {features.avx512fp16, "avx512fp16"},
+      {features.avx512vnni, "avx512vnni"}, {features.avx_vnni, "avx_vnni"},
+      {features.amx_bf16, "amx_bf16"},     {features.amx_int8, "amx_int8"},
   };
   std::string text;
   for (const auto& [present, name] : flags) {

@@ -10,12 +10,11 @@
 namespace longctx {
 namespace {
 
-// The first processor's "flags" and "model name" from /proc/cpuinfo (Linux
-// fills them from the same cpuid leaves, masked by what the kernel enables).
+// The first processor's "flags" from /proc/cpuinfo (Linux fills them from
+// the same cpuid leaves, masked by what the kernel enables).
 struct ProcCpuInfo {
   bool found = false;
   std::set<std::string> flags;
-  std::string model_name;
 };
 
 std::string trim(const std::string& text) {
@@ -33,7 +32,6 @@ ProcCpuInfo read_proc_cpuinfo() {
     if (colon == std::string::npos) continue;
     const std::string key = trim(line.substr(0, colon));
     const std::string value = trim(line.substr(colon + 1));
-    if (key == "model name" && info.model_name.empty()) info.model_name = value;
     if (key == "flags" && !info.found) {
       info.found = true;
       std::istringstream words(value);
@@ -59,15 +57,22 @@ TEST(CpuFeatures, AgreesWithProcCpuInfo) {
       {f.avx2, "avx2"},         {f.fma, "fma"},           {f.f16c, "f16c"},
       {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
       {f.avx512bf16, "avx512_bf16"}, {f.avx512fp16, "avx512_fp16"},
+      {f.avx512vnni, "avx512_vnni"}, {f.avx_vnni, "avx_vnni"},
+      {f.amx_bf16, "amx_bf16"},       {f.amx_int8, "amx_int8"},
   };
   // Linux lists a flag only when the CPU has it and the kernel enabled its
   // register state, which is exactly what cpu_features() reports.
   for (const auto& [present, name] : flags) {
     EXPECT_EQ(present, info.flags.count(name) == 1) << name;
   }
-  if (!info.model_name.empty()) {
-    EXPECT_EQ(f.brand, info.model_name);
-  }
+  // The brand string is not compared: a hypervisor may show /proc/cpuinfo a
+  // model name ("AMD EPYC") other than the CPUID brand string.
+}
+
+TEST(CpuFeatures, AmxUsableExactlyWhenNoReason) {
+  const CpuFeatures& f = cpu_features();
+  const std::string& why = amx_unusable_reason();
+  EXPECT_EQ(why.empty(), f.amx_bf16 || f.amx_int8) << why;
 }
 
 TEST(CpuFeatures, ThisMachineHasAvx2FmaF16c) {

@@ -16,11 +16,23 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512bf16 = false;
   bool avx512fp16 = false;
+  bool avx512vnni = false;  // vpdpbusd on zmm and (with avx512vl) ymm
+  bool avx_vnni = false;    // the VEX-encoded vpdpbusd (Alder Lake, Sapphire Rapids, Zen 5)
+  // AMX tiles with bf16 and int8 dot products: the CPU has them, the OS saves
+  // the tile state, and Linux granted this process the tile data permission
+  // (arch_prctl(ARCH_REQ_XCOMP_PERM), requested once by cpu_features()).
+  bool amx_bf16 = false;
+  bool amx_int8 = false;
   std::string brand;  // e.g. "AMD EPYC 7B13"
 };
 
-// Features usable by user code: the CPU has them and the OS saves their registers.
+// Features usable by user code: the CPU has them and the OS saves their
+// registers. Detected once; the first call also asks Linux for AMX permission.
 const CpuFeatures& cpu_features();
+
+// Why AMX is not usable here ("the CPU has no AMX", "Linux refused the tile
+// data permission: ..."), or "" when it is.
+const std::string& amx_unusable_reason();
 
 // "avx2 fma f16c" style list of the flags that are present.
 std::string describe_cpu_features(const CpuFeatures& features);
