@@ -1,0 +1,74 @@
+// Matmul on weights kept in their GGML block type (Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q4_K, Q5_K, Q6_K): y[r, o] = sum_i x[r, i] * w[o, i].
+//
+// The activations are quantized first, per row and per block of `block`
+// values, to int8 with one f32 scale d = absmax / 127 (QuantizedActs):
+// block 32 for the types of 32-value blocks (as ggml's Q8_0 / Q8_1), block
+// 256 for the k-quants (as Q8_K). Each weight block is then multiplied with
+// integer dot products (unsigned weight codes x signed activations, exact in
+// int32) and its scales are applied in fp32:
+//   Q4_0  d_w d_a (sum q a - 8 sum a)        Q4_1  d_w d_a sum q a + m_w d_a sum a
+//   Q5_0  d_w d_a (sum q a - 16 sum a)       Q5_1  as Q4_1 with 5-bit q
+//   Q8_0  d_w d_a sum q a (q signed)
+//   Q4_K, Q5_K  d_a (d sum_j sc_j sum_{i in j} q a - dmin sum_j m_j sum_{i in j} a)
+//   Q6_K  d_a d sum_g sc_g (sum_{i in g} q a - 32 sum_{i in g} a)
+// so the only rounding beyond fp32 accumulation is the activations' (at most
+// d_a / 2 per value).
+//
+// One op family, one dispatch point (DESIGN.md "Performance rules"): a
+// portable generic kernel (quant_dot_generic.cpp) and per-ISA kernels beside
+// it (quant_dot_x86.h compiled for AVX2, AVX-VNNI and AVX-512 VNNI), picked at
+// run time by best_quant_isa(); tests run every ISA the CPU has.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "longctx/core/ggml_types.h"
+
+namespace longctx::cpu {
+
+enum class QuantIsa : uint8_t {
+  kGeneric,     // portable C++
+  kAvx2,        // vpmaddubsw + vpmaddwd
+  kAvxVnni,     // VEX vpdpbusd on ymm
+  kAvx512Vnni,  // EVEX vpdpbusd on ymm (AVX512-VL), AMD Zen 4/5 and Intel
+};
+
+const char* quant_isa_name(QuantIsa isa);
+// The ISAs this CPU runs, best first; kGeneric is always last.
+std::vector<QuantIsa> supported_quant_isas();
+// supported_quant_isas().front().
+QuantIsa best_quant_isa();
+
+// True for the block types quant_matmul_tile() computes with.
+bool is_quant_matmul_type(GgmlType type);
+// The activation block for a weight type: 256 for the k-quants, 32 otherwise.
+int64_t quant_act_block(GgmlType type);
+
+// `rows` activation rows of k values quantized per block of `block` values.
+struct QuantizedActs {
+  int64_t rows = 0;
+  int64_t k = 0;
+  int64_t block = 32;          // 32 or 256
+  std::vector<int8_t> q;       // [rows, k]
+  std::vector<float> d;        // [rows, k / block] scales
+  std::vector<float> dsum;     // block 32: [rows, k / 32] d * sum of the block's q
+  std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
+};
+
+// Quantizes x[r * ldx + i] (r < rows, i < k) into out, reusing its buffers.
+// k must be a multiple of `block` (32 or 256): Error(kInvalidArgument)
+// otherwise. A block holding NaN or Inf gets d = NaN, so the products that
+// read it are NaN as they would be in f32.
+void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t block, QuantizedActs& out);
+
+// y[r * ldy + o] = sum_i x[r, i] w[o, i] for r in [r_begin, r_end) and o in
+// [o_begin, o_end), where weight row o starts at w + o * ggml_bytes(type, k)
+// and x = acts (quantized with quant_act_block(type)). Runs on the calling
+// thread; callers split the rows across cores. Arguments are the caller's to
+// check: is_quant_matmul_type(type), k a multiple of the type's block.
+void quant_matmul_tile(QuantIsa isa, GgmlType type, const uint8_t* w, const QuantizedActs& acts, int64_t r_begin,
+                       int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy);
+
+}  // namespace longctx::cpu

@@ -1,0 +1,38 @@
+// The per-ISA kernels of quant_matmul.h behind its one dispatch point
+// (quant_matmul.cpp): each computes up to kQuantMaxRows activation rows
+// against one weight row, so the weight row is read and unpacked once for
+// all of them.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/ggml_types.h"
+
+namespace longctx::cpu::detail {
+
+constexpr int kQuantMaxRows = 4;
+
+// QuantizedActs as plain pointers. The ISA files see only this: a member
+// function or std::vector instantiated there would be compiled with that
+// ISA's flags and could be the copy the linker keeps for everyone.
+struct ActRows {
+  const int8_t* q;       // [rows, k]
+  const float* d;        // [rows, k / block]
+  const float* dsum;     // block 32: [rows, k / 32]
+  const int16_t* sum16;  // block 256: [rows, k / 16]
+  int64_t k;
+  int64_t block;
+};
+
+// y[j * ldy] = dot(weight row w_row, activation row r0 + j) for j < n_rows
+// (1..kQuantMaxRows); the row has k = acts.k values.
+using QuantRowsFn = void (*)(const uint8_t* w_row, const ActRows& acts, int64_t r0, int n_rows, float* y,
+                             int64_t ldy);
+
+// The kernel of `type` for each ISA, or null for a type the ISA lacks.
+QuantRowsFn quant_rows_generic(GgmlType type);
+QuantRowsFn quant_rows_avx2(GgmlType type);
+QuantRowsFn quant_rows_avx_vnni(GgmlType type);
+QuantRowsFn quant_rows_avx512_vnni(GgmlType type);
+
+}  // namespace longctx::cpu::detail

@@ -1,0 +1,12 @@
+// quant_dot_x86.h for AVX-512 VNNI (with AVX512-VL): the EVEX-encoded vpdpbusd
+// on ymm registers (AMD Zen 4/5 have it and no AVX-VNNI).
+#include <immintrin.h>
+
+namespace longctx::cpu::detail {
+namespace {
+inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+}  // namespace
+}  // namespace longctx::cpu::detail
+
+#define LONGCTX_QDOT_ENTRY quant_rows_avx512_vnni
+#include "quant_dot_x86.h"

@@ -1,0 +1,296 @@
+// x86 SIMD kernels of quant_matmul.h on 256-bit vectors, compiled once per
+// ISA (with that ISA's compiler flags): the including file defines
+// LONGCTX_QDOT_ENTRY (the name of its table function in quant_dot.h) and,
+// before including this file, in namespace longctx::cpu::detail { namespace {
+//   __m256i dot_u8s8(__m256i u, __m256i s): lane i = sum of u[4i + t] * s[4i + t]
+//   (t < 4) for unsigned bytes u <= 128 and signed bytes s in [-127, 127].
+// The kernels have internal linkage, so each compilation keeps its own.
+// Everything else is shared: weight codes are unpacked to unsigned bytes,
+// multiplied with the int8 activations by pairs (vpmaddubsw, whose int16 sums
+// cannot saturate: codes <= 63, or |q| <= 128 for Q8_0 against |a| <= 127),
+// and the k-quant sub-block scales are applied in int32 by vpmaddwd, so one
+// conversion to fp32 per block is all the floating point there is.
+//
+// Up to kQuantMaxRows activation rows share each unpacked weight block.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant_dot.h"
+
+namespace longctx::cpu::detail {
+namespace {
+
+inline const int8_t* row_q(const ActRows& a, int64_t r) { return a.q + r * a.k; }
+inline const float* row_d(const ActRows& a, int64_t r) { return a.d + r * (a.k / a.block); }
+inline const float* row_dsum(const ActRows& a, int64_t r) { return a.dsum + r * (a.k / 32); }
+inline const int16_t* row_sum16(const ActRows& a, int64_t r) { return a.sum16 + r * (a.k / 16); }
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The 32 nibbles of 16 bytes as bytes: low nibbles (values 0..15), then high.
+inline __m256i unpack_nibbles16(const uint8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Byte i = 0x10 where bit i of `bits` is set, else 0.
+inline __m256i bits_to_0x10(uint32_t bits) {
+  // Byte i takes byte i / 8 of `bits` (within each 128-bit lane, which both hold all four), then tests bit i % 8.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Byte i = 0x10 where (byte i of hb) & mask is set.
+inline __m256i mask_to_0x10(__m256i hb, __m256i mask) {
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// ---- 32-value blocks ---------------------------------------------------------
+
+// The unpacked codes of one block: u (unsigned bytes) and the fp32 constants of
+// value = d * (u - offset) + m. For Q8_0, u holds the signed codes and kSigned
+// is set: the kernel multiplies |q| with the activation carrying q's sign.
+struct Unpacked32 {
+  __m256i u;
+  float d, m, offset;
+};
+
+template <GgmlType kType>
+inline Unpacked32 unpack32(const uint8_t* b) {
+  if constexpr (kType == GgmlType::kQ4_0) {
+    return {unpack_nibbles16(b + 2), f16_at(b), 0.f, 8.f};
+  } else if constexpr (kType == GgmlType::kQ4_1) {
+    return {unpack_nibbles16(b + 4), f16_at(b), f16_at(b + 2), 0.f};
+  } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
+    constexpr bool kMin = kType == GgmlType::kQ5_1;
+    uint32_t high;
+    std::memcpy(&high, b + (kMin ? 4 : 2), 4);
+    const __m256i u = _mm256_or_si256(unpack_nibbles16(b + (kMin ? 8 : 6)), bits_to_0x10(high));
+    return {u, f16_at(b), kMin ? f16_at(b + 2) : 0.f, kMin ? 0.f : 16.f};
+  } else {
+    static_assert(kType == GgmlType::kQ8_0);
+    return {load256(b + 2), f16_at(b), 0.f, 0.f};
+  }
+}
+
+template <GgmlType kType, int64_t kBlockBytes, int kRows>
+void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  constexpr bool kSigned = kType == GgmlType::kQ8_0;
+  const int64_t nb = acts.k / 32;
+  __m256 acc[kRows];
+  float offsets[kRows];  // sum over blocks of (m - d * offset) * d_a * sum a
+  for (int j = 0; j < kRows; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    offsets[j] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Unpacked32 blk = unpack32<kType>(w + b * kBlockBytes);
+    const __m256i u = kSigned ? _mm256_sign_epi8(blk.u, blk.u) : blk.u;
+    const float shift = blk.m - blk.d * blk.offset;
+    for (int j = 0; j < kRows; ++j) {
+      __m256i a = load256(row_q(acts, r0 + j) + 32 * b);
+      if constexpr (kSigned) a = _mm256_sign_epi8(a, blk.u);
+      const __m256i dot = dot_u8s8(u, a);
+      const float ds = blk.d * row_d(acts, r0 + j)[b];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(ds), acc[j]);
+      if constexpr (!kSigned) offsets[j] += shift * row_dsum(acts, r0 + j)[b];
+    }
+  }
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]) + offsets[j];
+}
+
+// ---- k-quants ------------------------------------------------------------------
+
+// The eight 6-bit scales and mins of a Q4_K / Q5_K block as bytes
+// (quant_dot_generic.cpp k_scale_min spells out the packing).
+struct KScales {
+  uint8_t scale[8];
+  uint8_t min[8];
+};
+
+inline KScales unpack_k_scales(const uint8_t* sc) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, sc, 4);
+  std::memcpy(&w1, sc + 4, 4);
+  std::memcpy(&w2, sc + 8, 4);
+  const uint32_t scales_lo = w0 & 0x3F3F3F3Fu;
+  const uint32_t mins_lo = w1 & 0x3F3F3F3Fu;
+  const uint32_t scales_hi = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
+  const uint32_t mins_hi = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+  KScales out;
+  std::memcpy(out.scale, &scales_lo, 4);
+  std::memcpy(out.scale + 4, &scales_hi, 4);
+  std::memcpy(out.min, &mins_lo, 4);
+  std::memcpy(out.min + 4, &mins_hi, 4);
+  return out;
+}
+
+// Lane i (int32) = sum of the activation pair sums of 16 values times factor
+// of their group: madd of the 16 int16 group sums with 16 int16 factors.
+inline __m256i group_sums_times(const int16_t* sum16, __m256i factors16) {
+  return _mm256_madd_epi16(load256(sum16), factors16);
+}
+
+template <bool kFiveBit, int kRows>
+void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlockBytes = kFiveBit ? 176 : 144;
+  const int64_t nb = acts.k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kBlockBytes;
+    const KScales ks = unpack_k_scales(blk + 4);
+    const uint8_t* qs = blk + (kFiveBit ? 48 : 16);
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (kFiveBit) hb = load256(blk + 16);
+    __m256i dots[kRows];
+    for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i q = load256(qs + 32 * p);
+      __m256i u_lo = _mm256_and_si256(q, low4);
+      __m256i u_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        u_lo = _mm256_or_si256(u_lo, mask_to_0x10(hb, _mm256_set1_epi8(static_cast<char>(1 << (2 * p)))));
+        u_hi = _mm256_or_si256(u_hi, mask_to_0x10(hb, _mm256_set1_epi8(static_cast<char>(2 << (2 * p)))));
+      }
+      const __m256i sc_lo = _mm256_set1_epi16(ks.scale[2 * p]);
+      const __m256i sc_hi = _mm256_set1_epi16(ks.scale[2 * p + 1]);
+      for (int j = 0; j < kRows; ++j) {
+        const int8_t* a = row_q(acts, r0 + j) + 256 * b + 64 * p;
+        const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, load256(a)), sc_lo);
+        const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, load256(a + 32)), sc_hi);
+        dots[j] = _mm256_add_epi32(dots[j], _mm256_add_epi32(lo, hi));
+      }
+    }
+    // Each min applies to two groups of 16: duplicate the bytes, widen to int16.
+    const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ks.min));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    const float d = f16_at(blk), dmin = f16_at(blk + 2);
+    for (int j = 0; j < kRows; ++j) {
+      const float da = row_d(acts, r0 + j)[b];
+      const __m256i mins = group_sums_times(row_sum16(acts, r0 + j) + 16 * b, mins16);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
+      acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
+}
+
+template <int kRows>
+void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  const int64_t nb = acts.k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low2 = _mm256_set1_epi8(0x03);
+  __m256 acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 210;
+    const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    __m256i dots[kRows];
+    for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = load256(blk + 64 * half);
+      const __m256i ql1 = load256(blk + 64 * half + 32);
+      const __m256i qh = load256(blk + 128 + 32 * half);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i ql = k & 1 ? ql1 : ql0;
+        const __m256i low = _mm256_and_si256(k < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), low2);
+        const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+        // Values 0..15 of the run use scale 8 half + 2k, values 16..31 the next.
+        const int group = 8 * half + 2 * k;
+        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(static_cast<int8_t>(blk[192 + group + 1])),
+                                            _mm_set1_epi16(static_cast<int8_t>(blk[192 + group])));
+        for (int j = 0; j < kRows; ++j) {
+          const int8_t* a = row_q(acts, r0 + j) + 256 * b + 128 * half + 32 * k;
+          dots[j] = _mm256_add_epi32(dots[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(a)), sc));
+        }
+      }
+    }
+    // The codes are q + 32: subtract 32 * scale_g * (sum of group g).
+    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+    const float d = f16_at(blk + 208);
+    for (int j = 0; j < kRows; ++j) {
+      const __m256i offset = group_sums_times(row_sum16(acts, r0 + j) + 16 * b, scales16);
+      const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 5));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * row_d(acts, r0 + j)[b]), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
+}
+
+// ---- the table -------------------------------------------------------------------
+
+template <template <int> class K>
+void by_rows(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+  switch (n_rows) {
+    case 1: return K<1>::run(w, acts, r0, y, ldy);
+    case 2: return K<2>::run(w, acts, r0, y, ldy);
+    case 3: return K<3>::run(w, acts, r0, y, ldy);
+    default: return K<4>::run(w, acts, r0, y, ldy);
+  }
+}
+
+template <GgmlType kType, int64_t kBytes>
+struct Block32Kernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      rows_block32<kType, kBytes, kRows>(w, a, r0, y, ldy);
+    }
+  };
+};
+template <bool kFiveBit>
+struct QK45Kernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      rows_qk_4_5<kFiveBit, kRows>(w, a, r0, y, ldy);
+    }
+  };
+};
+template <int kRows>
+struct Q6KKernel {
+  static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+    rows_q6_k<kRows>(w, a, r0, y, ldy);
+  }
+};
+
+}  // namespace
+
+QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return by_rows<Block32Kernel<GgmlType::kQ4_0, 18>::K>;
+    case GgmlType::kQ4_1: return by_rows<Block32Kernel<GgmlType::kQ4_1, 20>::K>;
+    case GgmlType::kQ5_0: return by_rows<Block32Kernel<GgmlType::kQ5_0, 22>::K>;
+    case GgmlType::kQ5_1: return by_rows<Block32Kernel<GgmlType::kQ5_1, 24>::K>;
+    case GgmlType::kQ8_0: return by_rows<Block32Kernel<GgmlType::kQ8_0, 34>::K>;
+    case GgmlType::kQ4_K: return by_rows<QK45Kernel<false>::K>;
+    case GgmlType::kQ5_K: return by_rows<QK45Kernel<true>::K>;
+    case GgmlType::kQ6_K: return by_rows<Q6KKernel>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace longctx::cpu::detail

@@ -1,0 +1,113 @@
+// The dispatch point of quant_matmul.h: activation quantization, the ISA
+// table and the tile loop over the per-ISA row kernels (quant_dot.h).
+#include "longctx/cpu/quant_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "longctx/core/cpu_features.h"
+#include "longctx/core/error.h"
+#include "quant_dot.h"
+
+namespace longctx::cpu {
+namespace {
+
+detail::QuantRowsFn rows_fn(QuantIsa isa, GgmlType type) {
+  switch (isa) {
+    case QuantIsa::kAvx2: return detail::quant_rows_avx2(type);
+    case QuantIsa::kAvxVnni: return detail::quant_rows_avx_vnni(type);
+    case QuantIsa::kAvx512Vnni: return detail::quant_rows_avx512_vnni(type);
+    case QuantIsa::kGeneric: break;
+  }
+  return detail::quant_rows_generic(type);
+}
+
+// One block of activations: d = absmax / 127, q = round(x / d). A block
+// holding NaN or Inf gets d = NaN and q = 0, so its products are NaN.
+void quantize_block(const float* x, int64_t n, int8_t* q, float* d) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite &= std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite) {
+    std::fill(q, q + n, int8_t{0});
+    *d = NAN;
+    return;
+  }
+  *d = amax / 127.f;
+  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::lrint(x[i] * inverse));
+}
+
+}  // namespace
+
+const char* quant_isa_name(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kGeneric: return "generic";
+    case QuantIsa::kAvx2: return "avx2";
+    case QuantIsa::kAvxVnni: return "avx-vnni";
+    case QuantIsa::kAvx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+std::vector<QuantIsa> supported_quant_isas() {
+  const CpuFeatures& f = cpu_features();
+  std::vector<QuantIsa> isas;
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
+  if (avx2 && f.avx512vnni && f.avx512vl && f.avx512bw) isas.push_back(QuantIsa::kAvx512Vnni);
+  if (avx2 && f.avx_vnni) isas.push_back(QuantIsa::kAvxVnni);
+  if (avx2) isas.push_back(QuantIsa::kAvx2);
+  isas.push_back(QuantIsa::kGeneric);
+  return isas;
+}
+
+QuantIsa best_quant_isa() {
+  static const QuantIsa best = supported_quant_isas().front();
+  return best;
+}
+
+bool is_quant_matmul_type(GgmlType type) { return detail::quant_rows_generic(type) != nullptr; }
+
+int64_t quant_act_block(GgmlType type) { return ggml_type_info(type).block_elems == 256 ? 256 : 32; }
+
+void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t block, QuantizedActs& out) {
+  if ((block != 32 && block != 256) || k % block != 0 || rows < 0)
+    fail(ErrorCode::kInvalidArgument, "quantize_acts: ", rows, " rows of ", k, " values in blocks of ", block,
+         ": the block must be 32 or 256 and divide the row");
+  out.rows = rows;
+  out.k = k;
+  out.block = block;
+  out.q.resize(size_t(rows * k));
+  out.d.resize(size_t(rows * (k / block)));
+  out.dsum.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0.f);
+  out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int8_t* q = out.q.data() + r * k;
+    float* d = out.d.data() + r * (k / block);
+    for (int64_t b = 0; b < k / block; ++b) quantize_block(x + r * ldx + b * block, block, q + b * block, d + b);
+    for (int64_t g = 0; g < k / 16; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+      if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
+      else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
+    }
+  }
+}
+
+void quant_matmul_tile(QuantIsa isa, GgmlType type, const uint8_t* w, const QuantizedActs& acts, int64_t r_begin,
+                       int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
+  const detail::QuantRowsFn kernel = rows_fn(isa, type);
+  const detail::ActRows rows{acts.q.data(), acts.d.data(), acts.dsum.data(), acts.sum16.data(), acts.k, acts.block};
+  const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
+  // Activation rows outside: a group of up to four stays in L1 while the
+  // tile's weight rows stream past it.
+  for (int64_t r = r_begin; r < r_end; r += detail::kQuantMaxRows) {
+    const int n_rows = int(std::min<int64_t>(detail::kQuantMaxRows, r_end - r));
+    for (int64_t o = o_begin; o < o_end; ++o) kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
+  }
+}
+
+}  // namespace longctx::cpu

@@ -1,0 +1,227 @@
+// Quantized-weight matmul (cpu/quant_matmul.h) on every ISA this CPU has,
+// against fp64 products of the dequantized weights (core's dequantize(),
+// tested against its own reference decoders):
+// - with the quantized activations (d_a * q_a): only fp32 rounding differs;
+// - with the original f32 activations: within the activation rounding bound
+//   sum_b (d_a,b / 2) sum_{i in b} |w_i| on top of that.
+// ISAs the CPU lacks are skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/ggml_test_util.h"
+#include "longctx/core/cpu_features.h"
+#include "longctx/core/dtype.h"
+#include "longctx/cpu/quant_matmul.h"
+
+namespace longctx::cpu {
+namespace {
+
+using longctx::testing::expect_error;
+using longctx::testing::random_blocks;
+
+constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                               GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+constexpr QuantIsa kIsas[] = {QuantIsa::kGeneric, QuantIsa::kAvx2, QuantIsa::kAvxVnni, QuantIsa::kAvx512Vnni};
+constexpr double kUnit = 1.0 / (1 << 24);  // f32 unit roundoff
+
+float f16_field(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return f16_bits_to_f32(bits);
+}
+
+// A bound on |scale part| + |offset part| of any value of the block at b
+// (value = scale part + offset part, each computed exactly by the kernel in
+// integers before its fp32 products): the largest code times the largest
+// scale, plus the largest offset.
+double block_magnitude(GgmlType type, const uint8_t* b) {
+  const double d = std::fabs(f16_field(b));
+  switch (type) {
+    case GgmlType::kQ4_0: return 23 * d;
+    case GgmlType::kQ4_1: return 15 * d + std::fabs(f16_field(b + 2));
+    case GgmlType::kQ5_0: return 47 * d;
+    case GgmlType::kQ5_1: return 31 * d + std::fabs(f16_field(b + 2));
+    case GgmlType::kQ8_0: return 128 * d;
+    case GgmlType::kQ4_K: return 15 * 63 * d + 63 * std::fabs(f16_field(b + 2));
+    case GgmlType::kQ5_K: return 31 * 63 * d + 63 * std::fabs(f16_field(b + 2));
+    case GgmlType::kQ6_K: return 95 * 128 * std::fabs(f16_field(b + 208));
+    default: return 0;
+  }
+}
+
+std::string isa_unsupported_reason(QuantIsa isa) {
+  for (QuantIsa supported : supported_quant_isas())
+    if (supported == isa) return "";
+  return std::string(quant_isa_name(isa)) + ": this CPU lacks it (" + describe_cpu_features(cpu_features()) + ")";
+}
+
+// Activations that exercise the quantizer: normal values, a zero row, a
+// constant row, rows with one large outlier.
+std::vector<float> random_acts(int64_t rows, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> x(size_t(rows * k));
+  for (auto& v : x) v = normal(rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * k;
+    switch (r % 5) {
+      case 1: std::fill(row, row + k, 0.f); break;
+      case 2: std::fill(row, row + k, -0.75f); break;
+      case 3: row[rng() % k] = 300.f; break;
+      default: break;
+    }
+  }
+  return x;
+}
+
+class QuantMatmulTest : public ::testing::TestWithParam<std::tuple<GgmlType, QuantIsa>> {};
+
+TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
+  const auto [type, isa] = GetParam();
+  const std::string why = isa_unsupported_reason(isa);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  if (!info.dequantizable) GTEST_SKIP() << info.name << ": core cannot dequantize it, so there is no reference";
+  std::mt19937 rng(1234 + static_cast<int>(type) * 10 + static_cast<int>(isa));
+  const int64_t block = quant_act_block(type);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t k = info.block_elems * (1 + int64_t(rng() % (block == 256 ? 6 : 40)));
+    const int64_t n = 1 + int64_t(rng() % 19);
+    const int64_t m = 1 + int64_t(rng() % 11);  // partial groups of four rows
+    const int64_t row_bytes = int64_t(*ggml_bytes(type, k));
+    const std::vector<uint8_t> w = random_blocks(type, size_t(n * k / info.block_elems), rng);
+    std::vector<float> wf(size_t(n * k));
+    dequantize(type, w, wf);
+    const std::vector<float> x = random_acts(m, k, rng);
+    QuantizedActs acts;
+    quantize_acts(x.data(), m, k, k, block, acts);
+
+    // A sub-tile of rows and outputs, inside a y with a larger stride; the
+    // entries outside must stay untouched.
+    const int64_t r0 = int64_t(rng() % m), r1 = r0 + 1 + int64_t(rng() % (m - r0));
+    const int64_t o0 = int64_t(rng() % n), o1 = o0 + 1 + int64_t(rng() % (n - o0));
+    const int64_t ldy = n + 3;
+    std::vector<float> y(size_t(m * ldy), 12345.f);
+    quant_matmul_tile(isa, type, w.data(), acts, r0, r1, o0, o1, y.data(), ldy);
+
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t o = 0; o < ldy; ++o) {
+        const float got = y[size_t(r * ldy + o)];
+        if (r < r0 || r >= r1 || o < o0 || o >= o1) {
+          ASSERT_EQ(got, 12345.f) << "wrote outside the tile at row " << r << ", output " << o;
+          continue;
+        }
+        double exact = 0, original = 0, magnitude = 0, act_rounding = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t ab = i / block;
+          const double da = acts.d[size_t(r * (k / block) + ab)];
+          const double a = da * acts.q[size_t(r * k + i)];
+          const double wi = wf[size_t(o * k + i)];
+          exact += wi * a;
+          original += wi * double(x[size_t(r * k + i)]);
+          const uint8_t* wb = w.data() + o * row_bytes + (i / info.block_elems) * info.block_bytes;
+          magnitude += block_magnitude(type, wb) * std::fabs(a);
+          act_rounding += std::fabs(wi) * da / 2;
+        }
+        // fp32: one product and one addition per block into one of eight lanes, the
+        // final sum of lanes, and dequantize()'s own rounding of the reference.
+        const double nb = double(k / info.block_elems);
+        const double tol = (nb + 16) * 2 * kUnit * magnitude + 1e-30;
+        const std::string where = std::string(info.name) + " on " + quant_isa_name(isa) + ", k " + std::to_string(k) +
+                                  ", row " + std::to_string(r) + ", output " + std::to_string(o);
+        ASSERT_NEAR(got, exact, tol) << where;
+        ASSERT_NEAR(got, original, tol + act_rounding * (1 + 1e-6)) << where << " (vs f32 activations)";
+      }
+    }
+  }
+}
+
+TEST_P(QuantMatmulTest, NonFiniteActivationsGiveNaN) {
+  const auto [type, isa] = GetParam();
+  const std::string why = isa_unsupported_reason(isa);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  std::mt19937 rng(7);
+  const int64_t k = 2 * info.block_elems;
+  const std::vector<uint8_t> w = random_blocks(type, 2, rng);
+  std::vector<float> x(size_t(2 * k), 0.5f);
+  x[3] = INFINITY;
+  x[size_t(k + 5)] = NAN;
+  QuantizedActs acts;
+  quantize_acts(x.data(), 2, k, k, quant_act_block(type), acts);
+  float y[2] = {0.f, 0.f};
+  quant_matmul_tile(isa, type, w.data(), acts, 0, 2, 0, 1, y, 1);
+  EXPECT_TRUE(std::isnan(y[0])) << y[0];
+  EXPECT_TRUE(std::isnan(y[1])) << y[1];
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<GgmlType, QuantIsa>>& info) {
+  std::string name = std::string(ggml_type_info(std::get<0>(info.param)).name) + "_" +
+                     quant_isa_name(std::get<1>(info.param));
+  for (char& c : name)
+    if (c == '-') c = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(TypesAndIsas, QuantMatmulTest,
+                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::ValuesIn(kIsas)), case_name);
+
+TEST(QuantMatmul, IsasAreListedBestFirstWithGenericLast) {
+  const std::vector<QuantIsa> isas = supported_quant_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.back(), QuantIsa::kGeneric);
+  EXPECT_EQ(best_quant_isa(), isas.front());
+  const CpuFeatures& f = cpu_features();
+  if (f.avx2 && f.fma && f.f16c) {
+    EXPECT_NE(std::find(isas.begin(), isas.end(), QuantIsa::kAvx2), isas.end());
+  }
+}
+
+TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
+  std::mt19937 rng(3);
+  const std::vector<float> x = random_acts(3, 512, rng);
+  for (int64_t block : {32, 256}) {
+    QuantizedActs acts;
+    quantize_acts(x.data(), 3, 512, 512, block, acts);
+    for (int64_t r = 0; r < 3; ++r) {
+      for (int64_t b = 0; b < 512 / block; ++b) {
+        float amax = 0;
+        int sum = 0;
+        for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+          amax = std::max(amax, std::fabs(x[size_t(r * 512 + i)]));
+          const int q = acts.q[size_t(r * 512 + i)];
+          ASSERT_LE(std::abs(q), 127);
+          sum += q;
+          ASSERT_NEAR(q * double(acts.d[size_t(r * (512 / block) + b)]), x[size_t(r * 512 + i)],
+                      acts.d[size_t(r * (512 / block) + b)] * 0.5 * (1 + 1e-6));
+        }
+        ASSERT_FLOAT_EQ(acts.d[size_t(r * (512 / block) + b)], amax / 127.f);
+        if (block == 32) ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
+      }
+      for (int64_t g = 0; block == 256 && g < 32; ++g) {
+        int sum = 0;
+        for (int64_t i = 16 * g; i < 16 * g + 16; ++i) sum += acts.q[size_t(r * 512 + i)];
+        ASSERT_EQ(acts.sum16[size_t(r * 32 + g)], sum);
+      }
+    }
+  }
+}
+
+TEST(QuantMatmul, RejectsRowsOffTheBlock) {
+  std::vector<float> x(300, 1.f);
+  QuantizedActs acts;
+  expect_error([&] { quantize_acts(x.data(), 1, 48, 48, 32, acts); }, ErrorCode::kInvalidArgument, {"48", "32"});
+  expect_error([&] { quantize_acts(x.data(), 1, 64, 64, 64, acts); }, ErrorCode::kInvalidArgument, {"64"});
+  expect_error([&] { quantize_acts(x.data(), 1, 288, 288, 256, acts); }, ErrorCode::kInvalidArgument, {"288", "256"});
+  EXPECT_FALSE(is_quant_matmul_type(GgmlType::kF16));
+  EXPECT_FALSE(is_quant_matmul_type(GgmlType::kQ8_K));
+  for (GgmlType type : kTypes) EXPECT_TRUE(is_quant_matmul_type(type)) << ggml_type_info(type).name;
+}
+
+}  // namespace
+}  // namespace longctx::cpu
