@@ -16,6 +16,8 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/cpu_features.h"
+#include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
 #include "longctx/core/error.h"
 #include "longctx/gpu/device.h"
 #include "longctx/kvstore/kv_store.h"
@@ -78,6 +80,9 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("features: %s\n", describe_cpu_features(cpu).c_str());
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
+  std::printf("int8:     quantized matmul on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()));
+  const std::string& amx_why = amx_unusable_reason();
+  std::printf("amx:      %s\n", amx_why.empty() ? "usable (tile data permission granted)" : ("not usable: " + amx_why).c_str());
   std::string nodes = topology.describe();
   if (!nodes.empty() && nodes.back() != '\n') nodes += '\n';
   std::printf("numa:     %d node(s)%s\n%s", topology.node_count(),
@@ -209,6 +214,20 @@ std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
     name_width = std::max(name_width, t.name.size());
   }
   std::printf("tensors:    %zu (%s)\n", file.tensors().size(), format_bytes(total).c_str());
+  // What the CPU backend keeps resident for these tensors, per weight storage.
+  std::string resident;
+  for (WeightStorage storage : {WeightStorage::kNative, WeightStorage::kBF16, WeightStorage::kF32}) {
+    uint64_t bytes = 0;
+    std::string unsupported;
+    for (const auto& t : file.tensors()) {
+      const auto type = cpu::CpuBackend::stored_type(t.type, t.dims.size(), storage);
+      if (!type) unsupported = t.name;
+      else bytes += ggml_bytes(*type, t.n_elements).value_or(0);
+    }
+    resident += str_cat(resident.empty() ? "" : ", ", weight_storage_name(storage), " ",
+                        unsupported.empty() ? format_bytes(bytes) : "cannot load " + unsupported);
+  }
+  std::printf("resident:   %s (weights on the CPU backend, by model.weights)\n", resident.c_str());
   const int nw = static_cast<int>(std::min<size_t>(name_width, 64));
   if (!file.tensors().empty()) std::printf("  %-*s  %-5s  %-28s  %s\n", nw, "name", "type", "shape", "bytes");
   for (const auto& t : file.tensors()) {

@@ -29,7 +29,7 @@ using namespace longctx;
 constexpr const char* kUsage =
     "usage: longctx-perplexity --model FILE.gguf (--file TEXT.txt | --tokens 1,2,3)\n"
     "                          [--config X.yaml] [--set KEY=VALUE]... [--context N]\n"
-    "                          [--dump-logits OUT.f32] [--weights f32|bf16] [--no-bos]\n"
+    "                          [--dump-logits OUT.f32] [--weights native|bf16|f32] [--no-bos]\n"
     "\n"
     "Perplexity exp(-mean log p(token i+1 | tokens 0..i)) over every position of the\n"
     "text (tokenized with the model's tokenizer, BOS first unless --no-bos or the\n"
@@ -51,14 +51,15 @@ constexpr const char* kUsage =
     "  --dump-logits F   write the logits of every position as raw float32\n"
     "                    [n_tokens, n_vocab], row i = the prediction after token i\n"
     "                    (written atomically: no file on error)\n"
-    "  --weights T       weight storage of the CPU backend: f32 (default) or bf16\n"
+    "  --weights T       weight storage of the CPU backend: native (default: each tensor in its\n"
+    "                    GGUF type, quantized blocks computed as they are), bf16 or f32\n"
     "Errors print a message and exit with status 1.\n";
 
 struct Args {
   std::string model, file, tokens_text, config_path, dump_path;
   std::vector<std::string> overrides;
   int64_t context = 0;  // 0: prefill everything
-  DType weights = DType::kF32;
+  WeightStorage weights = WeightStorage::kNative;
   bool bos = true;
 };
 
@@ -89,9 +90,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--no-bos") a.bos = false;
     else if (flag == "--weights") {
       const std::string t = value();
-      if (t == "f32") a.weights = DType::kF32;
-      else if (t == "bf16") a.weights = DType::kBF16;
-      else fail(ErrorCode::kInvalidArgument, "--weights: expected f32 or bf16, got '", t, "'");
+      const std::optional<WeightStorage> storage = parse_weight_storage(t);
+      if (!storage) fail(ErrorCode::kInvalidArgument, "--weights: expected native, bf16 or f32, got '", t, "'");
+      a.weights = *storage;
     } else if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -147,7 +148,7 @@ int run(const Args& a) {
   if (config.threads_num > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(config.threads_num));
 
   cpu::CpuBackendOptions backend_options;
-  backend_options.weight_dtype = a.weights;
+  backend_options.weights = a.weights;
   cpu::CpuBackend backend(backend_options);
   const auto model = model::Model::open(a.model, backend);
   const int64_t n_vocab = model->spec().n_vocab;

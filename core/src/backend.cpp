@@ -8,6 +8,73 @@
 
 namespace longctx {
 
+BackendTensor::BackendTensor(DType dtype, std::vector<int64_t> shape)
+    : type_(ggml_type_of(dtype)), shape_(std::move(shape)) {}
+
+DType BackendTensor::dtype() const {
+  const std::optional<DType> dtype = dtype_of(type_);
+  if (!dtype) fail(ErrorCode::kInvalidArgument, "tensor ", describe(), " is quantized: it has no element dtype");
+  return *dtype;
+}
+
+GgmlType ggml_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return GgmlType::kF32;
+    case DType::kF16: return GgmlType::kF16;
+    case DType::kBF16: return GgmlType::kBF16;
+  }
+  fail(ErrorCode::kInvalidArgument, "invalid dtype value ", int(dtype));
+}
+
+std::optional<DType> dtype_of(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32: return DType::kF32;
+    case GgmlType::kF16: return DType::kF16;
+    case GgmlType::kBF16: return DType::kBF16;
+    default: return std::nullopt;
+  }
+}
+
+HostWeight::HostWeight(const TensorView& view) {
+  check_host_view(view, "load_weight", "host");
+  if (!view.is_contiguous()) fail(ErrorCode::kInvalidArgument, "load_weight: host ", view.describe(), " is not contiguous");
+  type = ggml_type_of(view.dtype);
+  shape.assign(view.shape.begin(), view.shape.begin() + view.rank);
+  bytes = {static_cast<const uint8_t*>(view.data), size_t(view.numel()) * dtype_size(view.dtype)};
+}
+
+int64_t HostWeight::numel() const {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;  // check_host_weight rejects overflow first
+  return count;
+}
+
+void convert_weight(const HostWeight& w, DType dtype, void* dst) {
+  const int64_t row = w.shape.empty() ? 1 : w.shape.back();
+  const int64_t rows = row == 0 ? 0 : w.numel() / row;
+  const size_t in_row = size_t(*ggml_bytes(w.type, row)), out_row = size_t(row) * dtype_size(dtype);
+  std::vector<float> values(static_cast<size_t>(row));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize(w.type, w.bytes.subspan(size_t(r) * in_row, in_row), values);
+    convert(values.data(), DType::kF32, static_cast<uint8_t*>(dst) + size_t(r) * out_row, dtype, size_t(row));
+  }
+}
+
+const char* weight_storage_name(WeightStorage storage) {
+  switch (storage) {
+    case WeightStorage::kNative: return "native";
+    case WeightStorage::kBF16: return "bf16";
+    case WeightStorage::kF32: return "f32";
+  }
+  return "?";
+}
+
+std::optional<WeightStorage> parse_weight_storage(std::string_view text) {
+  for (WeightStorage s : {WeightStorage::kNative, WeightStorage::kBF16, WeightStorage::kF32})
+    if (text == weight_storage_name(s)) return s;
+  return std::nullopt;
+}
+
 int64_t BackendTensor::numel() const {
   int64_t count = 1;
   for (int64_t extent : shape_) count *= extent;  // backends reject overflowing shapes at alloc
@@ -15,7 +82,7 @@ int64_t BackendTensor::numel() const {
 }
 
 std::string BackendTensor::describe() const {
-  std::string text = std::string(dtype_name(dtype_)) + "[";
+  std::string text = std::string(ggml_type_info(type_).name) + "[";
   for (size_t d = 0; d < shape_.size(); ++d) {
     if (d > 0) text += ", ";
     text += std::to_string(shape_[d]);

@@ -14,29 +14,28 @@ int64_t backend_row_length(const BackendTensor& t) {
 }
 
 void check_backend_dtype(const BackendTensor& t, DType dtype, const char* op, const char* arg) {
-  if (t.dtype() != dtype)
+  if (t.type() != ggml_type_of(dtype))
     fail(ErrorCode::kInvalidArgument, op, ": ", arg, " must be ", dtype_name(dtype), ", got ", t.describe());
 }
 
 void check_upload_args(const TensorView& src, const BackendTensor& dst) {
   check_host_view(src, "upload", "src");
-  if (src.dtype != dst.dtype() || src.numel() != dst.numel())
+  if (ggml_type_of(src.dtype) != dst.type() || src.numel() != dst.numel())
     fail(ErrorCode::kInvalidArgument, "upload: src ", src.describe(), " does not match dst ", dst.describe(),
          " (dtype and element count must be equal)");
 }
 
 void check_download_args(const BackendTensor& src, const MutableTensorView& dst) {
   check_host_view(as_const(dst), "download", "dst");
-  if (dst.dtype != src.dtype() || dst.numel() != src.numel())
+  if (ggml_type_of(dst.dtype) != src.type() || dst.numel() != src.numel())
     fail(ErrorCode::kInvalidArgument, "download: src ", src.describe(), " does not match dst ", dst.describe(),
          " (dtype and element count must be equal)");
 }
 
 MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
-                             const BackendTensor& y, DType weight_dtype) {
+                             const BackendTensor& y) {
   check_backend_dtype(x, DType::kF32, "matmul", "x");
   check_backend_dtype(y, DType::kF32, "matmul", "y");
-  check_backend_dtype(w, weight_dtype, "matmul", "w (the weight dtype)");
   const auto shapes = [&] {
     return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
                    bias != nullptr ? ", bias " + bias->describe() : std::string());
@@ -80,6 +79,51 @@ void check_elementwise_args(const char* op, const char* const (&names)[3], const
       fail(ErrorCode::kInvalidArgument, op, ": ", names[0], ", ", names[1], " and ", names[2],
            " must be f32 of one shape; got ", names[0], " ", a.describe(), ", ", names[1], " ", b.describe(), ", ",
            names[2], " ", out.describe());
+}
+
+namespace {
+
+// Byte offsets of the f16 scale fields in one block of a quantized type
+// (the GGUF block layouts of core/ggml_types.h).
+std::span<const int> scale_fields(GgmlType type) {
+  static constexpr int kD[] = {0}, kDM[] = {0, 2}, kQ6K[] = {208};
+  switch (type) {
+    case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0: return kD;
+    case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: return kDM;
+    case GgmlType::kQ6_K: return kQ6K;
+    default: return {};
+  }
+}
+
+}  // namespace
+
+void check_host_weight(const HostWeight& w) {
+  const GgmlTypeInfo& info = ggml_type_info(w.type);
+  const auto shape = [&] {
+    std::string text;
+    for (int64_t e : w.shape) text += (text.empty() ? "" : ", ") + std::to_string(e);
+    return str_cat(info.name, "[", text, "]");
+  };
+  int64_t numel = 1;
+  for (int64_t extent : w.shape)
+    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel))
+      fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': invalid shape ", shape());
+  if (w.shape.empty() || w.shape.back() % info.block_elems != 0)
+    fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": ", info.name,
+         " rows must be whole blocks of ", info.block_elems, " values");
+  const std::optional<uint64_t> bytes = ggml_bytes(w.type, numel);
+  if (!bytes || *bytes != w.bytes.size())
+    fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), " needs ", bytes ? *bytes : 0,
+         " bytes, got ", w.bytes.size());
+  const std::span<const int> fields = scale_fields(w.type);
+  const size_t block_bytes = size_t(info.block_bytes);
+  for (size_t b = 0; !fields.empty() && b < w.bytes.size() / block_bytes; ++b)
+    for (int field : fields) {
+      const uint8_t* p = w.bytes.data() + b * block_bytes + field;
+      if (!std::isfinite(f16_bits_to_f32(uint16_t(p[0] | (p[1] << 8)))))
+        fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": block ", b, " (byte ",
+             b * block_bytes + size_t(field), ") has a NaN or infinite scale");
+    }
 }
 
 void check_embed_args(const BackendTensor& table, std::span<const int32_t> tokens, const BackendTensor& out) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -85,6 +86,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+void MappedFile::drop_pages(size_t offset, size_t length) const {
+  if (offset >= size_ || length == 0) return;
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  const size_t end = std::min(size_, offset + std::min(length, size_ - offset));
+  // A private read-only file mapping: MADV_DONTNEED only unmaps, the file keeps the bytes.
+  ::madvise(const_cast<std::byte*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

@@ -2,15 +2,18 @@
 // the math is in cpu_backend_ops.cpp (oneTBB) and cpu_backend_matmul.cpp (oneDNN).
 #include "longctx/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "cpu_backend_internal.h"
 #include "longctx/core/backend_args.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu {
 
@@ -25,11 +28,30 @@ uint64_t physical_memory_bytes() {
   return bytes;
 }
 
+// Tensors from this size on (weights, in practice) start on a 2 MiB boundary
+// and ask for transparent huge pages: streaming gigabytes of weights through
+// 4 KiB pages costs a TLB miss every 4 KiB.
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kHugePageMinBytes = size_t(4) << 20;
+
+void* allocate(size_t bytes) {
+  if (bytes < kHugePageMinBytes) return ::operator new(bytes, std::align_val_t(64), std::nothrow);
+  void* data = nullptr;
+  if (posix_memalign(&data, kHugePage, bytes) != 0) return nullptr;
+  madvise(data, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+  return data;
+}
+
+void release(void* data, size_t bytes) {
+  if (bytes < kHugePageMinBytes) ::operator delete(data, std::align_val_t(64));
+  else std::free(data);
+}
+
 }  // namespace
 
-CpuTensor::CpuTensor(DType dtype, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
+CpuTensor::CpuTensor(GgmlType type, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
                      const char* what)
-    : BackendTensor(dtype, std::move(shape)), bytes_(bytes), account_(std::move(account)) {
+    : BackendTensor(type, std::move(shape)), bytes_(bytes), account_(std::move(account)) {
   uint64_t used = account_->used.load();
   do {
     if (account_->budget != 0 && (bytes > account_->budget || used > account_->budget - bytes)) {
@@ -45,8 +67,8 @@ CpuTensor::CpuTensor(DType dtype, std::vector<int64_t> shape, size_t bytes, std:
     fail(ErrorCode::kOutOfMemory, "CpuBackend::", what, ": ", describe(), " needs ", format_bytes(bytes),
          ", more than this machine's ", format_bytes(physical_memory_bytes()));
   }
-  // 64-byte alignment: whole cache lines and full AVX-512 vectors for oneDNN.
-  data_ = ::operator new(bytes, std::align_val_t(64), std::nothrow);
+  // At least 64-byte alignment: whole cache lines and full AVX-512 vectors for oneDNN.
+  data_ = allocate(bytes);
   if (data_ == nullptr) {
     account_->used -= bytes;
     fail(ErrorCode::kOutOfMemory, "CpuBackend::", what, ": the system refused ", format_bytes(bytes), " for ",
@@ -55,7 +77,7 @@ CpuTensor::CpuTensor(DType dtype, std::vector<int64_t> shape, size_t bytes, std:
 }
 
 CpuTensor::~CpuTensor() {
-  if (data_ != nullptr) ::operator delete(data_, std::align_val_t(64));
+  if (data_ != nullptr) release(data_, bytes_);
   account_->used -= bytes_;
 }
 
@@ -85,26 +107,23 @@ CpuTensor& cpu_tensor(BackendTensor& t, const char* op, const char* arg) {
 }  // namespace
 
 CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>()) {
-  if (options.weight_dtype != DType::kF32 && options.weight_dtype != DType::kBF16) {
-    fail(ErrorCode::kInvalidArgument, "CpuBackend: weight dtype must be f32 or bf16, got ",
-         dtype_name(options.weight_dtype));
-  }
+  if (options.weights != WeightStorage::kNative && options.weights != WeightStorage::kBF16 &&
+      options.weights != WeightStorage::kF32)
+    fail(ErrorCode::kInvalidArgument, "CpuBackend: unknown weight storage value ", int(options.weights));
   impl_->options = options;
   impl_->account->budget = options.memory_budget_bytes;
-  impl_->matmul = std::make_unique<detail::MatmulEngine>(options.weight_dtype, options.bf16_matmul);
+  impl_->matmul = std::make_unique<detail::MatmulEngine>(options.bf16_matmul);
 }
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-  return str_cat("cpu (", dtype_name(impl_->options.weight_dtype), " weights",
-                 impl_->options.weight_dtype == DType::kBF16
-                     ? (bf16_native() ? ", oneDNN bf16 matmul" : ", bf16 weights widened to f32")
-                     : "",
-                 ")");
+  return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
+                 quant_isa_name(best_quant_isa()), ", bf16 matmul ",
+                 bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
-DType CpuBackend::weight_dtype() const { return impl_->options.weight_dtype; }
+WeightStorage CpuBackend::weight_storage() const { return impl_->options.weights; }
 uint64_t CpuBackend::bytes_in_use() const { return impl_->account->used.load(); }
 uint64_t CpuBackend::memory_budget_bytes() const { return impl_->account->budget; }
 bool CpuBackend::bf16_native() const { return impl_->matmul->bf16_native(); }
@@ -123,7 +142,7 @@ std::unique_ptr<BackendTensor> CpuBackend::alloc(std::vector<int64_t> shape, DTy
   if (__builtin_mul_overflow(size_t(numel), elem, &bytes)) {
     fail(ErrorCode::kOutOfMemory, "CpuBackend::alloc: ", numel, " elements overflow the address space");
   }
-  return std::make_unique<CpuTensor>(dtype, std::move(shape), bytes, impl_->account, "alloc");
+  return std::make_unique<CpuTensor>(ggml_type_of(dtype), std::move(shape), bytes, impl_->account, "alloc");
 }
 
 void CpuBackend::upload(const TensorView& src, BackendTensor& dst) {
@@ -138,13 +157,32 @@ void CpuBackend::download(const BackendTensor& src, const MutableTensorView& dst
   scatter_view(in.data(), dst);
 }
 
-std::unique_ptr<BackendTensor> CpuBackend::load_weight(const TensorView& host) {
-  check_host_view(host, "load_weight", "host");
-  const DType dtype = impl_->options.weight_dtype;
-  std::vector<int64_t> shape(host.shape.begin(), host.shape.begin() + host.rank);
-  const size_t bytes = size_t(host.numel()) * dtype_size(dtype);
-  auto tensor = std::make_unique<CpuTensor>(dtype, std::move(shape), bytes, impl_->account, "load_weight");
-  gather_view(host, tensor->data(), dtype);
+std::optional<GgmlType> CpuBackend::stored_type(GgmlType type, size_t rank, WeightStorage storage) {
+  switch (storage) {
+    case WeightStorage::kBF16: return GgmlType::kBF16;
+    case WeightStorage::kF32: return GgmlType::kF32;
+    case WeightStorage::kNative: break;
+  }
+  if (rank < 2) return GgmlType::kF32;
+  if (dtype_of(type) || is_quant_matmul_type(type)) return type;
+  return std::nullopt;
+}
+
+std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
+  check_host_weight(host);
+  const std::optional<GgmlType> stored = stored_type(host.type, host.shape.size(), impl_->options.weights);
+  if (!stored)
+    fail(ErrorCode::kUnsupported, "load_weight: weight '", host.name, "' is ", ggml_type_info(host.type).name,
+         ", which the CPU backend does not compute with");
+  const GgmlType type = *stored;
+  const int64_t numel = host.numel();
+  const size_t bytes = size_t(*ggml_bytes(type, numel));
+  auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight");
+  if (type == host.type) {
+    std::memcpy(tensor->data(), host.bytes.data(), bytes);
+    return tensor;
+  }
+  convert_weight(host, *dtype_of(type), tensor->data());
   return tensor;
 }
 
@@ -153,10 +191,10 @@ void CpuBackend::matmul(const BackendTensor& x, const BackendTensor& w, const Ba
   const auto& wt = cpu_tensor(w, "matmul", "w");
   auto& yt = cpu_tensor(y, "matmul", "y");
   if (bias != nullptr) cpu_tensor(*bias, "matmul", "bias");
-  const MatmulDims d = check_matmul_args(x, w, bias, y, impl_->options.weight_dtype);
+  const MatmulDims d = check_matmul_args(x, w, bias, y);
   if (d.n == 0 || d.out == 0) return;
-  impl_->matmul->run(static_cast<const float*>(xt.data()), wt.data(), static_cast<float*>(yt.data()), d.n, d.in,
-                     d.out);
+  impl_->matmul->run(static_cast<const float*>(xt.data()), wt.data(), w.type(), static_cast<float*>(yt.data()), d.n,
+                     d.in, d.out);
   if (bias != nullptr) detail::add_bias_rows(static_cast<float*>(yt.data()), bias->data(), bias->dtype(), d.n, d.out);
 }
 
@@ -201,7 +239,7 @@ void CpuBackend::embed(const BackendTensor& table, std::span<const int32_t> toke
   const auto& tt = cpu_tensor(table, "embed", "table");
   auto& o = cpu_tensor(out, "embed", "out");
   check_embed_args(table, tokens, out);
-  detail::embed_rows(tt.data(), table.dtype(), table.shape()[1], tokens, static_cast<float*>(o.data()));
+  detail::embed_rows(tt.data(), table.type(), table.shape()[1], tokens, static_cast<float*>(o.data()));
 }
 
 }  // namespace longctx::cpu

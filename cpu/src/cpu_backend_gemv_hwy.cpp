@@ -1,6 +1,6 @@
 // Highway kernel for matmuls of a few rows (decode): y[r, o] = dot(x[r], w[o])
 // reading each weight row once for up to four rows of x, f32 accumulation,
-// bf16 weights widened in registers. Memory-bound, so it runs at the speed
+// f16 / bf16 weights widened in registers. Memory-bound, so it runs at the speed
 // the weights stream in; oneDNN's brgemm would repack the transposed weights
 // on every call for these shapes (measured 2-3x slower at m = 1).
 #include <algorithm>
@@ -27,6 +27,9 @@ HWY_INLINE VF32 LoadWeight(const void* row, size_t i) {
   const DF32 df;
   if constexpr (kT == DType::kF32) {
     return hn::LoadU(df, static_cast<const float*>(row) + i);
+  } else if constexpr (kT == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF32> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, static_cast<const hwy::float16_t*>(row) + i));
   } else {
     const hn::Rebind<hwy::bfloat16_t, DF32> db;
     return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(row) + i));
@@ -90,6 +93,7 @@ void GemvOf(const GemvRun& run) {
 
 void Gemv(const GemvRun& run) {
   if (run.w_dtype == DType::kF32) return GemvOf<DType::kF32>(run);
+  if (run.w_dtype == DType::kF16) return GemvOf<DType::kF16>(run);
   return GemvOf<DType::kBF16>(run);
 }
 

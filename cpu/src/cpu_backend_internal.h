@@ -23,8 +23,9 @@ struct MemoryAccount {
 
 class CpuTensor final : public BackendTensor {
  public:
-  // Reserves and allocates; throws Error(kOutOfMemory) leaving nothing reserved.
-  CpuTensor(DType dtype, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
+  // Reserves and allocates `bytes` for a tensor of `type`; throws
+  // Error(kOutOfMemory) leaving nothing reserved.
+  CpuTensor(GgmlType type, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
             const char* what);
   ~CpuTensor() override;
   CpuTensor(const CpuTensor&) = delete;
@@ -40,14 +41,15 @@ class CpuTensor final : public BackendTensor {
   std::shared_ptr<MemoryAccount> account_;
 };
 
-// y[m, n] (+)= x[m, k] · w[n, k]^T, f32 x and y, w f32 or bf16.
+// y[m, n] = x[m, k] · w[n, k]^T, f32 x and y, w of `w_type`: f32, f16, bf16
+// or a quant_matmul.h block type.
 class MatmulEngine {
  public:
-  MatmulEngine(DType weight_dtype, Bf16Matmul mode);
+  explicit MatmulEngine(Bf16Matmul mode);
   ~MatmulEngine();
   MatmulEngine(const MatmulEngine&) = delete;
   MatmulEngine& operator=(const MatmulEngine&) = delete;
-  void run(const float* x, const void* w, float* y, int64_t m, int64_t k, int64_t n);
+  void run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n);
   bool bf16_native() const;
 
  private:
@@ -56,7 +58,7 @@ class MatmulEngine {
 };
 
 // Rows o in [o_begin, o_end) of y[m, *] (row stride ldy) = x[m, k] · w[o, k]^T,
-// w f32 or bf16 (cpu_backend_gemv_hwy.cpp): for the few rows of decode.
+// w f32, f16 or bf16 (cpu_backend_gemv_hwy.cpp): for the few rows of decode.
 constexpr int kGemvMaxRows = 4;  // rows of x sharing one read of a weight row
 struct GemvRun {
   const float* x = nullptr;
@@ -78,6 +80,6 @@ void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t f
 void swiglu_elems(const float* gate, const float* up, float* out, int64_t count);
 void add_elems(const float* a, const float* b, float* out, int64_t count);
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n);
-void embed_rows(const void* table, DType table_dtype, int64_t d, std::span<const int32_t> tokens, float* out);
+void embed_rows(const void* table, GgmlType table_type, int64_t d, std::span<const int32_t> tokens, float* out);
 
 }  // namespace longctx::cpu::detail

@@ -1,12 +1,17 @@
 // Matmul of CpuBackend: y[m, n] = x[m, k] · w[n, k]^T with f32 accumulation.
 // Paths, best first:
+// - quantized weights: x quantized per block (quant_matmul.h), then the
+//   integer kernels of the CPU's best ISA on panels of weight rows split over
+//   the cores with oneTBB; each panel meets every row of x while it sits in
+//   the core's cache.
 // - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
-//   streams the weight rows once, f32 or bf16, split over rows with oneTBB.
+//   streams the weight rows once, f32, f16 or bf16, split over rows with oneTBB.
 // - f32 weights: oneDNN f32 x f32 -> f32.
 // - bf16 weights, native: x rounded to bf16, oneDNN bf16 x bf16 -> f32, when
 //   oneDNN has an optimized (non-reference) bf16 kernel for this CPU.
-// - bf16 weights, dequantize: tiles of w widened to f32 in a scratch buffer,
-//   oneDNN f32 x f32 into the matching columns of y (CPUs without AVX-512).
+// - f16 weights, and bf16 weights without a native kernel: tiles of w
+//   widened to f32 in a scratch buffer, oneDNN f32 x f32 into the matching
+//   columns of y.
 // oneDNN reads the weight in place as a k x n matrix with strides {1, k}
 // (its "ba" layout), so no packed copy is kept; primitives are cached per shape.
 #include <tbb/blocked_range.h>
@@ -23,6 +28,7 @@
 
 #include "cpu_backend_internal.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu::detail {
 namespace {
@@ -42,21 +48,28 @@ constexpr size_t kMaxCachedPrimitives = 256;
 // Up to this many rows of x go to the gemv kernel instead of oneDNN.
 constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kGemvGrainRows = 32;
-// Rows of a bf16 weight widened to f32 at once on the dequantize path: each
+// Rows of a 16-bit weight widened to f32 at once on the dequantize path: each
 // tile is one oneDNN call that re-packs x, so tiles are wide (>= 256 rows).
 constexpr int64_t kDequantTileRows = 256;
+// Weight bytes per task of a quantized matmul with more than kGemvMaxM rows:
+// a panel that stays in a core's L2 cache while every row of x passes it.
+constexpr int64_t kQuantPanelBytes = 192 << 10;
+// Weight rows per task of a quantized matmul for decode (memory-bound: small
+// tasks balance the cores).
+constexpr int64_t kQuantGemvGrainRows = 16;
 
 }  // namespace
 
 struct MatmulEngine::State {
-  DType weight_dtype = DType::kF32;
   bool native_bf16 = false;
+  QuantIsa quant_isa = best_quant_isa();
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex mutex;  // guards the caches and the scratch buffers
   std::map<ShapeKey, dnnl::matmul> primitives;
   std::vector<uint16_t> x_bf16;
   std::vector<float> w_tile;
+  QuantizedActs acts;
 
   // src and weights of dtype `src`, dst f32 with row stride ldy. Throws
   // dnnl::error when oneDNN has no implementation.
@@ -92,9 +105,8 @@ struct MatmulEngine::State {
   }
 };
 
-MatmulEngine::MatmulEngine(DType weight_dtype, Bf16Matmul mode) : state_(std::make_unique<State>()) {
-  state_->weight_dtype = weight_dtype;
-  if (weight_dtype == DType::kBF16 && mode == Bf16Matmul::kAuto) {
+MatmulEngine::MatmulEngine(Bf16Matmul mode) : state_(std::make_unique<State>()) {
+  if (mode == Bf16Matmul::kAuto) {
     // Native only when oneDNN offers a real kernel: its reference
     // implementation would be far slower than widening the weights.
     try {
@@ -110,31 +122,40 @@ MatmulEngine::~MatmulEngine() = default;
 
 bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
 
-void MatmulEngine::run(const float* x, const void* w, float* y, int64_t m, int64_t k, int64_t n) {
+void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (k == 0) {  // an empty sum; oneDNN rejects zero-sized reductions
     std::fill(y, y + m * n, 0.f);
     return;
   }
-  if (m <= kGemvMaxM) {
+  const std::optional<DType> dense = dtype_of(w_type);
+  if (!dense) {
+    quantize_acts(x, m, k, k, quant_act_block(w_type), s.acts);
+    const auto* wq = static_cast<const uint8_t*>(w);
+    const int64_t grain =
+        m <= kGemvMaxM ? kQuantGemvGrainRows : std::max<int64_t>(1, kQuantPanelBytes / int64_t(*ggml_bytes(w_type, k)));
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const tbb::blocked_range<int64_t>& range) {
+      quant_matmul_tile(s.quant_isa, w_type, wq, s.acts, 0, m, range.begin(), range.end(), y, n);
+    });
+  } else if (m <= kGemvMaxM) {
     // Parallel over weight rows; each task streams its rows once.
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGemvGrainRows), [&](const tbb::blocked_range<int64_t>& range) {
-      gemv({x, m, k, w, s.weight_dtype, y, n, range.begin(), range.end()});
+      gemv({x, m, k, w, *dense, y, n, range.begin(), range.end()});
     });
-  } else if (s.weight_dtype == DType::kF32) {
+  } else if (*dense == DType::kF32) {
     s.execute({m, k, n, n, dt::f32}, x, w, y);
-  } else if (s.native_bf16) {
+  } else if (*dense == DType::kBF16 && s.native_bf16) {
     s.x_bf16.resize(size_t(m * k));
     convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
     s.execute({m, k, n, n, dt::bf16}, s.x_bf16.data(), w, y);
   } else {
     const int64_t tile = std::min(n, kDequantTileRows);
     s.w_tile.resize(size_t(tile * k));
-    const auto* wb = static_cast<const uint16_t*>(w);
+    const auto* w16 = static_cast<const uint16_t*>(w);
     for (int64_t o = 0; o < n; o += tile) {
       const int64_t rows = std::min(tile, n - o);
-      convert(wb + o * k, DType::kBF16, s.w_tile.data(), DType::kF32, size_t(rows * k));
+      convert(w16 + o * k, *dense, s.w_tile.data(), DType::kF32, size_t(rows * k));
       s.execute({m, k, rows, n, dt::f32}, x, s.w_tile.data(), y + o);
     }
   }

@@ -102,11 +102,11 @@ void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, i
   });
 }
 
-void embed_rows(const void* table, DType table_dtype, int64_t d, std::span<const int32_t> tokens, float* out) {
-  const auto* bytes = static_cast<const std::byte*>(table);
-  const size_t row_bytes = size_t(d) * dtype_size(table_dtype);
+void embed_rows(const void* table, GgmlType table_type, int64_t d, std::span<const int32_t> tokens, float* out) {
+  const auto* bytes = static_cast<const uint8_t*>(table);
+  const size_t row_bytes = size_t(*ggml_bytes(table_type, d));
   parallel_rows(int64_t(tokens.size()), d, [&](int64_t t) {
-    convert(bytes + size_t(tokens[size_t(t)]) * row_bytes, table_dtype, out + t * d, DType::kF32, size_t(d));
+    dequantize(table_type, {bytes + size_t(tokens[size_t(t)]) * row_bytes, row_bytes}, {out + t * d, size_t(d)});
   });
 }
 

@@ -117,12 +117,11 @@ class CudaBackend final : public Backend {
     return str_cat("cuda (", device_name_, ", ", dtype_name(weight_dtype_), " weights)");
   }
   bool host_memory() const override { return false; }
-  DType weight_dtype() const override { return weight_dtype_; }
 
   std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype) override;
   void upload(const TensorView& src, BackendTensor& dst) override;
   void download(const BackendTensor& src, const MutableTensorView& dst) override;
-  std::unique_ptr<BackendTensor> load_weight(const TensorView& host) override;
+  std::unique_ptr<BackendTensor> load_weight(const HostWeight& host) override;
 
   void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) override;
   void rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) override;
@@ -228,11 +227,15 @@ void CudaBackend::download(const BackendTensor& src, const MutableTensorView& ds
   if (!dst.is_contiguous()) scatter_view(staging.data(), dst);
 }
 
-std::unique_ptr<BackendTensor> CudaBackend::load_weight(const TensorView& host) {
-  check_host_view(host, "load_weight", "host");
-  std::vector<int64_t> shape(host.shape.begin(), host.shape.begin() + host.rank);
-  auto tensor = make_tensor(weight_dtype_, std::move(shape), "load_weight");
-  copy_to_device(host, tensor->data(), weight_dtype_);
+// Every weight in the backend's weight dtype: quantized blocks are dequantized
+// on the host (the GPU computes dense GEMMs on cuBLAS).
+std::unique_ptr<BackendTensor> CudaBackend::load_weight(const HostWeight& host) {
+  check_host_weight(host);
+  auto tensor = make_tensor(weight_dtype_, host.shape, "load_weight");
+  std::vector<std::byte> staging(size_t(host.numel()) * dtype_size(weight_dtype_));
+  convert_weight(host, weight_dtype_, staging.data());
+  activate(context_);
+  copy_host_to_device(tensor->data(), staging.data(), staging.size(), compute_.stream, "load_weight: cudaMemcpyAsync");
   return tensor;
 }
 
@@ -241,7 +244,8 @@ void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const B
   const auto& wt = cuda_tensor(w, "matmul", "w");
   auto& yt = cuda_tensor(y, "matmul", "y");
   if (bias != nullptr) cuda_tensor(*bias, "matmul", "bias");
-  const MatmulDims dims = check_matmul_args(x, w, bias, y, weight_dtype_);
+  check_backend_dtype(w, weight_dtype_, "matmul", "w (the weight dtype)");
+  const MatmulDims dims = check_matmul_args(x, w, bias, y);
   const int64_t n = dims.n, in = dims.in, out = dims.out;
   if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
     fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: x ", x.describe(), ", w ", w.describe(), ", y ",

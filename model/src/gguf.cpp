@@ -417,6 +417,12 @@ std::span<const uint8_t> GgufFile::tensor_data(const GgufTensorInfo& tensor) con
   return impl_->bytes.subspan(impl_->data_start + tensor.offset, tensor.n_bytes);
 }
 
+void GgufFile::release_tensor_pages(const GgufTensorInfo& tensor) const {
+  if (!impl_->mapping) return;
+  const std::span<const uint8_t> data = tensor_data(tensor);
+  impl_->mapping->drop_pages(size_t(data.data() - impl_->bytes.data()), data.size());
+}
+
 std::vector<float> GgufFile::tensor_f32(const GgufTensorInfo& tensor) const {
   const auto data = tensor_data(tensor);
   std::vector<float> out(static_cast<size_t>(tensor.n_elements));

@@ -169,12 +169,21 @@ scheduler::Transformer load_llama(const GgufFile& f, Backend& backend) {
   t.spec = read_llama_spec(f);
   check_llama_tensors(f, t.spec);
   // GGUF dims [in, out] are the row-major [out, in] the Transformer wants.
+  // The backend gets the file's bytes in the file's type and stores them as
+  // its WeightStorage says; then the mapped pages are let go, so the weights
+  // are resident once.
   auto load = [&](const std::string& name) {
     const GgufTensorInfo& info = *f.find_tensor(name);
-    const std::vector<float> data = f.tensor_f32(info);
-    const TensorView view = info.dims.size() == 1 ? make_view(data.data(), DType::kF32, {info.dims[0]})
-                                                  : make_view(data.data(), DType::kF32, {info.dims[1], info.dims[0]});
-    return backend.load_weight(view);
+    std::unique_ptr<BackendTensor> weight;
+    try {
+      weight = backend.load_weight(
+          HostWeight(info.type, std::vector<int64_t>(info.dims.rbegin(), info.dims.rend()), f.tensor_data(info), name));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      fail(ErrorCode::kCorrupt, f.name(), ": ", e.what());  // the file's bytes, not the caller, are wrong
+    }
+    f.release_tensor_pages(info);
+    return weight;
   };
   t.weights.token_embd = load("token_embd.weight");
   t.weights.output_norm = load("output_norm.weight");

@@ -101,7 +101,7 @@ void reference_matmul(const std::vector<float>& x, const std::vector<float>& w, 
 // of its magnitude, adding u_bf16 sum|x w|. (bf16 products are exact in f32.)
 void check_matmul(const CpuBackendOptions& options, const MatmulCase& c, std::mt19937& rng) {
   CpuBackend backend(options);
-  const bool bf16 = options.weight_dtype == DType::kBF16;
+  const bool bf16 = options.weights == WeightStorage::kBF16;
   std::vector<float> x = random_values(rng, c.m * c.k);
   std::vector<float> w = random_values(rng, c.n * c.k, 0.05f);
   std::vector<float> b = random_values(rng, c.n);
@@ -129,8 +129,8 @@ TEST(CpuBackendMatmul, MatchesFp64ReferenceF32AndBf16) {
   const std::vector<MatmulCase> cases = {{1, 1, 1, false},     {1, 17, 113, true},   {17, 113, 1, true},
                                          {3, 64, 96, false},   {113, 128, 17, true}, {1, 4096 / 8, 257, true},
                                          {33, 255, 130, false}};
-  for (DType dtype : {DType::kF32, DType::kBF16})
-    for (const MatmulCase& c : cases) check_matmul({.weight_dtype = dtype}, c, rng);
+  for (WeightStorage storage : {WeightStorage::kF32, WeightStorage::kBF16})
+    for (const MatmulCase& c : cases) check_matmul({.weights = storage}, c, rng);
 }
 
 TEST(CpuBackendMatmul, RandomShapes) {
@@ -138,7 +138,7 @@ TEST(CpuBackendMatmul, RandomShapes) {
   const int64_t sizes[] = {1, 2, 3, 4, 5, 7, 16, 17, 64, 113, 128, 200};
   for (int trial = 0; trial < 24; ++trial) {
     const MatmulCase c{sizes[rng() % 12], sizes[rng() % 12], sizes[rng() % 12], rng() % 2 == 0};
-    check_matmul({.weight_dtype = trial % 2 ? DType::kBF16 : DType::kF32}, c, rng);
+    check_matmul({.weights = trial % 2 ? WeightStorage::kBF16 : WeightStorage::kF32}, c, rng);
   }
 }
 
@@ -173,7 +173,7 @@ TEST(CpuBackendMatmul, EmptyReductionGivesBias) {
 
 TEST(CpuBackendMatmul, Bf16DequantizePathMatchesReference) {
   std::mt19937 rng(2);
-  const CpuBackendOptions options{.weight_dtype = DType::kBF16, .bf16_matmul = Bf16Matmul::kDequantize};
+  const CpuBackendOptions options{.weights = WeightStorage::kBF16, .bf16_matmul = Bf16Matmul::kDequantize};
   EXPECT_FALSE(CpuBackend(options).bf16_native());
   for (const MatmulCase& c :
        {MatmulCase{1, 17, 113, true}, MatmulCase{19, 300, 77, false}, MatmulCase{40, 70, 300, true}})
@@ -184,16 +184,16 @@ TEST(CpuBackendMatmul, Bf16DequantizePathMatchesReference) {
 
 TEST(CpuBackendElementwise, RmsNormMatchesFp64) {
   std::mt19937 rng(3);
-  for (DType wdtype : {DType::kF32, DType::kBF16})
+  for (WeightStorage storage : {WeightStorage::kF32, WeightStorage::kBF16})
     for (auto [rows, d] : {std::pair<int64_t, int64_t>{1, 1}, {17, 64}, {5, 113}, {3, 4096}}) {
-      CpuBackend backend({.weight_dtype = wdtype});
+      CpuBackend backend({.weights = storage});
       std::vector<float> x = random_values(rng, rows * d, 3.f);
       for (int64_t i = 0; i < d; ++i) x[size_t(i)] *= 1e-3f;  // a row where eps matters
       std::vector<float> w = random_values(rng, d);
       // Normalized over the last dim whatever the rank (per-head norms).
       auto xt = d % 2 ? upload(backend, x, {rows, d}) : upload(backend, x, {1, rows, d});
       auto wt = weight(backend, w, {d});
-      if (wdtype == DType::kBF16) w = round_bf16(w);
+      if (storage == WeightStorage::kBF16) w = round_bf16(w);
       const float eps = 1e-5f;
       backend.rms_norm(*xt, *wt, eps, *xt);  // in place
       // Sum of squares: relative gamma_d; mean, +eps, sqrt (halves it), 1/, two
@@ -241,12 +241,12 @@ TEST(CpuBackendElementwise, SwigluAndAddMatchFp64) {
 
 TEST(CpuBackendElementwise, EmbedCopiesRowsExactly) {
   std::mt19937 rng(5);
-  for (DType wdtype : {DType::kF32, DType::kBF16}) {
-    CpuBackend backend({.weight_dtype = wdtype});
+  for (WeightStorage storage : {WeightStorage::kF32, WeightStorage::kBF16}) {
+    CpuBackend backend({.weights = storage});
     const int64_t vocab = 113, d = 65;
     std::vector<float> table = random_values(rng, vocab * d);
     auto tt = weight(backend, table, {vocab, d});
-    if (wdtype == DType::kBF16) table = round_bf16(table);
+    if (storage == WeightStorage::kBF16) table = round_bf16(table);
     const std::vector<int32_t> tokens = {0, 112, 5, 5, 17};
     auto out = backend.alloc({int64_t(tokens.size()), d});
     backend.embed(*tt, tokens, *out);
@@ -388,7 +388,7 @@ void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> part
 }
 
 TEST(CpuBackendMemory, BudgetExhaustionLeavesNothingAllocated) {
-  CpuBackend backend({.weight_dtype = DType::kBF16, .memory_budget_bytes = 1000});
+  CpuBackend backend({.weights = WeightStorage::kBF16, .memory_budget_bytes = 1000});
   EXPECT_EQ(backend.memory_budget_bytes(), 1000u);
   auto a = backend.alloc({100, 2});  // 800 bytes
   EXPECT_EQ(backend.bytes_in_use(), 800u);
@@ -429,11 +429,12 @@ TEST(CpuBackendMemory, AllocRejectsBadShapes) {
   EXPECT_EQ(empty->numel(), 0);
   EXPECT_TRUE(backend.host_memory());
   EXPECT_NE(backend.name().find("cpu"), std::string::npos);
-  expect_error([] { CpuBackend({.weight_dtype = DType::kF16}); }, ErrorCode::kInvalidArgument, {"f16"});
+  expect_error([] { CpuBackend({.weights = static_cast<WeightStorage>(7)}); }, ErrorCode::kInvalidArgument,
+               {"weight storage", "7"});
 }
 
 TEST(CpuBackendCopies, StridedUploadDownloadAndWeightConversion) {
-  CpuBackend backend({.weight_dtype = DType::kBF16});
+  CpuBackend backend({.weights = WeightStorage::kBF16});
   // A [3, 4] view of every other column of a [3, 8] buffer.
   std::vector<float> host(24);
   for (size_t i = 0; i < host.size(); ++i) host[i] = float(i) + 0.25f;

@@ -348,7 +348,8 @@ TEST_F(CudaDeviceAttentionTest, SequenceOnGeneratedModelsGivesTheCpuBackendsLogi
     for (int32_t& t : tokens) t = dist(rng);
     for (DType wdt : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(str_cat(name, " ", dtype_name(wdt), " weights"));
-      cpu::CpuBackend cpu({.weight_dtype = wdt, .bf16_matmul = cpu::Bf16Matmul::kDequantize});
+      cpu::CpuBackend cpu({.weights = wdt == DType::kBF16 ? WeightStorage::kBF16 : WeightStorage::kF32,
+                           .bf16_matmul = cpu::Bf16Matmul::kDequantize});
       auto gpu = make_backend(wdt);
       const std::vector<float> want = run_sequence(cpu, file, tokens);
       const std::vector<float> got = run_sequence(*gpu, file, tokens);

@@ -20,6 +20,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
 #include "model/gguf_test_util.h"
@@ -107,8 +108,37 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+// Logits of `model` for 40 prompt tokens in chunks of 16, then 4 decode steps
+// (43 rows of n_vocab: the last decode's logits are not needed).
+std::vector<float> run_logits(cpu::CpuBackend& backend, const scheduler::Transformer& model,
+                              const std::vector<int32_t>& tokens) {
+  scheduler::Sequence seq(backend, model, small_config(), &topology());
+  std::vector<float> logits;
+  scheduler::PrefillOptions options;
+  options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };
+  seq.prefill(std::span<const int32_t>(tokens).first(40), options);
+  for (int i = 40; i < 44; ++i) {
+    const std::vector<float> step = seq.decode(tokens[size_t(i)]);
+    if (i < 43) logits.insert(logits.end(), step.begin(), step.end());
+  }
+  EXPECT_EQ(logits.size(), size_t(43) * size_t(model.spec.n_vocab));
+  return logits;
+}
+
+// The largest |got - want| over got's logits (the first rows of want).
+double worst_error(const std::vector<float>& got, const std::vector<double>& want) {
+  EXPECT_LE(got.size(), want.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+  }
+  return worst;
+}
+
+// Every preset with its weights widened to f32 (WeightStorage::kF32): the fp32
+// forward pass against the fp64 reference of the same (dequantized) weights.
 TEST(Llama, GeneratedModelsMatchTheReference) {
-  cpu::CpuBackend backend;
+  cpu::CpuBackend backend({.weights = WeightStorage::kF32});
   for (const TestModelSpec& t : tools::standard_test_models()) {
     if (t.name == "bench") continue;  // 160 MB; same code paths as gqa-128
     SCOPED_TRACE(t.name);
@@ -134,30 +164,68 @@ TEST(Llama, GeneratedModelsMatchTheReference) {
     EXPECT_EQ(s.rope.freq_factors, expected.rope.freq_factors);
     EXPECT_EQ(model.weights.output == nullptr, t.tie_embeddings);
 
-    // 40 prompt tokens in chunks of 16, then 4 decode steps.
-    std::mt19937 rng(uint32_t(t.seed) + 5);
-    std::uniform_int_distribution<int32_t> dist(0, t.n_vocab - 1);
-    std::vector<int32_t> tokens(44);
-    for (int32_t& x : tokens) x = dist(rng);
-    const longctx::testing::HostModel host = host_model(expected, file);
-    const std::vector<double> ref = longctx::testing::reference_logits(host, tokens);
+    const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
+    const std::vector<double> ref = longctx::testing::reference_logits(host_model(expected, file), tokens);
     const double tol = longctx::testing::logits_tolerance(expected, 44, max_abs(ref));
-
-    scheduler::Sequence seq(backend, model, small_config(), &topology());
-    std::vector<float> logits;
-    scheduler::PrefillOptions options;
-    options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };
-    seq.prefill(std::span<const int32_t>(tokens).first(40), options);
-    for (int i = 40; i < 44; ++i) {
-      const std::vector<float> step = seq.decode(tokens[size_t(i)]);
-      if (i < 43) logits.insert(logits.end(), step.begin(), step.end());
-    }
-    ASSERT_EQ(logits.size(), size_t(43 * t.n_vocab));
-    double worst = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::abs(double(logits[i]) - ref[i]));
-    EXPECT_LE(worst, tol);
+    EXPECT_LE(worst_error(run_logits(backend, model, tokens), ref), tol);
     EXPECT_GT(max_abs(ref), 0.5);  // logits of real size, not a degenerate model
   }
+}
+
+// Presets with quantized weights computed natively (int8 activations,
+// cpu/quant_matmul.h) against the fp64 reference of the dequantized weights
+// with exact activations. Rounding an activation block to int8 adds noise of
+// RMS d / sqrt(12) (d = absmax / 127) to each value: at most sqrt(block)
+// times the block's RMS / (127 sqrt(12)) relative, eps^2 <= 1.7e-4 for
+// blocks of 32 (block 256 is coarser: 1.4e-3). Each of the 7 matmuls of a
+// layer and the output head adds it once, so the normalized squared error of
+// the logits stays below (7 layers + 1) eps^2 where the network does not
+// amplify it; a wrong scale, block or row gives errors of order 1. And the
+// greedy choice agrees wherever the reference's margin exceeds 8 RMS errors.
+TEST(Llama, NativeQuantizedWeightsMatchTheReferenceWithinActivationRounding) {
+  cpu::CpuBackend backend;  // WeightStorage::kNative
+  int tested = 0;
+  for (const TestModelSpec& t : tools::standard_test_models()) {
+    if (!cpu::is_quant_matmul_type(t.weight_type)) continue;
+    SCOPED_TRACE(t.name);
+    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
+    const scheduler::Transformer model = load_llama(file, backend);
+    EXPECT_TRUE(model.weights.layers[0].wq->quantized()) << model.weights.layers[0].wq->describe();
+    const TransformerSpec expected = documented_spec(t, file);
+    const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
+    const std::vector<double> ref = longctx::testing::reference_logits(host_model(expected, file), tokens);
+    const std::vector<float> got = run_logits(backend, model, tokens);
+    ASSERT_LE(got.size(), ref.size());
+
+    const double block = double(cpu::quant_act_block(t.weight_type));
+    const double eps2 = block / (127.0 * 127.0 * 12.0);
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
+      ref2 += ref[i] * ref[i];
+    }
+    const double nmse = err2 / ref2, bound = (7.0 * expected.n_layers + 1) * eps2;
+    EXPECT_LE(nmse, bound);
+    const double rms_error = std::sqrt(err2 / double(got.size()));
+    const size_t vocab = size_t(t.n_vocab);
+    int decided = 0;
+    for (size_t row = 0; row < got.size() / vocab; ++row) {
+      const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
+      std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      if (sorted[0] - sorted[1] < 8 * rms_error) continue;
+      const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
+      EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
+                std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
+          << "greedy token of row " << row;
+      ++decided;
+    }
+    std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
+                decided, got.size() / vocab);
+    ++tested;
+  }
+  EXPECT_GE(tested, 1);
 }
 
 TEST(Llama, ModelOpenReadsTokenizerAndFingerprint) {
@@ -231,6 +299,21 @@ TEST(Llama, NonWeightTypeIsNamed) {
   testing::patch<uint32_t>(bytes, at + 4 + 8, uint32_t(GgmlType::kI32));
   const std::string message = load_error(bytes, ErrorCode::kCorrupt);
   EXPECT_NE(message.find("'blk.1.ffn_norm.weight' has type i32"), std::string::npos) << message;
+}
+
+TEST(Llama, NonFiniteBlockScaleIsNamed) {
+  std::vector<uint8_t> bytes = tools::make_test_model(tools::test_model_by_name("q8")).to_bytes();
+  size_t at = 0;
+  {
+    const GgufFile file = GgufFile::from_bytes(bytes, "m.gguf");
+    const GgufTensorInfo& info = *file.find_tensor("blk.1.ffn_up.weight");
+    EXPECT_EQ(info.type, GgmlType::kQ8_0);
+    at = size_t(file.tensor_data(info).data() - bytes.data()) + 3 * 34;  // the scale of block 3
+  }
+  testing::patch<uint16_t>(bytes, at, 0x7C00);  // +inf
+  const std::string message = load_error(bytes, ErrorCode::kCorrupt);
+  EXPECT_NE(message.find("m.gguf: weight 'blk.1.ffn_up.weight'"), std::string::npos) << message;
+  EXPECT_NE(message.find("block 3"), std::string::npos) << message;
 }
 
 TEST(Llama, MissingBiasOfOneLayerIsNamed) {

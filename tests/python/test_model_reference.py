@@ -301,6 +301,9 @@ def compare_with_longctx(paths, tmp):
     check(os.path.exists(ppl), f"longctx-perplexity not built ({ppl}): cannot compare longctx's logits")
     # Dense attention, KV in f32 (the tight comparison) or f16; one config
     # prefills in chunks of 17 tokens so that chunk boundaries are compared too.
+    # Weights widened to f32 (--weights f32): the reference computes with the
+    # dequantized weights and exact activations (the native int8 path is
+    # compared in tests/model/llama_test.cpp).
     configs = {"f32": "kv_type: f32\n", "f32-chunk17": "kv_type: f32\nchunk_size: 17\n", "f16": "kv_type: f16\n"}
     for name, keys in configs.items():
         configs[name] = os.path.join(tmp, f"dense-{name}.yaml")
@@ -320,7 +323,8 @@ def compare_with_longctx(paths, tmp):
             kv_f16 = config == "f16"
             out = os.path.join(tmp, "logits.f32")
             text = ",".join(str(int(t)) for t in tokens)
-            run([ppl, "--model", path, "--tokens", text, "--config", configs[config], "--dump-logits", out])
+            run([ppl, "--model", path, "--weights", "f32", "--tokens", text, "--config", configs[config],
+                 "--dump-logits", out])
             got = np.fromfile(out, dtype="<f4")
             check(got.size == len(tokens) * n_vocab, f"{preset}: {got.size} logits, want {len(tokens)} x {n_vocab}")
             expect = ref.forward(model, tokens, "f16" if kv_f16 else None)

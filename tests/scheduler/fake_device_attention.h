@@ -326,13 +326,12 @@ class FakeDeviceBackend final : public Backend {
   explicit FakeDeviceBackend(Backend& inner) : inner_(inner) {}
   std::string name() const override { return "fake-device(" + inner_.name() + ")"; }
   bool host_memory() const override { return false; }
-  DType weight_dtype() const override { return inner_.weight_dtype(); }
   std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype = DType::kF32) override {
     return inner_.alloc(std::move(shape), dtype);
   }
   void upload(const TensorView& src, BackendTensor& dst) override { inner_.upload(src, dst); }
   void download(const BackendTensor& src, const MutableTensorView& dst) override { inner_.download(src, dst); }
-  std::unique_ptr<BackendTensor> load_weight(const TensorView& host) override { return inner_.load_weight(host); }
+  std::unique_ptr<BackendTensor> load_weight(const HostWeight& host) override { return inner_.load_weight(host); }
   void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) override {
     inner_.matmul(x, w, bias, y);
   }

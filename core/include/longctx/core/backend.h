@@ -8,18 +8,22 @@
 //
 // Tensors live in the backend's memory (host memory for the CPU backend,
 // device memory for CUDA), are row-major and contiguous, and are created by
-// the backend. Activations are f32 on every backend; weights are stored in
-// the backend's weight dtype (f32 or bf16), converted once at load_weight.
+// the backend. Activations are f32 on every backend; weights are stored as
+// the backend's WeightStorage says (their GGUF type, quantized blocks
+// included, or converted once at load_weight to bf16 / f32).
 // Ops are asynchronous on device backends: download() and synchronize() wait.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "longctx/core/dtype.h"
+#include "longctx/core/ggml_types.h"
 #include "longctx/core/tensor.h"
 
 namespace longctx {
@@ -27,22 +31,65 @@ namespace longctx {
 class BackendTensor {
  public:
   virtual ~BackendTensor() = default;
-  DType dtype() const { return dtype_; }
+  // How the tensor is stored: f32 / f16 / bf16, or a GGML block type (a
+  // quantized weight, rows of whole blocks).
+  GgmlType type() const { return type_; }
+  bool quantized() const { return ggml_type_info(type_).block_elems > 1; }
+  // The element dtype of an f32 / f16 / bf16 tensor; Error(kInvalidArgument)
+  // for a quantized one, which has none.
+  DType dtype() const;
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t numel() const;
-  // "f32[17, 4096]"
+  // "f32[17, 4096]", "q4_k[4096, 4096]"
   std::string describe() const;
   // Backend memory; host-addressable only when the backend says host_memory().
   virtual void* data() = 0;
   virtual const void* data() const = 0;
 
  protected:
-  BackendTensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {}
+  BackendTensor(DType dtype, std::vector<int64_t> shape);
+  BackendTensor(GgmlType type, std::vector<int64_t> shape) : type_(type), shape_(std::move(shape)) {}
 
  private:
-  DType dtype_;
+  GgmlType type_;
   std::vector<int64_t> shape_;
 };
+
+// The GGML type of an f32 / f16 / bf16 dtype, and back (nullopt for a block type).
+GgmlType ggml_type_of(DType dtype);
+std::optional<DType> dtype_of(GgmlType type);
+
+// A weight as the host holds it, for Backend::load_weight: row-major `shape`
+// ([out, in] for a matrix, [d] for a vector) of `type`, in `bytes`
+// (ggml_bytes(type, numel) of them, e.g. a GGUF tensor's mapped bytes).
+// `name` names it in errors.
+struct HostWeight {
+  GgmlType type = GgmlType::kF32;
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> bytes;
+  std::string name = "weight";
+
+  HostWeight(GgmlType type_, std::vector<int64_t> shape_, std::span<const uint8_t> bytes_, std::string name_)
+      : type(type_), shape(std::move(shape_)), bytes(bytes_), name(std::move(name_)) {}
+  // A contiguous f32 / f16 / bf16 view (Error(kInvalidArgument) for a strided one).
+  HostWeight(const TensorView& view);  // NOLINT(google-explicit-constructor): weights are views in tests
+  int64_t numel() const;
+};
+
+// The values of `w` (checked: check_host_weight) written to dst as numel()
+// elements of `dtype`, converted row by row through f32 (quantized blocks
+// dequantized), never the whole tensor in f32 at once.
+void convert_weight(const HostWeight& w, DType dtype, void* dst);
+
+// How a backend stores the weights it loads.
+enum class WeightStorage : uint8_t {
+  kNative,  // as given: f32 / f16 / bf16 or quantized blocks computed in their own type
+  kBF16,    // converted to bf16 at load
+  kF32,     // converted to f32 at load
+};
+// "native", "bf16", "f32".
+const char* weight_storage_name(WeightStorage storage);
+std::optional<WeightStorage> parse_weight_storage(std::string_view text);
 
 // How RoPE rotates: kNormal rotates adjacent pairs (x[2i], x[2i+1]) (GGUF
 // "llama" layout, whose converter permutes Q/K), kNeox rotates halves
@@ -151,16 +198,18 @@ class Backend {
   virtual std::string name() const = 0;
   // True when BackendTensor::data() is host memory.
   virtual bool host_memory() const = 0;
-  // DType weights are stored in (f32 or bf16).
-  virtual DType weight_dtype() const = 0;
 
   // Throws Error(kOutOfMemory) when the backend's budget is exhausted.
   virtual std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype = DType::kF32) = 0;
   // Host <-> backend copies; shapes (numel) and dtypes must match.
   virtual void upload(const TensorView& src, BackendTensor& dst) = 0;
   virtual void download(const BackendTensor& src, const MutableTensorView& dst) = 0;
-  // A weight from host data (any DType, any shape) stored in weight_dtype().
-  virtual std::unique_ptr<BackendTensor> load_weight(const TensorView& host) = 0;
+  // A weight from host data, stored as the backend's WeightStorage says.
+  // Error(kInvalidArgument) naming the weight for bytes that do not match its
+  // type and shape, rows that are not whole blocks, or a quantized block
+  // whose scale is NaN or Inf (check_host_weight); Error(kUnsupported) for a
+  // type the backend cannot compute with.
+  virtual std::unique_ptr<BackendTensor> load_weight(const HostWeight& host) = 0;
 
   // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out] when bias != nullptr).
   virtual void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) = 0;
@@ -172,7 +221,8 @@ class Backend {
   virtual void swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) = 0;
   // out = a + b (same shape); out may be a.
   virtual void add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) = 0;
-  // out[t, :] = table[tokens[t], :] (table: weight [n_vocab, d]); every token
+  // out[t, :] = table[tokens[t], :] (table: weight [n_vocab, d] of any type
+  // the backend loaded, rows dequantized as they are read); every token
   // is checked against n_vocab (Error(kInvalidArgument) naming the index).
   virtual void embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) = 0;
   // Waits for every queued op.

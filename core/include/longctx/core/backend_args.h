@@ -25,10 +25,13 @@ void check_download_args(const BackendTensor& src, const MutableTensorView& dst)
 struct MatmulDims {
   int64_t n = 0, in = 0, out = 0;
 };
-// y[n, out] = x[n, in] w[out, in]^T (+ bias[out]): f32 x and y, w in
-// weight_dtype, y not aliasing x.
+// y[n, out] = x[n, in] w[out, in]^T (+ bias[out]): f32 x and y, y not
+// aliasing x (the weight's type is each backend's to check).
 MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
-                             const BackendTensor& y, DType weight_dtype);
+                             const BackendTensor& y);
+// load_weight: a shape without overflow whose rows are whole blocks of the
+// type, exactly ggml_bytes(type, numel) bytes, and finite block scales.
+void check_host_weight(const HostWeight& w);
 // f32 x [..., d], weight [d], y like x; finite eps >= 0.
 void check_rms_norm_args(const BackendTensor& x, const BackendTensor& weight, float eps, const BackendTensor& y);
 // f32 x [n, n_heads, head_dim], n_rot <= head_dim, first_pos >= 0 and

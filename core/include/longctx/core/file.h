@@ -22,6 +22,10 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the resident pages of bytes [offset, offset + length) from this
+  // process (they stay in the page cache and read back the same if touched
+  // again): once a loader has copied them, they need not count twice.
+  void drop_pages(size_t offset, size_t length) const;
 
  private:
   std::string path_;

@@ -3,26 +3,37 @@
 //
 // Shapes the ops accept (every op checks them and throws
 // Error(kInvalidArgument) naming the op and the shapes; dtypes likewise):
+// - load_weight: WeightStorage::kNative keeps a matrix in its type (f32, f16,
+//   bf16, or the quantized blocks of quant_matmul.h: Q4_0, Q4_1, Q5_0, Q5_1,
+//   Q8_0, Q4_K, Q5_K, Q6_K) and stores vectors (norms, biases) as f32;
+//   kBF16 / kF32 convert everything (quantized blocks dequantized) once.
+//   Weights of 4 MiB and more sit in 2 MiB-aligned memory marked for
+//   transparent huge pages (fewer TLB misses while streaming them).
 // - matmul: x f32 [n, ...] (in = product of the dims after the first),
-//   w [out, in] in weight_dtype(), bias [out] (f32 or bf16) or null,
+//   w [out, in] as loaded, bias [out] (f32 or bf16) or null,
 //   y f32 [n, ...] (out = product of the dims after the first), y distinct
 //   from x. So a [n, n_heads, head_dim] tensor is a valid y for out =
-//   n_heads * head_dim. Up to 4 rows (decode) go to a Highway kernel that
-//   streams w once (f32 x, bf16 w widened exactly). More rows go to oneDNN;
-//   bf16 weights there: where oneDNN has bf16 kernels for the CPU (AVX-512),
-//   x is rounded to bf16 and multiplied bf16 x bf16 with f32 accumulation;
-//   elsewhere (or with Bf16Matmul::kDequantize) tiles of w are widened to f32.
+//   n_heads * head_dim. Quantized w: the rows of x are quantized to int8 per
+//   block and multiplied on the quant_matmul.h kernels (best ISA of the CPU),
+//   split over weight rows with oneTBB, for any n. Dense w: up to 4 rows
+//   (decode) go to a Highway kernel that streams w once (f32 x; f16 / bf16 w
+//   widened exactly). More rows go to oneDNN; bf16 weights there: where
+//   oneDNN has bf16 kernels for the CPU (AVX-512), x is rounded to bf16 and
+//   multiplied bf16 x bf16 with f32 accumulation; elsewhere (or with
+//   Bf16Matmul::kDequantize), and for f16 weights, tiles of w are widened to f32.
 // - rms_norm: x f32 of any rank >= 1, normalized over its last dim d; weight
 //   [d] (f32 or bf16); y the shape of x (may be x).
 // - rope: x f32 [n, n_heads, head_dim], n_rot <= head_dim; angles are
 //   position * rope_inv_freq(params)[i], evaluated in fp64.
 // - swiglu, add: f32 tensors of one shape; out may alias an input.
-// - embed: table [n_vocab, d] (f32, f16 or bf16); out f32 [tokens.size(), d].
+// - embed: table [n_vocab, d] of any loaded type (rows dequantized as read);
+//   out f32 [tokens.size(), d].
 //   All tokens are checked before anything is written.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,7 +49,7 @@ enum class Bf16Matmul : uint8_t {
 };
 
 struct CpuBackendOptions {
-  DType weight_dtype = DType::kF32;  // f32 or bf16
+  WeightStorage weights = WeightStorage::kNative;
   // Bytes alloc() and load_weight() may hold at once; 0 = unlimited. oneDNN's
   // own scratch buffers and the per-shape caches are not counted.
   uint64_t memory_budget_bytes = 0;
@@ -47,7 +58,7 @@ struct CpuBackendOptions {
 
 class CpuBackend final : public Backend {
  public:
-  // Throws Error(kInvalidArgument) for a weight dtype other than f32/bf16.
+  // Throws Error(kInvalidArgument) for a WeightStorage value it does not know.
   explicit CpuBackend(CpuBackendOptions options = {});
   ~CpuBackend() override;
   CpuBackend(const CpuBackend&) = delete;
@@ -55,12 +66,16 @@ class CpuBackend final : public Backend {
 
   std::string name() const override;
   bool host_memory() const override { return true; }
-  DType weight_dtype() const override;
+  WeightStorage weight_storage() const;
+  // The type load_weight stores a weight of `type` and `rank` in: kNative
+  // keeps a matrix whose type matmul computes with (nullopt for one it does
+  // not) and makes vectors f32; kBF16 / kF32 convert everything.
+  static std::optional<GgmlType> stored_type(GgmlType type, size_t rank, WeightStorage storage);
 
   std::unique_ptr<BackendTensor> alloc(std::vector<int64_t> shape, DType dtype = DType::kF32) override;
   void upload(const TensorView& src, BackendTensor& dst) override;
   void download(const BackendTensor& src, const MutableTensorView& dst) override;
-  std::unique_ptr<BackendTensor> load_weight(const TensorView& host) override;
+  std::unique_ptr<BackendTensor> load_weight(const HostWeight& host) override;
 
   void matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) override;
   void rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) override;

@@ -115,6 +115,9 @@ class GgufFile {
   std::span<const uint8_t> tensor_data(const GgufTensorInfo& tensor) const;
   // The tensor as f32 (dequantized), numel = n_elements.
   std::vector<float> tensor_f32(const GgufTensorInfo& tensor) const;
+  // After a loader copied the tensor: its mapped pages leave this process's
+  // resident memory (a file opened from_bytes is left as it is).
+  void release_tensor_pages(const GgufTensorInfo& tensor) const;
 
  private:
   struct Impl;

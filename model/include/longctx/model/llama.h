@@ -2,7 +2,8 @@
 // Mistral, InternLM2 converted to the Llama layout) and "qwen2" (QKV bias).
 // Hyperparameters come from the <arch>.* metadata keys, weights from the
 // standard llama.cpp tensor names (see tools/test_model.h for the layout),
-// dequantized to f32 on the host and stored by Backend::load_weight.
+// handed to Backend::load_weight in their GGUF type (the backend keeps or
+// converts them as its WeightStorage says).
 //
 // RoPE: llama -> RopeStyle::kNormal (adjacent pairs: llama.cpp's converter
 // permutes Q/K into that order), qwen2 -> kNeox (halves); theta from
@@ -39,8 +40,10 @@ scheduler::TransformerSpec read_llama_spec(const GgufFile& file);
 // values. Updates spec.qkv_bias and spec.rope.freq_factors.
 void check_llama_tensors(const GgufFile& file, scheduler::TransformerSpec& spec);
 
-// read_llama_spec + check_llama_tensors, then every weight dequantized
-// (GgufFile::tensor_f32) and stored with backend.load_weight.
+// read_llama_spec + check_llama_tensors, then every weight stored with
+// backend.load_weight from the file's bytes (whose mapped pages are then
+// released). A tensor whose rows are not whole blocks of its type or whose
+// quantized blocks hold a NaN / Inf scale is Error(kCorrupt) naming it.
 scheduler::Transformer load_llama(const GgufFile& file, Backend& backend);
 
 // A model file opened for inference: the GGUF mapping, its tokenizer and its

@@ -1,0 +1,190 @@
+// CpuBackend with GGUF-typed weights: what load_weight keeps or converts for
+// each WeightStorage, the refusals of check_host_weight (naming the weight),
+// matmul on quantized weights through the backend (decode and prefill row
+// counts, bias) against the kernels' own contract, and embed from a
+// quantized table. The kernels themselves are tested in quant_matmul_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ggml_test_util.h"
+#include "longctx/core/backend.h"
+#include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
+
+namespace longctx::cpu {
+namespace {
+
+using longctx::testing::expect_error;
+using longctx::testing::random_blocks;
+
+std::vector<float> download(Backend& backend, const BackendTensor& tensor) {
+  std::vector<float> values(static_cast<size_t>(tensor.numel()));
+  backend.download(tensor, make_mutable_view(values.data(), DType::kF32, {int64_t(values.size())}));
+  return values;
+}
+
+std::vector<float> dequantized(GgmlType type, const std::vector<uint8_t>& bytes, int64_t numel) {
+  std::vector<float> out(static_cast<size_t>(numel));
+  dequantize(type, bytes, out);
+  return out;
+}
+
+TEST(CpuBackendQuant, StorageKeepsOrConvertsEachType) {
+  std::mt19937 rng(1);
+  const int64_t rows = 3, k = 256;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}) {
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(rows * k / ggml_type_info(type).block_elems), rng);
+    const HostWeight host(type, {rows, k}, bytes, "blk.0.attn_q.weight");
+    const std::vector<float> values = dequantized(type, bytes, rows * k);
+    {
+      CpuBackend backend;  // native
+      auto w = backend.load_weight(host);
+      EXPECT_EQ(w->type(), type);
+      EXPECT_EQ(w->quantized(), !dtype_of(type).has_value());
+      EXPECT_EQ(std::memcmp(w->data(), bytes.data(), bytes.size()), 0);
+      EXPECT_EQ(backend.bytes_in_use(), bytes.size());
+      // Vectors (norms, biases) are stored as f32 whatever the file holds.
+      const std::vector<uint8_t> vec_bytes(bytes.begin(), bytes.begin() + int64_t(*ggml_bytes(type, k)));
+      auto v = backend.load_weight(HostWeight(type, {k}, vec_bytes, "blk.0.attn_norm.weight"));
+      EXPECT_EQ(v->type(), GgmlType::kF32);
+      EXPECT_EQ(download(backend, *v), std::vector<float>(values.begin(), values.begin() + k));
+    }
+    for (WeightStorage storage : {WeightStorage::kF32, WeightStorage::kBF16}) {
+      CpuBackend backend({.weights = storage});
+      auto w = backend.load_weight(host);
+      const DType dtype = storage == WeightStorage::kF32 ? DType::kF32 : DType::kBF16;
+      EXPECT_EQ(w->dtype(), dtype);
+      for (int64_t i = 0; i < rows * k; ++i) {
+        const float value = values[size_t(i)];
+        const float want = dtype == DType::kF32 ? value : bf16_bits_to_f32(f32_to_bf16_bits(value));
+        ASSERT_EQ(load_as_f32(w->data(), dtype, size_t(i)), want) << ggml_type_info(type).name << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
+  std::mt19937 rng(2);
+  CpuBackend backend;
+  std::vector<uint8_t> bytes = random_blocks(GgmlType::kQ4_K, 2, rng);
+  // Rows of 384 are not whole blocks of 256.
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ4_K, {1, 384}, bytes, "blk.1.ffn_up.weight")); },
+               ErrorCode::kInvalidArgument, {"blk.1.ffn_up.weight", "q4_k", "256"});
+  // A byte count that does not match the shape.
+  expect_error([&] {
+    backend.load_weight(HostWeight(GgmlType::kQ4_K, {1, 256}, bytes, "output.weight"));
+  }, ErrorCode::kInvalidArgument, {"output.weight", "144", "288"});
+  // A NaN scale in the second block (dmin of a Q4_K block: bytes 2..3).
+  const uint16_t nan_bits = 0x7E00;
+  std::memcpy(bytes.data() + 144 + 2, &nan_bits, 2);
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ4_K, {2, 256}, bytes, "token_embd.weight")); },
+               ErrorCode::kInvalidArgument, {"token_embd.weight", "block 1", "NaN or infinite scale"});
+  // An infinite Q8_0 scale.
+  std::vector<uint8_t> q8 = random_blocks(GgmlType::kQ8_0, 1, rng);
+  const uint16_t inf_bits = 0x7C00;
+  std::memcpy(q8.data(), &inf_bits, 2);
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ8_0, {1, 32}, q8, "w")); },
+               ErrorCode::kInvalidArgument, {"'w'", "block 0"});
+  // A type the backend does not compute with.
+  const std::vector<uint8_t> q8k(292);
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ8_K, {1, 256}, q8k, "odd")); },
+               ErrorCode::kUnsupported, {"odd", "q8_k"});
+  EXPECT_EQ(backend.bytes_in_use(), 0u);
+}
+
+// matmul through the backend equals the kernel's tile on the same quantized
+// activations (every row count, a bias added after), so the threading and
+// the panels change nothing; quant_matmul_test.cpp ties the kernel to fp64.
+TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
+  std::mt19937 rng(3);
+  CpuBackend backend;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const int64_t k = 512, n = 300;
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
+    auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    std::normal_distribution<float> normal;
+    std::vector<float> bias(static_cast<size_t>(n));
+    for (float& b : bias) b = normal(rng);
+    auto b = backend.load_weight(make_view(bias.data(), DType::kF32, {n}));
+    for (int64_t m : {1, 2, 3, 4, 5, 9, 70}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (float& v : x) v = normal(rng);
+      auto xt = backend.alloc({m, k});
+      backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+      auto yt = backend.alloc({m, n});
+      backend.matmul(*xt, *w, b.get(), *yt);
+      const std::vector<float> got = download(backend, *yt);
+
+      QuantizedActs acts;
+      quantize_acts(x.data(), m, k, k, quant_act_block(type), acts);
+      std::vector<float> want(static_cast<size_t>(m * n));
+      quant_matmul_tile(best_quant_isa(), type, bytes.data(), acts, 0, m, 0, n, want.data(), n);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t o = 0; o < n; ++o) {
+          const size_t at = size_t(r * n + o);
+          ASSERT_EQ(got[at], want[at] + bias[size_t(o)])
+              << ggml_type_info(type).name << " m " << m << " row " << r << " output " << o;
+        }
+    }
+  }
+}
+
+// f16 weights stay f16 (native): the decode kernel widens them in registers,
+// larger row counts widen tiles to f32 for oneDNN; both exact in the weights,
+// so only f32 accumulation differs from fp64: gamma_k sum |x w|.
+TEST(CpuBackendQuant, F16WeightsMatchFp64) {
+  std::mt19937 rng(5);
+  CpuBackend backend;
+  const int64_t k = 200, n = 37;
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> half(static_cast<size_t>(n * k));
+  for (uint16_t& h : half) h = f32_to_f16_bits(normal(rng) * 0.1f);
+  auto w = backend.load_weight(make_view(half.data(), DType::kF16, {n, k}));
+  EXPECT_EQ(w->dtype(), DType::kF16);
+  for (int64_t m : {1, 4, 17}) {
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = normal(rng);
+    auto xt = backend.alloc({m, k});
+    backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+    auto yt = backend.alloc({m, n});
+    backend.matmul(*xt, *w, nullptr, *yt);
+    const std::vector<float> got = download(backend, *yt);
+    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double want = 0, mag = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double term = double(x[size_t(r * k + i)]) * f16_bits_to_f32(half[size_t(o * k + i)]);
+          want += term;
+          mag += std::fabs(term);
+        }
+        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << "m " << m << " row " << r << " output " << o;
+      }
+  }
+}
+
+TEST(CpuBackendQuant, EmbedDequantizesRows) {
+  std::mt19937 rng(4);
+  CpuBackend backend;
+  const int64_t vocab = 7, d = 256;
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF16}) {
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(vocab * d / ggml_type_info(type).block_elems), rng);
+    auto table = backend.load_weight(HostWeight(type, {vocab, d}, bytes, "token_embd.weight"));
+    const std::vector<float> values = dequantized(type, bytes, vocab * d);
+    const std::vector<int32_t> tokens = {6, 0, 3, 3};
+    auto out = backend.alloc({4, d});
+    backend.embed(*table, tokens, *out);
+    const std::vector<float> got = download(backend, *out);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (int64_t i = 0; i < d; ++i)
+        ASSERT_EQ(got[t * size_t(d) + size_t(i)], values[size_t(tokens[t] * d + i)]) << ggml_type_info(type).name;
+  }
+}
+
+}  // namespace
+}  // namespace longctx::cpu
