@@ -1,9 +1,9 @@
-// longctx-bench decode: the whole model on the CPU path. A generated GGUF
+// longctx-bench decode / prefill: the whole model on the CPU path, loaded
+// through model/ (weights as model.weights says: native GGUF types by
+// default) and driven by scheduler::Sequence. Without --model, a generated
 // model whose attention is sized like Llama-3-8B's (tools "bench": 32 q
-// heads, 8 kv heads, d=128; 2 layers and a small MLP so it runs here) is
-// loaded through model/ and driven by scheduler::Sequence:
-//   prefill  tokens/s of a dense layer-major chunked prefill of --prefill
-//            tokens (real forward passes);
+// heads, 8 kv heads, d=128; 2 layers and a small MLP so it runs anywhere);
+// `longctx-make-model --preset llama3-8b[-4l]` writes real-size files.
 //   decode   tokens/s of decode steps at each context, dense (policy dense)
 //            and sparse (policy select, every layer selecting, budget
 //            --budget tokens = initial_len 128 + local window 1024 + the
@@ -11,16 +11,29 @@
 //            appended straight to the KV store (a model prefill of 128K
 //            tokens would take hours on two cores; decode cost does not
 //            depend on the values), then every step is a real decode step.
+//            Beside tokens/s: the matmuls' share of a step, the weight bytes
+//            a step reads and their rate against the read bandwidth measured
+//            in the same run, and the process's resident memory.
+//   prefill  tokens/s of a dense layer-major chunked prefill of each --tokens
+//            count (real forward passes), with the matmuls' time and GFLOP/s
+//            against the fp32 FMA peak measured in the same run.
 //
-//   longctx-bench decode [--contexts 4096,32768,131072] [--budget 4096] [--steps 16]
-//                        [--prefill 4096] [--kv-type f16] [--quick]
+//   longctx-bench decode [--model FILE.gguf] [--weights native|bf16|f32] [--contexts 4096,32768,131072]
+//                        [--budget 4096] [--steps 16] [--kv-type f16] [--quick]
+//   longctx-bench prefill [--model FILE.gguf] [--weights native|bf16|f32] [--tokens 4096,16384]
+//                         [--chunk 4096] [--quick]
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <tbb/info.h>
+
 #include "bench_util.h"
+#include "timed_backend.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/cpu_backend.h"
@@ -33,10 +46,13 @@ namespace longctx::bench {
 namespace {
 
 struct DecodeArgs {
+  std::string model;  // empty: the generated "bench" preset
+  WeightStorage weights = WeightStorage::kNative;
   std::vector<int64_t> contexts{4096, 32768, 131072};
   int64_t budget_tokens = 4096;
   int steps = 16;
-  int64_t prefill_tokens = 4096;
+  std::vector<int64_t> prefill_tokens{4096, 16384};
+  int64_t chunk_size = 4096;
   DType kv_type = DType::kF16;
 };
 
@@ -45,7 +61,7 @@ constexpr int kBlock = 128, kInitial = 128, kLocal = 1024;
 LongContextConfig config_for(const DecodeArgs& a, int64_t max_seq_len, bool sparse) {
   LongContextConfig c;
   c.max_seq_len = max_seq_len;
-  c.chunk_size = 4096;
+  c.chunk_size = int(a.chunk_size);
   c.block_size = kBlock;
   c.initial_len = kInitial;
   c.local_windows_len = kLocal;
@@ -57,7 +73,9 @@ LongContextConfig config_for(const DecodeArgs& a, int64_t max_seq_len, bool spar
   return c;
 }
 
-// Random K/V in [-1, 1) for tokens [0, n) of every layer, a chunk at a time.
+// Random K/V in [-1, 1) for tokens [0, n) of every layer: one random chunk
+// of 8192 tokens per layer, appended as often as the context needs (an 8B
+// model at 128K holds 16 GiB of K/V; drawing every value would dominate).
 void fill_store(kvstore::KVStore& store, int64_t n) {
   const kvstore::KVShape& s = store.layout().shape;
   const int64_t chunk = 8192;
@@ -67,23 +85,39 @@ void fill_store(kvstore::KVStore& store, int64_t n) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return float(state >> 40) * (2.0f / float(1 << 24)) - 1.0f;
   };
-  for (int layer = 0; layer < s.n_layers; ++layer)
+  for (int layer = 0; layer < s.n_layers; ++layer) {
+    for (size_t i = 0; i < k.size(); ++i) k[i] = next(), v[i] = next();
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t rows = std::min(chunk, n - begin);
-      for (size_t i = 0; i < size_t(rows) * s.n_kv_heads * s.head_dim; ++i) k[i] = next(), v[i] = next();
       store.append(layer, make_view(k.data(), DType::kF32, {rows, s.n_kv_heads, s.head_dim}),
                    make_view(v.data(), DType::kF32, {rows, s.n_kv_heads, s.head_dim}));
     }
+  }
 }
 
-Record decode_record(const DecodeArgs& a, const scheduler::Transformer& model, Backend& backend, int64_t context,
-                     bool sparse) {
-  scheduler::Sequence seq(backend, model, config_for(a, context + a.steps + 1, sparse));
+// The model under test: --model, or the generated "bench" preset in a temp file.
+struct BenchModel {
+  std::optional<TempModel> generated;
+  cpu::CpuBackend cpu;
+  TimedBackend backend{cpu};
+  std::unique_ptr<model::Model> model;
+
+  explicit BenchModel(const DecodeArgs& a) : cpu({.weights = a.weights}) {
+    if (a.model.empty()) generated.emplace("bench");
+    model = model::Model::open(a.model.empty() ? generated->path : a.model, backend);
+  }
+  const scheduler::Transformer& transformer() const { return model->transformer(); }
+  std::string name() const { return model->gguf().get_string_or("general.name", "?"); }
+};
+
+Record decode_record(const DecodeArgs& a, BenchModel& m, int64_t context, bool sparse, double read_gbps) {
+  scheduler::Sequence seq(m.backend, m.transformer(), config_for(a, context + a.steps + 1, sparse));
   fill_store(seq.store(), context);
   seq.sync_with_store();
   int32_t token = 1;
   seq.decode(token);  // warm-up: first selection, workspace allocation
   seq.reset_stats();
+  m.backend.reset();
   std::vector<double> seconds;
   for (int i = 0; i < a.steps; ++i) {
     const double start = now_seconds();
@@ -91,77 +125,118 @@ Record decode_record(const DecodeArgs& a, const scheduler::Transformer& model, B
     seconds.push_back(now_seconds() - start);
     token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  const double ms = 1e3 * median(seconds);
+  const TimedBackend::Matmuls& mm = m.backend.matmuls();
+  const double ms = 1e3 * median(seconds), matmul_ms = 1e3 * mm.seconds / a.steps;
+  const double weight_gbps = mm.weight_bytes / mm.seconds / 1e9;
   Record r;
-  r.set("bench", "decode").set("phase", "decode").set("context", context);
-  r.set("attention", sparse ? "sparse" : "dense").set("budget", sparse ? a.budget_tokens : int64_t{0});
-  r.set("kv_type", dtype_name(a.kv_type)).set("steps", a.steps).set("ms_per_token", ms);
-  r.set("tokens_per_s", 1e3 / ms).set("attended", seq.stats().mean_attended_fraction());
+  r.set("bench", "decode").set("model", m.name()).set("weights", weight_storage_name(a.weights));
+  r.set("context", context).set("attention", sparse ? "sparse" : "dense");
+  r.set("budget", sparse ? a.budget_tokens : int64_t{0}).set("kv_type", dtype_name(a.kv_type)).set("steps", a.steps);
+  r.set("ms_per_token", ms).set("tokens_per_s", 1e3 / ms).set("attended", seq.stats().mean_attended_fraction());
+  r.set("matmul_ms", matmul_ms).set("weight_bytes_per_token", int64_t(mm.weight_bytes / a.steps));
+  r.set("weight_gbps", weight_gbps).set("read_gbps", read_gbps).set("of_bandwidth", weight_gbps / read_gbps);
+  r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }
 
-Record prefill_record(const DecodeArgs& a, const scheduler::Transformer& model, Backend& backend) {
-  LongContextConfig config = config_for(a, std::max<int64_t>(a.prefill_tokens, kInitial + kLocal + kBlock), false);
-  scheduler::Sequence seq(backend, model, config);
-  std::vector<int32_t> tokens(size_t(a.prefill_tokens));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 2654435761u) % uint64_t(model.spec.n_vocab));
+Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, double fma_gflops) {
+  LongContextConfig config = config_for(a, std::max<int64_t>(n_tokens, kInitial + kLocal + kBlock), false);
+  scheduler::Sequence seq(m.backend, m.transformer(), config);
+  std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 2654435761u) % uint64_t(m.transformer().spec.n_vocab));
+  m.backend.reset();
   const double start = now_seconds();
   seq.prefill(tokens);
   const double seconds = now_seconds() - start;
+  const TimedBackend::Matmuls& mm = m.backend.matmuls();
   Record r;
-  r.set("bench", "decode").set("phase", "prefill").set("context", a.prefill_tokens).set("attention", "dense");
-  r.set("kv_type", dtype_name(a.kv_type)).set("chunk_size", config.chunk_size).set("seconds", seconds);
-  r.set("ms_per_token", 1e3 * seconds / double(a.prefill_tokens)).set("tokens_per_s", double(a.prefill_tokens) / seconds);
+  r.set("bench", "prefill").set("model", m.name()).set("weights", weight_storage_name(a.weights));
+  r.set("tokens", n_tokens).set("attention", "dense").set("kv_type", dtype_name(a.kv_type));
+  r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
+  r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", mm.flops / mm.seconds / 1e9);
+  r.set("fma_gflops", fma_gflops).set("of_fma_peak", mm.flops / mm.seconds / 1e9 / fma_gflops);
+  r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }
 
-
-}  // namespace
-
-int run_decode(const std::vector<std::string>& args) {
+DecodeArgs parse_args(const char* command, const std::vector<std::string>& args) {
   DecodeArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--contexts") a.contexts = parse_list(next());
+    if (args[i] == "--model") a.model = next();
+    else if (args[i] == "--weights") {
+      const auto w = parse_weight_storage(next());
+      if (!w) fail(ErrorCode::kInvalidArgument, command, ": --weights must be native, bf16 or f32");
+      a.weights = *w;
+    } else if (args[i] == "--contexts") a.contexts = parse_list(next());
+    else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
     else if (args[i] == "--steps") a.steps = std::stoi(next());
-    else if (args[i] == "--prefill") a.prefill_tokens = std::stoll(next());
+    else if (args[i] == "--chunk") a.chunk_size = std::stoll(next());
     else if (args[i] == "--kv-type") {
       const auto t = parse_dtype(next());
-      if (!t) fail(ErrorCode::kInvalidArgument, "decode: --kv-type must be f32, f16 or bf16");
+      if (!t) fail(ErrorCode::kInvalidArgument, command, ": --kv-type must be f32, f16 or bf16");
       a.kv_type = *t;
-    } else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.steps = 8, a.prefill_tokens = 1024;
-    else fail(ErrorCode::kInvalidArgument, "decode: unknown argument '", args[i], "'");
+    } else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.steps = 8, a.prefill_tokens = {1024};
+    else fail(ErrorCode::kInvalidArgument, command, ": unknown argument '", args[i], "'");
   }
-  if (a.steps < 1 || a.prefill_tokens < 1 || a.budget_tokens < kInitial + kLocal + kBlock)
-    fail(ErrorCode::kInvalidArgument, "decode: --steps and --prefill must be >= 1 and --budget >= ",
+  if (a.steps < 1 || a.chunk_size < 1 || a.budget_tokens < kInitial + kLocal + kBlock)
+    fail(ErrorCode::kInvalidArgument, command, ": --steps and --chunk must be >= 1 and --budget >= ",
          kInitial + kLocal + kBlock);
   for (int64_t c : a.contexts)
-    if (c < kInitial + kLocal + kBlock) fail(ErrorCode::kInvalidArgument, "decode: context ", c, " is too small");
+    if (c < kInitial + kLocal + kBlock) fail(ErrorCode::kInvalidArgument, command, ": context ", c, " is too small");
+  for (int64_t n : a.prefill_tokens)
+    if (n < 1) fail(ErrorCode::kInvalidArgument, command, ": --tokens must be >= 1");
+  return a;
+}
 
-  const TempModel file("bench");
-  cpu::CpuBackend backend;
-  const auto model = model::Model::open(file.path, backend);
-  const scheduler::TransformerSpec& s = model->spec();
+void print_model_line(const BenchModel& m, const DecodeArgs& a) {
+  const scheduler::TransformerSpec& s = m.transformer().spec;
+  std::printf("\nModel \"%s\": %d layers, %d q heads, %d kv heads, d=%d, n_embd %d, n_ff %d, vocab %lld, weights %s "
+              "(%s); KV %s; %d threads\n",
+              m.name().c_str(), s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_embd, s.n_ff,
+              static_cast<long long>(s.n_vocab), weight_storage_name(a.weights), m.cpu.name().c_str(),
+              dtype_name(a.kv_type), tbb::info::default_concurrency());
+}
 
+void emit(std::vector<Record>& records, const Record& r) {
+  std::printf("%s\n", r.json().c_str());
+  std::fflush(stdout);
+  records.push_back(r);
+}
+
+}  // namespace
+
+int run_decode(const std::vector<std::string>& args) {
+  const DecodeArgs a = parse_args("decode", args);
+  const double read_gbps = measure_read_gbps(size_t(1) << 30, tbb::info::default_concurrency(), 5);
+  BenchModel m(a);
   std::vector<Record> records;
-  auto emit = [&](const Record& r) {
-    std::printf("%s\n", r.json().c_str());
-    std::fflush(stdout);
-    records.push_back(r);
-  };
-  emit(prefill_record(a, model->transformer(), backend));
   for (int64_t context : a.contexts)
-    for (bool sparse : {false, true}) emit(decode_record(a, model->transformer(), backend, context, sparse));
+    for (bool sparse : {false, true}) emit(records, decode_record(a, m, context, sparse, read_gbps));
+  print_model_line(m, a);
+  std::printf("sparse = %lld-token budget (%d sinks + %d local + blocks of %d); read bandwidth %.1f GB/s; peak RSS %.2f "
+              "GiB\n",
+              static_cast<long long>(a.budget_tokens), kInitial, kLocal, kBlock, read_gbps,
+              double(peak_resident_bytes()) / double(1 << 30));
+  print_table(records, {"context", "attention", "ms_per_token", "tokens_per_s", "attended", "matmul_ms", "weight_gbps",
+                        "of_bandwidth", "rss_gib"});
+  return 0;
+}
 
-  std::printf("\nModel \"bench\": %d layers, %d q heads, %d kv heads, d=%d, n_embd %d, n_ff %d, vocab %lld; "
-              "KV %s; sparse = %lld-token budget (%d sinks + %d local + blocks of %d)\n",
-              s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_embd, s.n_ff, static_cast<long long>(s.n_vocab),
-              dtype_name(a.kv_type), static_cast<long long>(a.budget_tokens), kInitial, kLocal, kBlock);
-  print_table(records, {"phase", "context", "attention", "ms_per_token", "tokens_per_s", "attended"});
+int run_prefill(const std::vector<std::string>& args) {
+  const DecodeArgs a = parse_args("prefill", args);
+  const double fma_gflops = measure_fma_gflops(tbb::info::default_concurrency());
+  BenchModel m(a);
+  std::vector<Record> records;
+  for (int64_t n : a.prefill_tokens) emit(records, prefill_record(a, m, n, fma_gflops));
+  print_model_line(m, a);
+  std::printf("dense attention, chunk %lld; fp32 FMA peak %.0f GFLOP/s (measured in this run); peak RSS %.2f GiB\n",
+              static_cast<long long>(a.chunk_size), fma_gflops, double(peak_resident_bytes()) / double(1 << 30));
+  print_table(records, {"tokens", "seconds", "tokens_per_s", "matmul_share", "matmul_gflops", "of_fma_peak", "rss_gib"});
   return 0;
 }
 

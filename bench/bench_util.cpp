@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "longctx/tools/test_model.h"
@@ -134,6 +135,22 @@ double measure_read_gbps(size_t bytes, int threads, int reps) {
   (void)sink;
   return double(bytes) / seconds / 1e9;
 }
+
+namespace {
+
+// A "Key:   1234 kB" line of /proc/self/status, in bytes.
+uint64_t status_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  const std::string prefix = std::string(key) + ":";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) return std::stoull(line.substr(prefix.size())) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+uint64_t resident_bytes() { return status_kib("VmRSS"); }
+uint64_t peak_resident_bytes() { return status_kib("VmHWM"); }
 
 std::vector<int64_t> parse_list(const std::string& list) {
   std::vector<int64_t> values;

@@ -57,4 +57,13 @@ double measure_copy_gbps(size_t bytes, int threads, int reps);
 // as decode attention), median of `reps`, `threads` threads each summing a slice.
 double measure_read_gbps(size_t bytes, int threads, int reps);
 
+// Resident memory of this process now and at its peak (VmRSS, VmHWM of
+// /proc/self/status), in bytes; 0 where the file is not there.
+uint64_t resident_bytes();
+uint64_t peak_resident_bytes();
+
+// fp32 FMA throughput of `threads` threads on the best vector target
+// (peak_hwy.cpp): the roofline of compute-bound fp32 kernels.
+double measure_fma_gflops(int threads);
+
 }  // namespace longctx::bench

@@ -3,6 +3,7 @@
 //
 //   longctx-bench kvstore [--tokens 4096] [--layers 32] [--kv-heads 8] [--head-dim 128] [--reps 5] [--quick]
 //   longctx-bench kernels [--contexts 4096,32768] [--dtype f16] [--budget 4096] [--reps 5] [--quick]
+//   longctx-bench matmul [--types q4_k,...] [--shapes NxK,...] [--rows 1,4,512] [--reps 5] [--quick]
 //   longctx-bench gpu [--histories 32768,131072] [--windows 4096,...,65536] [--reps 5] [--quick] (bench_gpu.cpp)
 #include <unistd.h>
 
@@ -19,6 +20,8 @@ int run_kvstore(const std::vector<std::string>& args);
 int run_kernels(const std::vector<std::string>& args);
 int run_accuracy(const std::vector<std::string>& args);
 int run_decode(const std::vector<std::string>& args);
+int run_matmul(const std::vector<std::string>& args);
+int run_prefill(const std::vector<std::string>& args);
 int run_gpu(const std::vector<std::string>& args);
 }
 
@@ -47,7 +50,10 @@ int main(int argc, char** argv) {
       "  kvstore   KV store append throughput vs memcpy bandwidth\n"
       "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n"
       "  accuracy  selection policies x budgets x contexts: recall, output error, time per step\n"
-      "  decode    generated model: prefill and decode tokens/s, dense vs sparse attention\n"
+      "  decode    a model (--model FILE.gguf, or a generated one): decode tokens/s at depth, dense vs sparse,\n"
+      "            weight GB/s, RSS\n"
+      "  prefill   a model: prefill tokens/s, matmul GFLOP/s vs the measured FMA peak\n"
+      "  matmul    CPU matmul per weight type (GGUF quantized, f16, f32): GB/s for decode rows, GFLOP/s for prefill\n"
       "  gpu       GPU attention kernels (TFLOP/s, GB/s vs D2D copy, vs torch SDPA) and GPU prefill tokens/s\n"
       "  e2e       demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot\n"
       "            (runs tools/bench_e2e.py with /usr/bin/python3; see its --help)\n";
@@ -62,6 +68,8 @@ int main(int argc, char** argv) {
     if (command == "kernels") return longctx::bench::run_kernels(args);
     if (command == "accuracy") return longctx::bench::run_accuracy(args);
     if (command == "decode") return longctx::bench::run_decode(args);
+    if (command == "matmul") return longctx::bench::run_matmul(args);
+    if (command == "prefill") return longctx::bench::run_prefill(args);
     if (command == "gpu") return longctx::bench::run_gpu(args);
     if (command == "e2e") return run_e2e_script(args);
     std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), usage);

@@ -1,0 +1,144 @@
+// longctx-bench matmul: CpuBackend::matmul on the weight types of GGUF files,
+// on the matrix shapes of an 8B-class layer, as a model runs them:
+//   rows <= 4 (decode): memory-bound; weight bytes per second against the
+//            read bandwidth measured in the same run;
+//   more rows (prefill): compute-bound; GFLOP/s (2 m n k per call) against
+//            the fp32 FMA peak measured in the same run.
+//
+//   longctx-bench matmul [--types q4_0,q8_0,q4_k,q5_k,q6_k,f16,bf16,f32] [--shapes 4096x4096,14336x4096,4096x14336]
+//                        [--rows 1,4,512] [--reps 5] [--quick]
+#include <tbb/info.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "longctx/core/backend.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
+
+namespace longctx::bench {
+namespace {
+
+struct MatmulArgs {
+  std::vector<GgmlType> types{GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
+                              GgmlType::kF32};
+  std::vector<std::pair<int64_t, int64_t>> shapes{{4096, 4096}, {14336, 4096}, {4096, 14336}};  // n x k
+  std::vector<int64_t> rows{1, 4, 512};
+  int reps = 5;
+};
+
+GgmlType parse_type(const std::string& name) {
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                     GgmlType::kQ6_K})
+    if (name == ggml_type_info(t).name) return t;
+  fail(ErrorCode::kInvalidArgument, "matmul: unknown weight type '", name, "'");
+}
+
+// Random bytes with small finite f16 scales where the block type has them (the
+// kernels' speed does not depend on the values).
+std::vector<uint8_t> random_weight(GgmlType type, int64_t n, int64_t k) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  std::vector<uint8_t> bytes(*ggml_bytes(type, n * k));
+  std::mt19937 rng(7);
+  for (auto& b : bytes) b = uint8_t(rng());
+  const uint16_t small = f32_to_f16_bits(0.01f);
+  std::vector<size_t> fields;
+  switch (type) {
+    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: {
+      std::vector<float> values(size_t(n * k));
+      for (auto& v : values) v = float(int(rng() % 2001) - 1000) * 1e-4f;
+      convert(values.data(), DType::kF32, bytes.data(), *dtype_of(type), values.size());
+      return bytes;
+    }
+    case GgmlType::kQ6_K: fields = {208}; break;
+    case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: fields = {0, 2}; break;
+    default: fields = {0}; break;
+  }
+  for (size_t b = 0; b < bytes.size(); b += size_t(info.block_bytes))
+    for (size_t f : fields) std::memcpy(bytes.data() + b + f, &small, 2);
+  return bytes;
+}
+
+}  // namespace
+
+int run_matmul(const std::vector<std::string>& args) {
+  MatmulArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto next = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      return args[++i];
+    };
+    auto words = [](const std::string& list) {
+      std::vector<std::string> out;
+      for (size_t pos = 0; pos <= list.size();) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        out.push_back(list.substr(pos, comma - pos));
+        pos = comma + 1;
+      }
+      return out;
+    };
+    if (args[i] == "--types") {
+      a.types.clear();
+      for (const std::string& w : words(next())) a.types.push_back(parse_type(w));
+    } else if (args[i] == "--shapes") {
+      a.shapes.clear();
+      for (const std::string& w : words(next())) {
+        const size_t x = w.find('x');
+        if (x == std::string::npos) fail(ErrorCode::kInvalidArgument, "matmul: --shapes wants NxK, got '", w, "'");
+        a.shapes.emplace_back(std::stoll(w.substr(0, x)), std::stoll(w.substr(x + 1)));
+      }
+    } else if (args[i] == "--rows") a.rows = parse_list(next());
+    else if (args[i] == "--reps") a.reps = std::stoi(next());
+    else if (args[i] == "--quick") a.shapes = {{4096, 4096}}, a.rows = {1, 128}, a.reps = 3;
+    else fail(ErrorCode::kInvalidArgument, "matmul: unknown argument '", args[i], "'");
+  }
+  const int threads = tbb::info::default_concurrency();
+  const double read_gbps = measure_read_gbps(size_t(1) << 30, threads, 5);
+  const double fma_gflops = measure_fma_gflops(threads);
+  {
+    Record r;
+    r.set("bench", "matmul").set("kernel", "peaks").set("threads", threads).set("read_gbps", read_gbps);
+    r.set("fma_gflops", fma_gflops).set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
+    std::printf("%s\n", r.json().c_str());
+  }
+  cpu::CpuBackend backend;
+  std::vector<Record> records;
+  for (const auto& [n, k] : a.shapes)
+    for (GgmlType type : a.types) {
+      const std::vector<uint8_t> bytes = random_weight(type, n, k);
+      auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+      for (int64_t m : a.rows) {
+        std::vector<float> x(size_t(m * k));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+        auto xt = backend.alloc({m, k});
+        backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+        auto yt = backend.alloc({m, n});
+        backend.matmul(*xt, *w, nullptr, *yt);  // warm-up: caches, primitives
+        const double ms = 1e3 * median(time_runs(a.reps, [&] { backend.matmul(*xt, *w, nullptr, *yt); }));
+        const double gflops = 2.0 * double(m * n * k) / (ms * 1e-3) / 1e9;
+        const double gbps = double(bytes.size()) / (ms * 1e-3) / 1e9;
+        Record r;
+        r.set("bench", "matmul").set("type", ggml_type_info(type).name).set("n", n).set("k", k).set("rows", m);
+        r.set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
+        r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
+        r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
+        std::printf("%s\n", r.json().c_str());
+        std::fflush(stdout);
+        records.push_back(r);
+      }
+    }
+  std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s; read bandwidth "
+              "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s (measured in this run)\n",
+              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops);
+  print_table(records, {"type", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak"});
+  return 0;
+}
+
+}  // namespace longctx::bench
