@@ -112,21 +112,22 @@ CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>
     fail(ErrorCode::kInvalidArgument, "CpuBackend: unknown weight storage value ", int(options.weights));
   impl_->options = options;
   impl_->account->budget = options.memory_budget_bytes;
-  impl_->matmul = std::make_unique<detail::MatmulEngine>(options.bf16_matmul);
+  impl_->matmul = std::make_unique<detail::MatmulEngine>(options.bf16_matmul, options.quant_prefill);
 }
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
-                 quant_isa_name(best_quant_isa()), ", bf16 matmul ",
-                 bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
+                 quant_isa_name(best_quant_isa()), quant_prefill_bf16() ? " (prefill: bf16 tiles on oneDNN)" : "",
+                 ", bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
 WeightStorage CpuBackend::weight_storage() const { return impl_->options.weights; }
 uint64_t CpuBackend::bytes_in_use() const { return impl_->account->used.load(); }
 uint64_t CpuBackend::memory_budget_bytes() const { return impl_->account->budget; }
 bool CpuBackend::bf16_native() const { return impl_->matmul->bf16_native(); }
+bool CpuBackend::quant_prefill_bf16() const { return impl_->matmul->quant_prefill_bf16(); }
 
 std::unique_ptr<BackendTensor> CpuBackend::alloc(std::vector<int64_t> shape, DType dtype) {
   const size_t elem = dtype_size(dtype);  // rejects an invalid dtype value

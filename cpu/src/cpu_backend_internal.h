@@ -45,12 +45,13 @@ class CpuTensor final : public BackendTensor {
 // or a quant_matmul.h block type.
 class MatmulEngine {
  public:
-  explicit MatmulEngine(Bf16Matmul mode);
+  MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode);
   ~MatmulEngine();
   MatmulEngine(const MatmulEngine&) = delete;
   MatmulEngine& operator=(const MatmulEngine&) = delete;
   void run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n);
   bool bf16_native() const;
+  bool quant_prefill_bf16() const;
 
  private:
   struct State;

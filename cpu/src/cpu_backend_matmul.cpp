@@ -3,7 +3,9 @@
 // - quantized weights: x quantized per block (quant_matmul.h), then the
 //   integer kernels of the CPU's best ISA on panels of weight rows split over
 //   the cores with oneTBB; each panel meets every row of x while it sits in
-//   the core's cache.
+//   the core's cache. With QuantPrefill::kBf16Tiles (the default on AMX
+//   CPUs, whose tiles oneDNN's bf16 kernels use) and more than kGemvMaxM
+//   rows: tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16.
 // - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
 //   streams the weight rows once, f32, f16 or bf16, split over rows with oneTBB.
 // - f32 weights: oneDNN f32 x f32 -> f32.
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "cpu_backend_internal.h"
+#include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/quant_matmul.h"
 
@@ -51,6 +54,9 @@ constexpr int64_t kGemvGrainRows = 32;
 // Rows of a 16-bit weight widened to f32 at once on the dequantize path: each
 // tile is one oneDNN call that re-packs x, so tiles are wide (>= 256 rows).
 constexpr int64_t kDequantTileRows = 256;
+// Rows of a quantized weight dequantized to bf16 at once for oneDNN: tiles
+// wide enough that its per-call packing of x is paid rarely.
+constexpr int64_t kBf16TileRows = 1024;
 // Weight bytes per task of a quantized matmul with more than kGemvMaxM rows:
 // a panel that stays in a core's L2 cache while every row of x passes it.
 constexpr int64_t kQuantPanelBytes = 192 << 10;
@@ -62,6 +68,7 @@ constexpr int64_t kQuantGemvGrainRows = 16;
 
 struct MatmulEngine::State {
   bool native_bf16 = false;
+  bool quant_bf16_tiles = false;
   QuantIsa quant_isa = best_quant_isa();
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -69,6 +76,7 @@ struct MatmulEngine::State {
   std::map<ShapeKey, dnnl::matmul> primitives;
   std::vector<uint16_t> x_bf16;
   std::vector<float> w_tile;
+  std::vector<uint16_t> w_tile_bf16;
   QuantizedActs acts;
 
   // src and weights of dtype `src`, dst f32 with row stride ldy. Throws
@@ -105,22 +113,28 @@ struct MatmulEngine::State {
   }
 };
 
-MatmulEngine::MatmulEngine(Bf16Matmul mode) : state_(std::make_unique<State>()) {
-  if (mode == Bf16Matmul::kAuto) {
-    // Native only when oneDNN offers a real kernel: its reference
-    // implementation would be far slower than widening the weights.
-    try {
-      const std::string impl = state_->describe({64, 64, 64, 64, dt::bf16}).impl_info_str();
-      state_->native_bf16 = impl.find("ref") == std::string::npos;
-    } catch (const dnnl::error&) {
-      state_->native_bf16 = false;  // no bf16 support on this CPU (e.g. AVX2 only)
-    }
+MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : state_(std::make_unique<State>()) {
+  // oneDNN's bf16 kernels count only when they are real ones: its reference
+  // implementation would be far slower than widening the weights.
+  bool onednn_bf16 = false;
+  try {
+    const std::string impl = state_->describe({64, 64, 64, 64, dt::bf16}).impl_info_str();
+    onednn_bf16 = impl.find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    onednn_bf16 = false;  // no bf16 support on this CPU (e.g. AVX2 only)
   }
+  state_->native_bf16 = onednn_bf16 && bf16_mode == Bf16Matmul::kAuto;
+  if (quant_mode == QuantPrefill::kBf16Tiles && !onednn_bf16)
+    fail(ErrorCode::kUnsupported, "CpuBackend: QuantPrefill::kBf16Tiles needs oneDNN bf16 kernels, which this CPU (",
+         describe_cpu_features(cpu_features()), ") does not have");
+  state_->quant_bf16_tiles = quant_mode == QuantPrefill::kBf16Tiles ||
+                             (quant_mode == QuantPrefill::kAuto && onednn_bf16 && cpu_features().amx_bf16);
 }
 
 MatmulEngine::~MatmulEngine() = default;
 
 bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
+bool MatmulEngine::quant_prefill_bf16() const { return state_->quant_bf16_tiles; }
 
 void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n) {
   State& s = *state_;
@@ -130,7 +144,23 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
     return;
   }
   const std::optional<DType> dense = dtype_of(w_type);
-  if (!dense) {
+  if (!dense && m > kGemvMaxM && s.quant_bf16_tiles) {
+    s.x_bf16.resize(size_t(m * k));
+    convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
+    const int64_t tile = std::min(n, kBf16TileRows);
+    const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
+    s.w_tile_bf16.resize(size_t(tile * k));
+    const auto* wq = static_cast<const uint8_t*>(w);
+    for (int64_t o = 0; o < n; o += tile) {
+      const int64_t rows = std::min(tile, n - o);
+      tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
+        std::vector<float> values(static_cast<size_t>(k));
+        dequantize(w_type, {wq + size_t(o + r) * row_bytes, row_bytes}, values);
+        convert(values.data(), DType::kF32, s.w_tile_bf16.data() + r * k, DType::kBF16, size_t(k));
+      });
+      s.execute({m, k, rows, n, dt::bf16}, s.x_bf16.data(), s.w_tile_bf16.data(), y + o);
+    }
+  } else if (!dense) {
     quantize_acts(x, m, k, k, quant_act_block(w_type), s.acts);
     const auto* wq = static_cast<const uint8_t*>(w);
     const int64_t grain =

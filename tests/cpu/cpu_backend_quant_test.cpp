@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -164,6 +165,47 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
           mag += std::fabs(term);
         }
         ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << "m " << m << " row " << r << " output " << o;
+      }
+  }
+}
+
+// The prefill path of AMX machines (QuantPrefill::kBf16Tiles, forced here
+// where oneDNN has any optimized bf16 kernel): w dequantized and rounded to
+// bf16, x rounded to bf16, products exact in f32, f32 accumulation:
+// gamma_k sum |x w| against fp64 of the rounded values.
+TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
+  std::unique_ptr<CpuBackend> backend;
+  try {
+    backend = std::make_unique<CpuBackend>(CpuBackendOptions{.quant_prefill = QuantPrefill::kBf16Tiles});
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  EXPECT_TRUE(backend->quant_prefill_bf16());
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal;
+  const auto bf16 = [](double v) { return double(bf16_bits_to_f32(f32_to_bf16_bits(float(v)))); };
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const int64_t k = 512, n = 1100, m = 9;  // n > one tile of 1024 rows
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
+    const std::vector<float> values = dequantized(type, bytes, n * k);
+    auto w = backend->load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = normal(rng);
+    auto xt = backend->alloc({m, k});
+    backend->upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+    auto yt = backend->alloc({m, n});
+    backend->matmul(*xt, *w, nullptr, *yt);
+    const std::vector<float> got = download(*backend, *yt);
+    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < n; o += 37) {
+        double want = 0, mag = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double term = bf16(x[size_t(r * k + i)]) * bf16(values[size_t(o * k + i)]);
+          want += term;
+          mag += std::fabs(term);
+        }
+        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << ggml_type_info(type).name << " row " << r;
       }
   }
 }

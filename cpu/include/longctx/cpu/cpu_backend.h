@@ -15,7 +15,9 @@
 //   from x. So a [n, n_heads, head_dim] tensor is a valid y for out =
 //   n_heads * head_dim. Quantized w: the rows of x are quantized to int8 per
 //   block and multiplied on the quant_matmul.h kernels (best ISA of the CPU),
-//   split over weight rows with oneTBB, for any n. Dense w: up to 4 rows
+//   split over weight rows with oneTBB, for any n; except that on a CPU with
+//   AMX, more than 4 rows of x go to oneDNN's bf16 kernels (which run on the
+//   AMX tiles) with tiles of w dequantized to bf16 (QuantPrefill). Dense w: up to 4 rows
 //   (decode) go to a Highway kernel that streams w once (f32 x; f16 / bf16 w
 //   widened exactly). More rows go to oneDNN; bf16 weights there: where
 //   oneDNN has bf16 kernels for the CPU (AVX-512), x is rounded to bf16 and
@@ -48,12 +50,21 @@ enum class Bf16Matmul : uint8_t {
   kDequantize,  // widen weight tiles to f32 and multiply in f32 (exact weights, f32 x)
 };
 
+// How a quantized-weight matmul of more than 4 rows (prefill) computes.
+enum class QuantPrefill : uint8_t {
+  kAuto,       // kBf16Tiles where the CPU has AMX and oneDNN a bf16 kernel for it, else kInt8
+  kInt8,       // the int8 kernels of quant_matmul.h
+  kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
+               // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)
+};
+
 struct CpuBackendOptions {
   WeightStorage weights = WeightStorage::kNative;
   // Bytes alloc() and load_weight() may hold at once; 0 = unlimited. oneDNN's
   // own scratch buffers and the per-shape caches are not counted.
   uint64_t memory_budget_bytes = 0;
   Bf16Matmul bf16_matmul = Bf16Matmul::kAuto;
+  QuantPrefill quant_prefill = QuantPrefill::kAuto;
 };
 
 class CpuBackend final : public Backend {
@@ -90,6 +101,8 @@ class CpuBackend final : public Backend {
   uint64_t memory_budget_bytes() const;
   // True when bf16 matmuls run on oneDNN's bf16 kernels (false: dequantize path).
   bool bf16_native() const;
+  // True when quantized matmuls of more than 4 rows use bf16 tiles on oneDNN.
+  bool quant_prefill_bf16() const;
 
   struct Impl;
 
