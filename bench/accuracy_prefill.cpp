@@ -28,7 +28,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/cpu/policy/quoka.h"
+#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
@@ -163,7 +163,7 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
           qc.query_reduce = names[p] == "quoka" ? Reduce::kMax : Reduce::kMean;
           qc.head_reduce = Reduce::kMean;
           t0 = now_seconds();
-          history = cpu::quoka_prefill_attention(store, 0, n, qv, qc, s.initial_len, C, 0.f, ov, lv);
+          history = policy::quoka_prefill_attention(store, 0, n, qv, qc, s.initial_len, C, 0.f, ov, lv);
           record(sums[p][b], history, 1e3 * (now_seconds() - t0));
         }
       }

@@ -76,9 +76,9 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/cpu/policy/decode_policy.h"
-#include "longctx/cpu/policy/razor.h"
-#include "longctx/cpu/policy/streaming.h"
+#include "longctx/policy/decode_policy.h"
+#include "longctx/policy/razor.h"
+#include "longctx/policy/streaming.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
@@ -281,15 +281,15 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
   const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {s.q_heads, s.head_dim});
   const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {s.q_heads});
 
-  std::unique_ptr<cpu::DecodePolicy> decode;
+  std::unique_ptr<policy::DecodePolicy> decode;
   double prefill_end_ms = 0;
   if (!policy.streaming) {
-    cpu::RetrievalHeads heads;
+    policy::RetrievalHeads heads;
     if (policy.razor) {
-      heads = cpu::RetrievalHeads(1, s.kv_heads);
+      heads = policy::RetrievalHeads(1, s.kv_heads);
       for (int kv : s.needle_heads) heads.set(0, kv, true);
     }
-    decode = std::make_unique<cpu::DecodePolicy>(config, store, heads);
+    decode = std::make_unique<policy::DecodePolicy>(config, store, heads);
     const double start = now_seconds();
     decode->on_prefill_end(0, make_view(w.window_q.data(), DType::kF32, {s.window, s.q_heads, s.head_dim}));
     prefill_end_ms = 1e3 * (now_seconds() - start);
@@ -306,7 +306,7 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
       acc.ms.push_back(1e3 * (now_seconds() - start));
       selection = decode->last_selection();
     } else {
-      selection = cpu::streaming_selection(w.n_tokens, s.initial_len, budget.tokens - s.initial_len, s.kv_heads);
+      selection = policy::streaming_selection(w.n_tokens, s.initial_len, budget.tokens - s.initial_len, s.kv_heads);
       cpu::decode_attention(store, 0, qv, selection, {}, ov, lv);
       acc.ms.push_back(1e3 * (now_seconds() - start));
     }

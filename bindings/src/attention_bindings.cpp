@@ -1,5 +1,5 @@
 // The CPU attention engine over a KVStore (cpu/attention.h,
-// cpu/prefill_attention.h) and the decode policies (cpu/policy/decode_policy.h).
+// cpu/prefill_attention.h) and the decode policies (policy/decode_policy.h).
 // Queries come in through DLPack; results are new NumPy f32 arrays unless an
 // out= tensor is given. Every computation runs without the GIL.
 #include <pybind11/stl.h>
@@ -7,7 +7,7 @@
 #include "common.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/policy/decode_policy.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "store_handle.h"
 
@@ -132,15 +132,15 @@ py::tuple merge_attention(py::handle out_a, py::handle lse_a, py::handle out_b, 
 // longctx.DecodePolicy: the policy and the store it reads (kept alive).
 struct Policy {
   StoreHandle store;
-  std::unique_ptr<cpu::DecodePolicy> policy;
+  std::unique_ptr<policy::DecodePolicy> policy;
 };
 
 Policy make_policy(py::handle config, const StoreHandle& store, py::handle retrieval_heads) {
   const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
-  cpu::RetrievalHeads heads;
+  policy::RetrievalHeads heads;
   if (!retrieval_heads.is_none()) {
     const kvstore::KVShape shape = store.store->layout().shape;
-    heads = cpu::RetrievalHeads(shape.n_layers, shape.n_kv_heads);
+    heads = policy::RetrievalHeads(shape.n_layers, shape.n_kv_heads);
     std::vector<std::pair<int, int>> pairs;
     try {
       pairs = retrieval_heads.cast<decltype(pairs)>();
@@ -152,7 +152,7 @@ Policy make_policy(py::handle config, const StoreHandle& store, py::handle retri
   Policy p{store, nullptr};
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(*store.mutex);
-  p.policy = std::make_unique<cpu::DecodePolicy>(c, *store.store, std::move(heads));
+  p.policy = std::make_unique<policy::DecodePolicy>(c, *store.store, std::move(heads));
   return p;
 }
 
@@ -181,7 +181,7 @@ void bind_attention(py::module_& m) {
 
   py::class_<Policy>(m, "DecodePolicy",
                      "The decode-time selection policy of a config (select, dense, streaming, h2o; RazorAttention) "
-                     "over one store: cpu/policy/decode_policy.h.")
+                     "over one store: policy/decode_policy.h.")
       .def(py::init(&make_policy), py::arg("config"), py::arg("store"), py::arg("retrieval_heads") = py::none(),
            "config: Config, path, dict, or None for the store's config. retrieval_heads: optional list of "
            "(layer, kv_head) pairs (RazorAttention); else config razor.retrieval_heads.")

@@ -42,7 +42,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/kvstore/node_executor.h"
-#include "prefill_attention_kernels.h"
+#include "longctx/cpu/prefill_attention_kernels.h"
 
 namespace longctx::cpu {
 namespace {

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <limits>
 
-#include "prefill_attention_kernels.h"
+#include "longctx/cpu/prefill_attention_kernels.h"
 
 // foreach_target.h re-includes this file once per target. The path is looked
 // up through the include directories; cpu/include/../src is this folder.

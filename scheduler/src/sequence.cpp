@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "longctx/core/error.h"
-#include "longctx/cpu/policy/quoka.h"
+#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "sequence_internal.h"
 
@@ -67,7 +67,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   topology_ = topology;
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
   store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
-  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
   DeviceAttention* device = backend_.device_attention();
   if (device && device_path_applies(config_, model_.spec)) {
     const TransformerSpec& s = model_.spec;
@@ -154,8 +154,8 @@ void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Wor
   } else {
     const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {n, s.n_heads});
     if (config_.quoka.enabled)
-      cpu::quoka_prefill_attention(*store_, layer, first_pos, q, config_.quoka, config_.initial_len,
-                                   config_.chunk_size, s.attn_scale, out, lse);
+      policy::quoka_prefill_attention(*store_, layer, first_pos, q, config_.quoka, config_.initial_len,
+                                      config_.chunk_size, s.attn_scale, out, lse);
     else
       cpu::prefill_attention(*store_, layer, first_pos, q, s.attn_scale, out, lse);
   }
@@ -291,7 +291,7 @@ void Sequence::sync_with_store() {
     if (store_->n_tokens(layer) != n)
       fail(ErrorCode::kInvalidArgument, "Sequence::sync_with_store: layer ", layer, " holds ",
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
-  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
   if (device_) {
     broken_ = true;  // until every layer's ring holds the store's last tokens
     for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_begin_layer(layer);
@@ -304,7 +304,7 @@ void Sequence::sync_with_store() {
 void Sequence::reset() {
   store_->clear();
   if (device_) device_->clear();
-  policy_ = std::make_unique<cpu::DecodePolicy>(config_, *store_);
+  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
   n_past_ = 0;
   decode_idx_ = 0;
   broken_ = false;

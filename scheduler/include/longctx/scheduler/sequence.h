@@ -51,7 +51,7 @@
 
 #include "longctx/core/backend.h"
 #include "longctx/core/config.h"
-#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/policy/decode_policy.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
@@ -112,7 +112,7 @@ class Sequence {
   const SequenceStats& stats() const { return stats_; }
   void reset_stats() { stats_ = SequenceStats{}; }
   // The policy's record of the last decode step.
-  const cpu::DecodePolicy& policy() const { return *policy_; }
+  const policy::DecodePolicy& policy() const { return *policy_; }
 
   // The KV store, e.g. for snapshots. After load_snapshot into it, call
   // sync_with_store().
@@ -167,7 +167,7 @@ class Sequence {
   const kvstore::NumaTopology* topology_ = nullptr;
   std::unique_ptr<kvstore::MemoryBudget> budget_;
   std::unique_ptr<kvstore::KVStore> store_;
-  std::unique_ptr<cpu::DecodePolicy> policy_;
+  std::unique_ptr<policy::DecodePolicy> policy_;
   std::unique_ptr<Workspace> decode_ws_;
   DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
   std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back

@@ -14,12 +14,15 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
-#include "longctx/cpu/policy/adakv.h"
-#include "longctx/cpu/policy/preselect.h"
+#include "longctx/policy/adakv.h"
+#include "longctx/policy/preselect.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/node_executor.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::top_k;
+
 namespace {
 
 using kvstore::KVStore;
@@ -323,4 +326,4 @@ void feed_dynamic(KVStore& store, int layer, const std::vector<float>& token_vot
   store.add_importance(layer, 0, make_view(importance.data(), DType::kF32, {n_tokens, n_kv_heads}));
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -33,7 +33,7 @@
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 class ReuseSchedule {
  public:
@@ -58,7 +58,7 @@ class ReuseSchedule {
 
 // A selection and the partition of the layer when it was made.
 struct SavedSelection {
-  Selection selection;
+  cpu::Selection selection;
   kvstore::Partition partition;
   bool include_local = true;  // whether `selection` covers the local window
 };
@@ -91,13 +91,13 @@ ReuseAction decide(const ReuseSchedule& schedule, const SelectionCache& cache, i
 
 // Every token of the spans plus [old_end, new_end), merged (spans stay sorted,
 // disjoint, non-adjacent). Requires old_end <= new_end.
-Selection extend_with_new_tokens(const Selection& selection, int64_t old_end, int64_t new_end);
+cpu::Selection extend_with_new_tokens(const cpu::Selection& selection, int64_t old_end, int64_t new_end);
 
 // The saved selection as used now, on a layer partitioned as `now`: the CPU's
 // range ends at n_tokens when the selection covers the local window, else at
 // local_begin; whatever entered that range since the selection was made is
 // added. Throws Error(kInvalidArgument) when `now` holds fewer tokens than
 // the selection was made on (a saved selection only moves forward).
-Selection reused_selection(const SavedSelection& saved, const kvstore::Partition& now);
+cpu::Selection reused_selection(const SavedSelection& saved, const kvstore::Partition& now);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

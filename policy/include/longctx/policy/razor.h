@@ -46,7 +46,7 @@
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 // ---- retrieval heads ------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ RazorRanges razor_ranges(int64_t n_tokens, const RazorParams& params);
 // Spans a non-retrieval head attends exactly: sinks and buffer, both clipped
 // to [0, end) (end = n_tokens, or the local window's begin when the local
 // window is attended elsewhere), adjacent spans merged, empty ones left out.
-std::vector<TokenSpan> non_retrieval_spans(const RazorRanges& ranges, int64_t end);
+std::vector<cpu::TokenSpan> non_retrieval_spans(const RazorRanges& ranges, int64_t end);
 
 // Running sums of the dropped keys and values of the non-retrieval kv heads
 // of one layer. Keys and values are read as stored (kv_type), widened to
@@ -183,8 +183,8 @@ class RazorCompensation {
 // others. `comp` must be for this layer, track every non-retrieval head and be
 // up to date (comp.n_tokens() == store.n_tokens(layer)); otherwise, or when
 // shapes disagree, Error(kInvalidArgument).
-Selection razor_selection(const kvstore::KVStore& store, int layer, const Selection& retrieval_selection,
-                          const RetrievalHeads& heads, const RazorCompensation& comp, bool include_local);
+cpu::Selection razor_selection(const kvstore::KVStore& store, int layer, const cpu::Selection& retrieval_selection,
+                               const RetrievalHeads& heads, const RazorCompensation& comp, bool include_local);
 
 // Merges the compensation token of every non-retrieval kv head of comp's
 // layer into the partial results of its g query heads (LSE merge; out, lse
@@ -197,7 +197,7 @@ void merge_compensation(const RazorCompensation& comp, const RetrievalHeads& hea
                         float scale, const MutableTensorView& out, const MutableTensorView& lse);
 
 struct RazorDecodeParams {
-  DecodeAttentionParams attention;
+  cpu::DecodeAttentionParams attention;
   bool include_local = true;  // false: [partition.local_begin, N) is attended elsewhere (GPU)
 };
 
@@ -206,7 +206,7 @@ struct RazorDecodeParams {
 // decode_attention (out may alias q). Error(kInvalidArgument) for anything
 // razor_selection or decode_attention rejects.
 void razor_decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q,
-                            const Selection& retrieval_selection, const RetrievalHeads& heads,
+                            const cpu::Selection& retrieval_selection, const RetrievalHeads& heads,
                             const RazorCompensation& comp, const RazorDecodeParams& params,
                             const MutableTensorView& out, const MutableTensorView& lse);
 
@@ -283,4 +283,4 @@ class RetrievalHeadSearch {
 RetrievalHeads select_retrieval_heads(const HeadScores& scores, double induction_fraction = 0.14,
                                       double echo_fraction = 0.01);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

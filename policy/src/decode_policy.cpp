@@ -1,15 +1,23 @@
 // DecodePolicy: config -> the policy building blocks (see decode_policy.h).
-#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/policy/decode_policy.h"
 
 #include <utility>
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/policy/preselect.h"
-#include "longctx/cpu/policy/streaming.h"
+#include "longctx/policy/preselect.h"
+#include "longctx/policy/streaming.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
+using cpu::build_selection;
+using cpu::decode_attention;
+using cpu::DecodeAttentionParams;
+using cpu::dense_decode_attention;
+using cpu::score_blocks;
+using cpu::ScoreParams;
+using cpu::select_all;
+using cpu::Selection;
 using kvstore::Partition;
 
 namespace {
@@ -197,4 +205,4 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
   stats_.attended_tokens = attended_tokens(last_selection_);
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

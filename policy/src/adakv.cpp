@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "longctx/core/error.h"
-#include "longctx/cpu/policy/adakv.h"
+#include "longctx/policy/adakv.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
 
 struct Entry {
@@ -82,4 +82,4 @@ std::vector<int64_t> adakv_budgets(const float* scores, int n_heads, int64_t n_p
   return counts;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

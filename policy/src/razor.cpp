@@ -1,7 +1,7 @@
 // RazorAttention: retrieval-head lists, the compensation token of
 // non-retrieval heads, razor decode attention, and the retrieval-head search
 // over the probe's attention probabilities (see policy/razor.h).
-#include "longctx/cpu/policy/razor.h"
+#include "longctx/policy/razor.h"
 
 #include <algorithm>
 #include <charconv>
@@ -17,7 +17,13 @@
 #include "longctx/core/file.h"
 #include "longctx/kvstore/node_executor.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::decode_attention;
+using cpu::merge_attention;
+using cpu::Selection;
+using cpu::TokenSpan;
+
 namespace {
 
 constexpr float kEmpty = -std::numeric_limits<float>::infinity();
@@ -592,4 +598,4 @@ RetrievalHeads select_retrieval_heads(const HeadScores& scores, double induction
   return heads;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

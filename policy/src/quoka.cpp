@@ -7,7 +7,7 @@
 // times the inverse of its key's norm gives the cosines. Work items are (kv
 // head, piece of kPieceKeys candidates), each writing its own slice of the
 // head's scores, so the scores do not depend on the thread count.
-#include "longctx/cpu/policy/quoka.h"
+#include "longctx/policy/quoka.h"
 
 #include <tbb/enumerable_thread_specific.h>
 
@@ -21,12 +21,18 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/kvstore/node_executor.h"
-#include "prefill_attention_kernels.h"
+#include "longctx/cpu/prefill_attention_kernels.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::prefill_attention;
+using cpu::Selection;
+using cpu::TokenSpan;
+using cpu::top_k;
+
 namespace {
 
-using detail::kTileAlign;
+using cpu::detail::kTileAlign;
 
 constexpr int64_t kKeyTile = 128;     // keys per GEMM (a multiple of kTileAlign)
 constexpr int64_t kPieceKeys = 4096;  // candidates per work item (a multiple of kKeyTile)
@@ -126,7 +132,7 @@ void score_keys(const kvstore::KVStore& store, int layer, int kv_head, int64_t b
       inv_norm[j] = norm > 0.f && std::isfinite(inverse) ? inverse : 0.f;
     }
 
-    detail::gemm_f32(false, rows, (size_t(count) + kTileAlign - 1) / kTileAlign * kTileAlign, d, unit_q.data(), d,
+    cpu::detail::gemm_f32(false, rows, (size_t(count) + kTileAlign - 1) / kTileAlign * kTileAlign, d, unit_q.data(), d,
                      scratch.k_t.data(), ld, scratch.s.data(), ld);
 
     // Cosines (|unit q . k| <= |k|, so each is in [-1, 1] up to rounding),
@@ -270,4 +276,4 @@ Selection quoka_prefill_attention(const kvstore::KVStore& store, int layer, int6
   return history;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

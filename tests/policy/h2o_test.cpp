@@ -1,7 +1,7 @@
 // H2O (policy/h2o.h) against an fp64 reference of the same procedure, written
 // here from the definition: accumulated probabilities, heavy hitters + recent
 // window, permanent eviction (lowest acc first, older first on ties).
-#include "longctx/cpu/policy/h2o.h"
+#include "longctx/policy/h2o.h"
 
 #include <gtest/gtest.h>
 
@@ -19,8 +19,10 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 
@@ -371,4 +373,4 @@ TEST(PolicyH2O, ParamsFromConfigAndErrors) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -1,12 +1,15 @@
 // StreamingLLM baseline: sinks + recent window (policy/streaming.h).
-#include "longctx/cpu/policy/streaming.h"
+#include "longctx/policy/streaming.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "longctx/core/error.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::Selection;
+using cpu::TokenSpan;
 
 namespace {
 
@@ -47,4 +50,4 @@ Selection streaming_selection(const kvstore::KVStore& store, int layer, bool inc
   return selection;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

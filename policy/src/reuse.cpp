@@ -1,12 +1,15 @@
 // Reuse schedule of selections across decode steps and layers (policy/reuse.h).
-#include "longctx/cpu/policy/reuse.h"
+#include "longctx/policy/reuse.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "longctx/core/error.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::Selection;
+using cpu::TokenSpan;
 
 ReuseSchedule::ReuseSchedule(const LongContextConfig& config)
     : ReuseSchedule(config.dense_layer_num, config.layer_step, config.token_step) {}
@@ -99,4 +102,4 @@ Selection reused_selection(const SavedSelection& saved, const kvstore::Partition
   return extend_with_new_tokens(saved.selection, cpu_end(saved.partition), cpu_end(now));
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -1,6 +1,6 @@
 // H2O baseline: accumulated attention, heavy hitters + recent, permanent
 // eviction (policy/h2o.h).
-#include "longctx/cpu/policy/h2o.h"
+#include "longctx/policy/h2o.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,12 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
+
+using cpu::decode_attention;
+using cpu::DecodeAttentionParams;
+using cpu::Selection;
+using cpu::TokenSpan;
 
 namespace {
 
@@ -231,4 +236,4 @@ Selection H2OState::selection() const {
   return selection;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -1,7 +1,7 @@
 // Reuse schedule (policy/reuse.h) against a literal reading of ALGORITHMS.md
 // over grids of (dense_layer_num, layer_step, token_step, layers, steps), and
 // the extension of saved selections against brute-force token sets.
-#include "longctx/cpu/policy/reuse.h"
+#include "longctx/policy/reuse.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,10 @@
 
 #include "longctx/core/error.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 // A selection that names who made it: one head, one token span at layer * 1000 + step.
 Selection tag(int layer, int64_t step) {
@@ -206,4 +208,4 @@ TEST(PolicyReuse, ReusedSelectionCoversEveryTokenOnce) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -17,14 +17,16 @@
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/cpu/policy/adakv.h"
+#include "longctx/policy/adakv.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -236,4 +238,4 @@ TEST(AdakvTest, LowerL1LossThanUniformOnMixedConcentration) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -19,13 +19,13 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/cpu/policy/adakv.h"
-#include "longctx/cpu/policy/preselect.h"
+#include "longctx/policy/adakv.h"
+#include "longctx/policy/preselect.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
@@ -454,4 +454,4 @@ TEST(PreselectTest, FeedDynamicPicksTopVotedTokens) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -1,5 +1,6 @@
 // f32 tile kernels of prefill attention (prefill_attention_hwy.cpp), dispatched
-// at run time to the best Highway target of this CPU. Private to cpu/src.
+// at run time to the best Highway target of this CPU. Internal to the CPU
+// kernels: prefill attention and QUOKA's scoring GEMM (policy/src/quoka.cpp).
 //
 // Every matrix is row-major f32 with a leading dimension (ld*) in elements.
 // Column counts and leading dimensions of the outputs must be multiples of

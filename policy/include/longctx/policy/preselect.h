@@ -14,7 +14,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 struct SnapKVParams {
   int pool_kernel = 7;               // odd, >= 1; 1 = no pooling
@@ -100,4 +100,4 @@ std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<
 // do not match the layer or the store is not DYNAMIC (the store is then unchanged).
 void feed_dynamic(kvstore::KVStore& store, int layer, const std::vector<float>& token_votes);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

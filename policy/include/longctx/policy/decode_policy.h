@@ -28,13 +28,13 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
-#include "longctx/cpu/policy/h2o.h"
-#include "longctx/cpu/policy/razor.h"
-#include "longctx/cpu/policy/reuse.h"
+#include "longctx/policy/h2o.h"
+#include "longctx/policy/razor.h"
+#include "longctx/policy/reuse.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 class DecodePolicy {
  public:
@@ -78,18 +78,18 @@ class DecodePolicy {
 
   Stats last_stats() const { return stats_; }
   // The tokens the last decode() attended exactly, per kv head.
-  const Selection& last_selection() const { return last_selection_; }
+  const cpu::Selection& last_selection() const { return last_selection_; }
   bool razor_enabled() const { return heads_.n_layers() > 0; }
   const LongContextConfig& config() const { return config_; }
 
  private:
   void check_layer(int layer, const char* what) const;
-  Selection select_blocks_now(int layer, const TensorView& q, const kvstore::Partition& partition,
-                              bool include_local) const;
-  Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local);
+  cpu::Selection select_blocks_now(int layer, const TensorView& q, const kvstore::Partition& partition,
+                                   bool include_local) const;
+  cpu::Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local);
   void attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
                     const MutableTensorView& lse);
-  void attend(int layer, const TensorView& q, const Selection& selection, bool include_local,
+  void attend(int layer, const TensorView& q, const cpu::Selection& selection, bool include_local,
               const MutableTensorView& out, const MutableTensorView& lse);
 
   LongContextConfig config_;
@@ -101,7 +101,7 @@ class DecodePolicy {
   std::vector<std::optional<H2OState>> h2o_;                                   // [layer]
   std::vector<std::optional<RazorCompensation>> razor_;                        // [layer]
   Stats stats_;
-  Selection last_selection_;
+  cpu::Selection last_selection_;
 };
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 // Entries chosen per head, kvpress form of Ada-KV.
 // scores: [n_heads][n_per_head], row h = head h. An entry scored -inf is
@@ -35,4 +35,4 @@ std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads,
 std::vector<int64_t> adakv_budgets(const float* scores, int n_heads, int64_t n_per_head, int64_t per_head_budget,
                                    double alpha);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

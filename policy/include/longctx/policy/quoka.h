@@ -34,7 +34,7 @@
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 // The history keys (positions < first_pos) a chunk attends, per kv head:
 // sinks + previous chunk + top b_sa candidates, as sorted, merged spans (an
@@ -45,15 +45,16 @@ namespace longctx::cpu {
 // Throws Error(kInvalidArgument) for a bad layer, q shape/dtype/heads,
 // first_pos, n_q < 1, b_sa < 0, b_cp < 0, initial_len < 0, or chunk_size < 1
 // when b_cp == 0.
-Selection quoka_select_keys(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
-                            const QuokaConfig& config, int initial_len, int chunk_size);
+cpu::Selection quoka_select_keys(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
+                                 const QuokaConfig& config, int initial_len, int chunk_size);
 
 // quoka_select_keys, then prefill_attention restricted to the selected
 // history (the chunk stays complete and causal; its K/V must be in the store:
 // first_pos + n <= n_tokens). out: f32 [n, n_q_heads, head_dim], lse: f32
 // [n, n_q_heads], scale 0 = 1/sqrt(head_dim). Returns the selection used.
-Selection quoka_prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
-                                  const QuokaConfig& config, int initial_len, int chunk_size, float scale,
-                                  const MutableTensorView& out, const MutableTensorView& lse);
+cpu::Selection quoka_prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos,
+                                       const TensorView& q, const QuokaConfig& config, int initial_len,
+                                       int chunk_size, float scale, const MutableTensorView& out,
+                                       const MutableTensorView& lse);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

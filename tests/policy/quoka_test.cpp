@@ -19,15 +19,17 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/cpu/policy/quoka.h"
+#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/synthetic.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 
@@ -506,4 +508,4 @@ TEST(Quoka, RejectsInvalidArgumentsNamingThem) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

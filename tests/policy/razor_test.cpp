@@ -23,14 +23,16 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/cpu/policy/razor.h"
+#include "longctx/policy/razor.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
-#include "reference.h"
+#include "cpu/reference.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
@@ -970,4 +972,4 @@ TEST_F(RazorHeadFile, SearchResultRoundTrip) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

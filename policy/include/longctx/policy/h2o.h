@@ -32,7 +32,7 @@
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 
 struct H2OParams {
   int64_t budget = 0;    // kept tokens per kv head (heavy + recent), >= 1
@@ -67,7 +67,7 @@ class H2OState {
             const MutableTensorView& lse);
 
   // The kept tokens as spans (sorted, merged), per kv head.
-  Selection selection() const;
+  cpu::Selection selection() const;
   // Kept positions of a head, ascending, and their acc (same order).
   const std::vector<int64_t>& kept(int kv_head) const { return heads_.at(size_t(kv_head)).positions; }
   const std::vector<double>& accumulated(int kv_head) const { return heads_.at(size_t(kv_head)).acc; }
@@ -88,4 +88,4 @@ class H2OState {
   int64_t n_seen_ = 0;
 };
 
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -2,7 +2,7 @@
 // its spec names, checked against token sets written out in the test and
 // against the attention over those tokens (same kernel: bit-identical; dense
 // comparison: fp32 tolerance), on small random f32 stores.
-#include "longctx/cpu/policy/decode_policy.h"
+#include "longctx/policy/decode_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -19,13 +19,15 @@
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/policy/preselect.h"
+#include "longctx/policy/preselect.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 const kvstore::NumaTopology& topology() {
   static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
@@ -505,4 +507,4 @@ TEST(DecodePolicy, EveryShippedConfigRuns) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy

@@ -1,5 +1,5 @@
 // StreamingLLM selection (policy/streaming.h) against token-by-token membership.
-#include "longctx/cpu/policy/streaming.h"
+#include "longctx/policy/streaming.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,10 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 
 std::vector<TokenSpan> spans_of(const std::vector<bool>& in) {
   std::vector<TokenSpan> spans;
@@ -74,4 +76,4 @@ TEST(PolicyStreaming, FromTheStoreUsesInitialAndLocal) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy
