@@ -1,7 +1,7 @@
 // Helpers for tests of GGML block types (core/ggml_types.h) and of the
-// kernels that read them: reference f16/bf16 decoders written from the
-// definitions, random well-formed blocks of every dequantizable type, and
-// expect_error for calls that must throw.
+// kernels that read them: reference f16/bf16 and block decoders written from
+// the definitions and layouts, random well-formed blocks of every
+// dequantizable type, and expect_error for calls that must throw.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -55,6 +55,97 @@ inline double ref_bf16(uint16_t bits) {
 
 inline uint16_t read_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
+// ---- reference decoders, written from the block layouts: value of element
+// i (0 <= i < block_elems) of the block at b, in double (exact: products of
+// small integers and f16 numbers) ----
+
+inline double nibble(uint8_t byte, bool high) { return high ? byte >> 4 : byte & 15; }
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1: element i < 16 is the low nibble of qs[i], i >= 16
+// the high nibble of qs[i - 16]; Q5 adds bit i of the 32-bit qh as bit 4.
+inline double ref_q4_0(const uint8_t* b, int i) { return (nibble(b[2 + i % 16], i >= 16) - 8) * ref_f16(read_u16(b)); }
+inline double ref_q4_1(const uint8_t* b, int i) {
+  return nibble(b[4 + i % 16], i >= 16) * ref_f16(read_u16(b)) + ref_f16(read_u16(b + 2));
+}
+inline double ref_q5(const uint8_t* b, int i, bool has_min) {
+  const uint8_t* qh = b + (has_min ? 4 : 2);
+  const uint8_t* qs = qh + 4;
+  const int high_bit = (qh[i / 8] >> (i % 8)) & 1;
+  const double q = nibble(qs[i % 16], i >= 16) + 16 * high_bit;
+  const double d = ref_f16(read_u16(b));
+  return has_min ? q * d + ref_f16(read_u16(b + 2)) : (q - 16) * d;
+}
+inline double ref_q8_0(const uint8_t* b, int i) { return static_cast<int8_t>(b[2 + i]) * ref_f16(read_u16(b)); }
+
+// Q4_K / Q5_K scales: sub-block s of 8; 6-bit scale and min of s: for s < 4
+// the low 6 bits of scales[s] and scales[s + 4]; for s >= 4 the nibbles of
+// scales[s + 4] (low: scale, high: min) with the top 2 bits of scales[s - 4]
+// (scale) and scales[s] (min) above them.
+inline void ref_k_scale_min(const uint8_t* scales, int s, int* scale, int* min) {
+  if (s < 4) {
+    *scale = scales[s] % 64;
+    *min = scales[s + 4] % 64;
+  } else {
+    *scale = scales[s + 4] % 16 + 16 * (scales[s - 4] / 64);
+    *min = scales[s + 4] / 16 + 16 * (scales[s] / 64);
+  }
+}
+
+// Q4_K: d, dmin, 12 bytes of scales, 128 of quants. Element i is in
+// sub-block s = i / 32; 64-element chunk c = i / 64 uses qs[32c .. 32c + 31],
+// low nibbles for its first 32 elements. Value d * scale * q - dmin * min.
+inline double ref_q4_k(const uint8_t* b, int i) {
+  int scale, min;
+  ref_k_scale_min(b + 4, i / 32, &scale, &min);
+  const double q = nibble(b[16 + 32 * (i / 64) + i % 32], (i / 32) % 2 == 1);
+  return ref_f16(read_u16(b)) * scale * q - ref_f16(read_u16(b + 2)) * min;
+}
+
+// Q5_K: d, dmin, 12 bytes of scales as Q4_K, qh[32], qs[128]. The low 4 bits
+// of element i sit in qs as Q4_K's nibbles; bit 4 is bit s = i / 32 of
+// qh[i % 32].
+inline double ref_q5_k(const uint8_t* b, int i) {
+  int scale, min;
+  ref_k_scale_min(b + 4, i / 32, &scale, &min);
+  const int high_bit = (b[16 + i % 32] >> (i / 32)) & 1;
+  const double q = nibble(b[48 + 32 * (i / 64) + i % 32], (i / 32) % 2 == 1) + 16 * high_bit;
+  return ref_f16(read_u16(b)) * scale * q - ref_f16(read_u16(b + 2)) * min;
+}
+
+// Q6_K: 128-element halves; in a half, element r = 32k + l takes its low 4
+// bits from ql[64*half + l + 32*(k % 2)] (high nibble when k >= 2) and its
+// high 2 bits from bits 2k, 2k+1 of qh[32*half + l]; the scale of element i is
+// scales[i / 16] (int8); value d * scale * (q - 32).
+inline double ref_q6_k(const uint8_t* b, int i) {
+  const int half = i / 128, r = i % 128, k = r / 32, l = r % 32;
+  const double low = nibble(b[64 * half + l + 32 * (k % 2)], k >= 2);
+  const int high = (b[128 + 32 * half + l] >> (2 * k)) & 3;
+  const double q = low + 16 * high - 32;
+  return ref_f16(read_u16(b + 208)) * static_cast<int8_t>(b[192 + i / 16]) * q;
+}
+
+inline double ref_plain(GgmlType type, const uint8_t* b) {
+  if (type == GgmlType::kF16) return ref_f16(read_u16(b));
+  if (type == GgmlType::kBF16) return ref_bf16(read_u16(b));
+  float v;
+  std::memcpy(&v, b, 4);
+  return v;
+}
+
+inline double ref_element(GgmlType type, const uint8_t* block, int i) {
+  switch (type) {
+    case GgmlType::kQ4_0: return ref_q4_0(block, i);
+    case GgmlType::kQ4_1: return ref_q4_1(block, i);
+    case GgmlType::kQ5_0: return ref_q5(block, i, false);
+    case GgmlType::kQ5_1: return ref_q5(block, i, true);
+    case GgmlType::kQ8_0: return ref_q8_0(block, i);
+    case GgmlType::kQ4_K: return ref_q4_k(block, i);
+    case GgmlType::kQ5_K: return ref_q5_k(block, i);
+    case GgmlType::kQ6_K: return ref_q6_k(block, i);
+    default: return ref_plain(type, block);
+  }
+}
+
 // A random finite f16 bit pattern of magnitude in [2^-8, 2^2) (scales).
 inline uint16_t random_f16_scale(std::mt19937& rng) {
   const uint16_t sign = rng() % 2 ? 0x8000 : 0;
@@ -66,7 +157,7 @@ inline uint16_t random_f16_scale(std::mt19937& rng) {
 inline std::vector<size_t> f16_fields(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0: return {0};
-    case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: return {0, 2};
+    case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: return {0, 2};
     case GgmlType::kQ6_K: return {208};
     default: return {};
   }
@@ -102,8 +193,8 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t n_blocks, std::m
 
 // The dequantizable types, in id order.
 inline std::vector<GgmlType> dequantizable_types() {
-  return {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-          GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kBF16};
+  return {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+          GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kBF16};
 }
 
 }  // namespace longctx::testing

@@ -1,6 +1,6 @@
 // GGML tensor types as stored in GGUF files, their block layouts, and
-// conversion to f32 (dequantization) and back (quantization, for the test
-// model generator). Layouts follow the GGUF spec (ggml-org/ggml docs/gguf.md):
+// conversion to f32 (dequantization) and back (reference quantizers, for the
+// test model generator). Layouts follow the GGUF spec (ggml-org/ggml docs/gguf.md):
 // a row of n elements is n / block_elems blocks of block_bytes each.
 #pragma once
 
@@ -54,12 +54,25 @@ std::optional<uint64_t> ggml_bytes(GgmlType type, int64_t n_elements);
 // type that is not dequantizable, Error(kInvalidArgument) on size mismatch.
 void dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> dst);
 
-// The bytes of `src` stored as `type`: F32, F16, BF16, Q8_0 and Q4_0 (the
-// reference quantizers of ggml: per block of 32, d = absmax / 127 for Q8_0,
-// d = max / -8 for Q4_0, except that values are divided by the f16-rounded d,
-// so a Q8_0 element is within d/2 of its value). Throws Error(kUnsupported)
-// for other types, Error(kInvalidArgument) for a non-finite value or one too
-// large for an f16 scale.
+// `src` stored as `type` into dst (exactly ggml_bytes(type, src.size())
+// bytes), for every dequantizable type. Values are divided by the stored
+// (f16-rounded) scales; the error of an element is at most
+//   Q8_0        d/2, d = absmax / 127;
+//   Q4_0, Q5_0  d/2, d = max / -8 or / -16 (ggml's rule: the largest magnitude
+//               maps to the lowest level), d for values near -max (clamped);
+//   Q4_1, Q5_1  d/2, the minimum rounded down to f16 and d = range / 15 or
+//               / 31 rounded up, so that the levels cover the block;
+//   Q4_K, Q5_K, Q6_K  half the step d * scale of the element's sub-block: a
+//               search over the 6-bit (Q6_K: int8) scales and mins keeps the
+//               grid of least squared error among those that cover the
+//               sub-block, whose step is within two scale units of
+//               range / 15, range / 31 or absmax / 31.5.
+// Blocks are independent: quantizing a matrix row by row gives the same
+// bytes. Throws Error(kUnsupported) for other types, Error(kInvalidArgument)
+// for a size mismatch or, naming the element, for a value that is not finite
+// or outside the f16 range (+-65504, where block scales and minimums live).
+void quantize(GgmlType type, std::span<const float> src, std::span<uint8_t> dst);
+// The same into a new vector.
 std::vector<uint8_t> quantize(GgmlType type, std::span<const float> src);
 
 }  // namespace longctx
