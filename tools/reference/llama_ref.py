@@ -9,7 +9,8 @@ a plain fp64 forward pass, so that longctx's logits can be checked against it.
 
 writes float32 logits [n_tokens, n_vocab], row-major, no header.
 
-Supported: GGUF v2/v3; F32, F16, BF16, Q8_0, Q4_0 tensors; architectures "llama"
+Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama"
 (RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K weights) and
 "qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1).
 """
@@ -28,7 +29,9 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 _STRING, _ARRAY = 8, 9
 
 # Tensor types: id -> (name, elements per block, bytes per block).
-GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 8: ("Q8_0", 32, 34), 30: ("BF16", 1, 2)}
+GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+              7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+              14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 
 
 class _Cursor:
@@ -62,6 +65,97 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {vtype} at offset {self.pos}")
 
 
+# Block types, from the layouts of ggml-common.h. Each function takes the
+# blocks as a uint8 array [n_blocks, block_bytes] and returns float64
+# [n_blocks, block_elems]: every value is an f16 times small integers (plus
+# or minus another), exact in float64.
+
+def _f16(blocks, offset):
+    """The f16 field at byte `offset` of each block, as a column [n, 1]."""
+    return blocks[:, offset:offset + 2].copy().view("<f2").astype(np.float64)
+
+
+def _nibbles(qs):
+    """16 bytes per block -> 32 values: byte j holds element j (low nibble) and j + 16 (high)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int64)
+
+
+def _bit_planes(qh):
+    """[n, k] bytes -> [n, 8k] bits, little-endian: bit j is bit j % 8 of byte j // 8."""
+    return np.unpackbits(qh, axis=1, bitorder="little").astype(np.int64)
+
+
+def _q8_0(b):  # f16 d, 32 int8 q; x = d q
+    return _f16(b, 0) * b[:, 2:].view(np.int8)
+
+
+def _q4_0(b):  # f16 d, 16 bytes of nibbles; x = d (q - 8)
+    return _f16(b, 0) * (_nibbles(b[:, 2:18]) - 8)
+
+
+def _q4_1(b):  # f16 d, f16 m, nibbles; x = d q + m
+    return _f16(b, 0) * _nibbles(b[:, 4:20]) + _f16(b, 2)
+
+
+def _q5_0(b):  # f16 d, u32 of fifth bits (bit j for element j), nibbles; x = d (q - 16)
+    return _f16(b, 0) * (_nibbles(b[:, 6:22]) + 16 * _bit_planes(b[:, 2:6]) - 16)
+
+
+def _q5_1(b):  # f16 d, f16 m, fifth bits, nibbles; x = d q + m
+    return _f16(b, 0) * (_nibbles(b[:, 8:24]) + 16 * _bit_planes(b[:, 4:8])) + _f16(b, 2)
+
+
+def _k_scales_mins(s):
+    """12 bytes -> 8 six-bit scales and 8 six-bit mins: sub-blocks 0..3 in the
+    low 6 bits of bytes 0..3 (scales) and 4..7 (mins); sub-blocks 4..7 in the
+    nibbles of bytes 8..11 (low: scale, high: min) below the top 2 bits of
+    bytes 0..3 (scales) and 4..7 (mins)."""
+    s = s.astype(np.int64)
+    scales = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | (s[:, 0:4] >> 6) << 4], axis=1)
+    mins = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | (s[:, 4:8] >> 6) << 4], axis=1)
+    return scales, mins
+
+
+def _k_nibbles(qs):
+    """128 bytes -> [n, 8 sub-blocks, 32]: each 32 bytes hold two sub-blocks,
+    the first in the low nibbles, the second in the high ones."""
+    qs = qs.reshape(-1, 4, 1, 32).astype(np.int64)
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+
+
+def _affine_k(b, q):
+    """Sub-block s of Q4_K/Q5_K: x = d scale_s q - dmin min_s."""
+    scales, mins = _k_scales_mins(b[:, 4:16])
+    d, dmin = _f16(b, 0)[:, :, None], _f16(b, 2)[:, :, None]
+    return (d * scales[:, :, None] * q - dmin * mins[:, :, None]).reshape(-1, 256)
+
+
+def _q4_k(b):  # f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of nibbles
+    return _affine_k(b, _k_nibbles(b[:, 16:144]))
+
+
+def _q5_k(b):  # as Q4_K, with qh[32] before the nibbles: bit s of qh[l] is bit 4 of element l of sub-block s
+    fifth = np.unpackbits(b[:, 16:48, None], axis=2, bitorder="little").transpose(0, 2, 1).astype(np.int64)
+    return _affine_k(b, _k_nibbles(b[:, 48:176]) + 16 * fifth)
+
+
+def _q6_k(b):
+    """ql[128] low 4 bits, qh[64] high 2 bits, 16 int8 scales, f16 d. Half h
+    (128 elements) uses ql[64h..64h+63] and qh[32h..32h+31]: element 32k + l
+    takes ql[64h + 32(k % 2) + l] (high nibble when k >= 2) and bits 2k, 2k+1
+    of qh[32h + l]; x = d scale_(i / 16) (q - 32)."""
+    ql = b[:, 0:128].reshape(-1, 2, 2, 32).astype(np.int64)
+    qh = b[:, 128:192].reshape(-1, 2, 32).astype(np.int64)
+    low = np.stack([(ql[:, :, k % 2] >> (4 * (k // 2))) & 15 for k in range(4)], axis=2)
+    high = np.stack([(qh >> (2 * k)) & 3 for k in range(4)], axis=2)
+    q = (low | high << 4).reshape(-1, 256) - 32
+    scales = np.repeat(b[:, 192:208].view(np.int8).astype(np.int64), 16, axis=1)
+    return _f16(b, 208) * scales * q
+
+
+_BLOCK_DECODERS = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 12: _q4_k, 13: _q5_k, 14: _q6_k}
+
+
 def dequantize(ttype, raw, n):
     """n values of tensor type `ttype` from bytes `raw`, as float64."""
     if ttype == 0:
@@ -70,18 +164,11 @@ def dequantize(ttype, raw, n):
         return np.frombuffer(raw, "<f2", n).astype(np.float64)
     if ttype == 30:  # bf16 = the high 16 bits of an f32
         return (np.frombuffer(raw, "<u2", n).astype(np.uint32) << 16).view("<f4").astype(np.float64)
-    if ttype == 8:  # Q8_0 block: f16 scale d, then 32 int8 q; x = d * q
-        blocks = np.frombuffer(raw, np.uint8, n // 32 * 34).reshape(-1, 34)
-        d = blocks[:, :2].copy().view("<f2").astype(np.float64)
-        q = blocks[:, 2:].copy().view(np.int8).astype(np.float64)
-        return (d * q).reshape(-1)
-    if ttype == 2:  # Q4_0 block: f16 d, 16 bytes; byte j holds q_j (low nibble) and q_j+16; x = d * (q - 8)
-        blocks = np.frombuffer(raw, np.uint8, n // 32 * 18).reshape(-1, 18)
-        d = blocks[:, :2].copy().view("<f2").astype(np.float64)
-        qs = blocks[:, 2:].astype(np.int64)
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) - 8
-        return (d * q).reshape(-1)
-    raise ValueError(f"tensor type {ttype} not supported by the reference")
+    if ttype not in _BLOCK_DECODERS:
+        raise ValueError(f"tensor type {ttype} not supported by the reference")
+    _, block_elems, block_bytes = GGML_TYPES[ttype]
+    blocks = np.frombuffer(raw, np.uint8, n // block_elems * block_bytes).reshape(-1, block_bytes)
+    return _BLOCK_DECODERS[ttype](blocks).reshape(-1)
 
 
 def read_gguf(path):
@@ -109,6 +196,8 @@ def read_gguf(path):
     tensors = {}
     for name, dims, ttype, offset in infos:
         n = math.prod(dims)
+        if ttype not in GGML_TYPES:
+            raise ValueError(f"{path}: tensor {name} has type {ttype}, not supported by the reference")
         _, block_elems, block_bytes = GGML_TYPES[ttype]
         start = base + offset
         end = start + n // block_elems * block_bytes
