@@ -4,6 +4,8 @@
 // before including this file, in namespace longctx::cpu::detail { namespace {
 //   __m256i dot_u8s8(__m256i u, __m256i s): lane i = sum of u[4i + t] * s[4i + t]
 //   (t < 4) for unsigned bytes u <= 128 and signed bytes s in [-127, 127].
+// Signed weight codes q go in as |q| against the activation with q's sign
+// (vpsignb), since the instructions multiply unsigned by signed bytes.
 // The kernels have internal linkage, so each compilation keeps its own.
 // Everything else is shared: weight codes are unpacked to unsigned bytes,
 // multiplied with the int8 activations by pairs (vpmaddubsw, whose int16 sums
@@ -67,56 +69,59 @@ inline __m256i mask_to_0x10(__m256i hb, __m256i mask) {
 
 // ---- 32-value blocks ---------------------------------------------------------
 
-// The unpacked codes of one block: u (unsigned bytes) and the fp32 constants of
-// value = d * (u - offset) + m. For Q8_0, u holds the signed codes and kSigned
-// is set: the kernel multiplies |q| with the activation carrying q's sign.
+// The unpacked codes of one block, value = d * q + m: signed codes for Q4_0,
+// Q5_0 and Q8_0 (the offsets 8 and 16 subtracted; m = 0), multiplied as |q|
+// times the activation carrying q's sign; unsigned codes with a min m for
+// Q4_1 and Q5_1, whose m * d_a * sum(a) is added per block.
+template <GgmlType kType>
+constexpr bool kSignedCodes = kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0 || kType == GgmlType::kQ8_0;
+
 struct Unpacked32 {
-  __m256i u;
-  float d, m, offset;
+  __m256i q;
+  float d, m;
 };
 
 template <GgmlType kType>
 inline Unpacked32 unpack32(const uint8_t* b) {
   if constexpr (kType == GgmlType::kQ4_0) {
-    return {unpack_nibbles16(b + 2), f16_at(b), 0.f, 8.f};
+    return {_mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8)), f16_at(b), 0.f};
   } else if constexpr (kType == GgmlType::kQ4_1) {
-    return {unpack_nibbles16(b + 4), f16_at(b), f16_at(b + 2), 0.f};
+    return {unpack_nibbles16(b + 4), f16_at(b), f16_at(b + 2)};
   } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
     constexpr bool kMin = kType == GgmlType::kQ5_1;
     uint32_t high;
     std::memcpy(&high, b + (kMin ? 4 : 2), 4);
     const __m256i u = _mm256_or_si256(unpack_nibbles16(b + (kMin ? 8 : 6)), bits_to_0x10(high));
-    return {u, f16_at(b), kMin ? f16_at(b + 2) : 0.f, kMin ? 0.f : 16.f};
+    return {kMin ? u : _mm256_sub_epi8(u, _mm256_set1_epi8(16)), f16_at(b), kMin ? f16_at(b + 2) : 0.f};
   } else {
     static_assert(kType == GgmlType::kQ8_0);
-    return {load256(b + 2), f16_at(b), 0.f, 0.f};
+    return {load256(b + 2), f16_at(b), 0.f};
   }
 }
 
 template <GgmlType kType, int64_t kBlockBytes, int kRows>
 void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
-  constexpr bool kSigned = kType == GgmlType::kQ8_0;
+  constexpr bool kSigned = kSignedCodes<kType>;
   const int64_t nb = acts.k / 32;
   __m256 acc[kRows];
-  float offsets[kRows];  // sum over blocks of (m - d * offset) * d_a * sum a
+  float mins[kRows];  // sum over blocks of m * d_a * sum(a)
   for (int j = 0; j < kRows; ++j) {
     acc[j] = _mm256_setzero_ps();
-    offsets[j] = 0.f;
+    mins[j] = 0.f;
   }
   for (int64_t b = 0; b < nb; ++b) {
     const Unpacked32 blk = unpack32<kType>(w + b * kBlockBytes);
-    const __m256i u = kSigned ? _mm256_sign_epi8(blk.u, blk.u) : blk.u;
-    const float shift = blk.m - blk.d * blk.offset;
+    const __m256i u = kSigned ? _mm256_sign_epi8(blk.q, blk.q) : blk.q;
+    const __m256 d = _mm256_set1_ps(blk.d);
     for (int j = 0; j < kRows; ++j) {
       __m256i a = load256(row_q(acts, r0 + j) + 32 * b);
-      if constexpr (kSigned) a = _mm256_sign_epi8(a, blk.u);
-      const __m256i dot = dot_u8s8(u, a);
-      const float ds = blk.d * row_d(acts, r0 + j)[b];
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(ds), acc[j]);
-      if constexpr (!kSigned) offsets[j] += shift * row_dsum(acts, r0 + j)[b];
+      if constexpr (kSigned) a = _mm256_sign_epi8(a, blk.q);
+      const __m256 ds = _mm256_mul_ps(d, _mm256_broadcast_ss(row_d(acts, r0 + j) + b));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, a)), ds, acc[j]);
+      if constexpr (!kSigned) mins[j] += blk.m * row_dsum(acts, r0 + j)[b];
     }
   }
-  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]) + offsets[j];
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]) + mins[j];
 }
 
 // ---- k-quants ------------------------------------------------------------------

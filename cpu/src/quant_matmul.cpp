@@ -2,6 +2,8 @@
 // table and the tile loop over the per-ISA row kernels (quant_dot.h).
 #include "longctx/cpu/quant_matmul.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -84,7 +86,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   out.d.resize(size_t(rows * (k / block)));
   out.dsum.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0.f);
   out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
-  for (int64_t r = 0; r < rows; ++r) {
+  auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
     float* d = out.d.data() + r * (k / block);
     for (int64_t b = 0; b < k / block; ++b) quantize_block(x + r * ldx + b * block, block, q + b * block, d + b);
@@ -94,6 +96,11 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
       if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
       else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
     }
+  };
+  if (rows * k < (int64_t(1) << 16)) {  // decode: not worth a task
+    for (int64_t r = 0; r < rows; ++r) quantize_row(r);
+  } else {
+    tbb::parallel_for(int64_t{0}, rows, quantize_row);
   }
 }
 

@@ -7,8 +7,8 @@
 // 256 for the k-quants (as Q8_K). Each weight block is then multiplied with
 // integer dot products (unsigned weight codes x signed activations, exact in
 // int32) and its scales are applied in fp32:
-//   Q4_0  d_w d_a (sum q a - 8 sum a)        Q4_1  d_w d_a sum q a + m_w d_a sum a
-//   Q5_0  d_w d_a (sum q a - 16 sum a)       Q5_1  as Q4_1 with 5-bit q
+//   Q4_0  d_w d_a sum (q - 8) a              Q4_1  d_w d_a sum q a + m_w d_a sum a
+//   Q5_0  d_w d_a sum (q - 16) a             Q5_1  as Q4_1 with 5-bit q
 //   Q8_0  d_w d_a sum q a (q signed)
 //   Q4_K, Q5_K  d_a (d sum_j sc_j sum_{i in j} q a - dmin sum_j m_j sum_{i in j} a)
 //   Q6_K  d_a d sum_g sc_g (sum_{i in g} q a - 32 sum_{i in g} a)
@@ -57,7 +57,8 @@ struct QuantizedActs {
   std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
 };
 
-// Quantizes x[r * ldx + i] (r < rows, i < k) into out, reusing its buffers.
+// Quantizes x[r * ldx + i] (r < rows, i < k) into out, reusing its buffers;
+// many rows are split over the cores with oneTBB.
 // k must be a multiple of `block` (32 or 256): Error(kInvalidArgument)
 // otherwise. A block holding NaN or Inf gets d = NaN, so the products that
 // read it are NaN as they would be in f32.
