@@ -28,11 +28,11 @@
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/quoka.h"
 
 namespace longctx::bench::accuracy {
 namespace {

@@ -76,12 +76,12 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/policy/decode_policy.h"
-#include "longctx/policy/razor.h"
-#include "longctx/policy/streaming.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/decode_policy.h"
+#include "longctx/policy/razor.h"
+#include "longctx/policy/streaming.h"
 
 namespace longctx::bench {
 namespace {

@@ -7,8 +7,8 @@
 #include "common.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/policy/decode_policy.h"
 #include "longctx/cpu/prefill_attention.h"
+#include "longctx/policy/decode_policy.h"
 #include "store_handle.h"
 
 namespace longctx::bindings {

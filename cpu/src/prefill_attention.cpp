@@ -41,8 +41,8 @@
 #include "hwy/aligned_allocator.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
-#include "longctx/kvstore/node_executor.h"
 #include "longctx/cpu/prefill_attention_kernels.h"
+#include "longctx/kvstore/node_executor.h"
 
 namespace longctx::cpu {
 namespace {

@@ -14,10 +14,10 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
-#include "longctx/policy/adakv.h"
-#include "longctx/policy/preselect.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/node_executor.h"
+#include "longctx/policy/adakv.h"
+#include "longctx/policy/preselect.h"
 
 namespace longctx::policy {
 

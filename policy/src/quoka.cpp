@@ -20,8 +20,8 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/prefill_attention.h"
-#include "longctx/kvstore/node_executor.h"
 #include "longctx/cpu/prefill_attention_kernels.h"
+#include "longctx/kvstore/node_executor.h"
 
 namespace longctx::policy {
 

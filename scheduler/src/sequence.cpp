@@ -14,8 +14,8 @@
 #include <utility>
 
 #include "longctx/core/error.h"
-#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
+#include "longctx/policy/quoka.h"
 #include "sequence_internal.h"
 
 namespace longctx::scheduler {

@@ -17,11 +17,11 @@
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/metrics.h"
-#include "longctx/policy/adakv.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/adakv.h"
 
 namespace longctx::policy {
 namespace {

@@ -19,10 +19,10 @@
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/policy/preselect.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/preselect.h"
 
 namespace longctx::policy {
 namespace {

@@ -19,11 +19,11 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/policy/adakv.h"
-#include "longctx/policy/preselect.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/adakv.h"
+#include "longctx/policy/preselect.h"
 
 namespace longctx::policy {
 namespace {

@@ -19,12 +19,12 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/policy/quoka.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/synthetic.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/quoka.h"
 
 namespace longctx::policy {
 namespace {

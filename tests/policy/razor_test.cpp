@@ -19,15 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "cpu/reference.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
-#include "longctx/policy/razor.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
-#include "cpu/reference.h"
+#include "longctx/policy/razor.h"
 
 namespace longctx::policy {
 namespace {

@@ -28,11 +28,11 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
+#include "longctx/cpu/selection.h"
+#include "longctx/kvstore/kv_store.h"
 #include "longctx/policy/h2o.h"
 #include "longctx/policy/razor.h"
 #include "longctx/policy/reuse.h"
-#include "longctx/cpu/selection.h"
-#include "longctx/kvstore/kv_store.h"
 
 namespace longctx::policy {
 

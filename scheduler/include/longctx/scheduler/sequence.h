@@ -51,10 +51,10 @@
 
 #include "longctx/core/backend.h"
 #include "longctx/core/config.h"
-#include "longctx/policy/decode_policy.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/decode_policy.h"
 #include "longctx/scheduler/transformer.h"
 
 namespace longctx::scheduler {
