@@ -1,8 +1,8 @@
 // longctx-bench accuracy: shared pieces of the decode workloads
 // (bench_accuracy.cpp) and the QUOKA prefill workload (accuracy_prefill.cpp).
 //
-// Workloads are built on cpu::make_synthetic (sinks, recency, RoPE, channel
-// spread; synthetic.h) with its needles placed but left neutral (strength 0),
+// Workloads are built on workloads::make_synthetic (sinks, recency, RoPE,
+// channel spread; synthetic.h) with its needles placed but left neutral (strength 0),
 // then turned into needles of *questions*: question j has its own query q_j
 // (a fresh random direction on the non-sink channels, the generator's sink
 // channels, the same logit std as the generator's query) and its own needle

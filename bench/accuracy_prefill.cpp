@@ -27,12 +27,13 @@
 #include "bench_util.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
-#include "longctx/cpu/metrics.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/quoka.h"
+#include "longctx/policy/quoka.h"
+#include "longctx/workloads/metrics.h"
 
 namespace longctx::bench::accuracy {
 namespace {
@@ -106,8 +107,8 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
       if (!is_question_row(r)) rows.push_back(r), ++plain_rows;
     std::vector<std::vector<double>> probs;
     for (int r : rows)
-      probs.push_back(cpu::dense_probabilities(q.data() + size_t(r) * row_elems, w.k.data(), s.q_heads, s.kv_heads,
-                                               s.head_dim, n));
+      probs.push_back(workloads::dense_probabilities(q.data() + size_t(r) * row_elems, w.k.data(), s.q_heads,
+                                                     s.kv_heads, s.head_dim, n));
     std::vector<int64_t> needles;
     for (const Question& question : w.questions)
       needles.insert(needles.end(), question.needle_tokens.begin(), question.needle_tokens.end());
@@ -120,13 +121,13 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
       sum.needle += needle_recall(history, s.needle_heads, needles);
       double top10 = 0, missed = 0;
       for (size_t i = 0; i < rows.size(); ++i) {
-        top10 += cpu::topk_token_recall(probs[i], s.q_heads, n, history, 10);
+        top10 += workloads::topk_token_recall(probs[i], s.q_heads, n, history, 10);
         missed += missed_mass(probs[i], s.q_heads, n, history);
       }
       sum.top10 += top10 / double(rows.size());
       sum.missed += missed / double(rows.size());
-      sum.rel_err += cpu::relative_l2_error(out.data(), dense.data(), int64_t(out.size()));
-      sum.l1 += cpu::l1_loss(out.data(), dense.data(), C * s.q_heads, s.head_dim);
+      sum.rel_err += workloads::relative_l2_error(out.data(), dense.data(), int64_t(out.size()));
+      sum.l1 += workloads::l1_loss(out.data(), dense.data(), C * s.q_heads, s.head_dim);
       sum.attended += 100.0 * mean_tokens(history) / double(n);
       sum.ms.push_back(ms);
       ++sum.seeds;

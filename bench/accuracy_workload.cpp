@@ -9,7 +9,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/random.h"
-#include "longctx/cpu/synthetic.h"
+#include "longctx/workloads/synthetic.h"
 
 namespace longctx::bench::accuracy {
 namespace {
@@ -103,7 +103,7 @@ Workload make_workload(const Shape& shape, int64_t n_tokens, const std::vector<i
       fail(ErrorCode::kInvalidArgument, "accuracy: needle head ", kv, " outside [0, ", shape.kv_heads, ")");
   int total_spans = 0;
   for (int s : spans) total_spans += s;
-  cpu::SyntheticSpec spec;
+  workloads::SyntheticSpec spec;
   spec.n_tokens = n_tokens;
   spec.n_q_heads = shape.q_heads;
   spec.n_kv_heads = shape.kv_heads;
@@ -116,7 +116,7 @@ Workload make_workload(const Shape& shape, int64_t n_tokens, const std::vector<i
   spec.needle_strength = 0.f;  // placed, values 4x, keys neutral: the questions make them needles
   spec.rope_theta = shape.rope_theta;
   spec.seed = seed;
-  cpu::SyntheticWorkload s = cpu::make_synthetic(spec);
+  workloads::SyntheticWorkload s = workloads::make_synthetic(spec);
 
   Workload w;
   w.shape = shape;

@@ -75,13 +75,16 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/metrics.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/decode_policy.h"
+#include "longctx/policy/decode_policy.h"
+#include "longctx/policy/razor.h"
 #include "longctx/policy/razor.h"
 #include "longctx/policy/streaming.h"
+#include "longctx/policy/streaming.h"
+#include "longctx/workloads/metrics.h"
 
 namespace longctx::bench {
 namespace {
@@ -252,11 +255,11 @@ QuestionMetrics measure(const Workload& w, const Question& question, const Refer
   const Shape& s = w.shape;
   QuestionMetrics m;
   m.needle = accuracy::needle_recall(selection, s.needle_heads, question.needle_tokens);
-  m.block = cpu::block_recall(accuracy::heads_only(selection, s.needle_heads), question.needle_blocks, s.block_size,
-                              w.n_tokens);
-  m.top10 = cpu::topk_token_recall(ref.probs, s.q_heads, w.n_tokens, selection, 10);
-  m.rel_err = cpu::relative_l2_error(out.data(), ref.out.data(), int64_t(out.size()));
-  m.l1 = cpu::l1_loss(out.data(), ref.out.data(), s.q_heads, s.head_dim);
+  m.block = workloads::block_recall(accuracy::heads_only(selection, s.needle_heads), question.needle_blocks,
+                                    s.block_size, w.n_tokens);
+  m.top10 = workloads::topk_token_recall(ref.probs, s.q_heads, w.n_tokens, selection, 10);
+  m.rel_err = workloads::relative_l2_error(out.data(), ref.out.data(), int64_t(out.size()));
+  m.l1 = workloads::l1_loss(out.data(), ref.out.data(), s.q_heads, s.head_dim);
   m.missed = accuracy::missed_mass(ref.probs, s.q_heads, w.n_tokens, selection);
   m.attended = 100.0 * accuracy::mean_tokens(selection) / double(w.n_tokens);
   return m;
@@ -366,8 +369,8 @@ std::vector<Record> run_decode_workload(const AccuracyArgs& a, int64_t n, bool m
     Stores stores(w);
     std::vector<Reference> refs(w.questions.size());
     for (size_t j = 0; j < refs.size(); ++j) {
-      refs[j].probs = cpu::dense_probabilities(w.questions[j].q.data(), w.k.data(), s.q_heads, s.kv_heads, s.head_dim,
-                                               n);
+      refs[j].probs = workloads::dense_probabilities(w.questions[j].q.data(), w.k.data(), s.q_heads, s.kv_heads,
+                                                     s.head_dim, n);
       refs[j].out.resize(size_t(s.q_heads) * size_t(s.head_dim));
       std::vector<float> lse(size_t(s.q_heads));
       cpu::dense_decode_attention(stores.get(RT::kQuest), 0,

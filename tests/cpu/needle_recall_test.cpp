@@ -45,15 +45,23 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/metrics.h"
 #include "longctx/cpu/selection.h"
-#include "longctx/cpu/synthetic.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/workloads/metrics.h"
+#include "longctx/workloads/synthetic.h"
 
 namespace longctx::cpu {
 namespace {
+
+using workloads::block_recall;
+using workloads::dense_probabilities;
+using workloads::make_synthetic;
+using workloads::relative_l2_error;
+using workloads::SyntheticSpec;
+using workloads::SyntheticWorkload;
+using workloads::topk_token_recall;
 
 constexpr int64_t kTokens = 32768;
 constexpr int kBlock = 128;

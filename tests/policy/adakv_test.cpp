@@ -16,17 +16,20 @@
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
-#include "longctx/cpu/metrics.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/adakv.h"
+#include "longctx/policy/adakv.h"
+#include "longctx/workloads/metrics.h"
 
 namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using workloads::dense_probabilities;
+using workloads::l1_loss;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

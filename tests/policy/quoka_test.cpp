@@ -20,16 +20,19 @@
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/prefill_attention.h"
-#include "longctx/cpu/synthetic.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/quoka.h"
+#include "longctx/workloads/synthetic.h"
 
 namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using workloads::make_synthetic;
+using workloads::SyntheticSpec;
+using workloads::SyntheticWorkload;
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 

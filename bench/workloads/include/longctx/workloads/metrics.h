@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "longctx/cpu/selection.h"
-#include "longctx/cpu/synthetic.h"
+#include "longctx/workloads/synthetic.h"
 
-namespace longctx::cpu {
+namespace longctx::workloads {
 
 // Fraction of the k tokens with the largest dense attention probability
 // (per query head, then averaged over heads) that the selection attends.
@@ -19,7 +19,7 @@ namespace longctx::cpu {
 // Throws Error(kInvalidArgument) when probs.size() != n_q_heads * n_tokens,
 // n_q_heads is not a positive multiple of the selection's kv heads, or k < 1.
 double topk_token_recall(const std::vector<double>& probs, int n_q_heads, int64_t n_tokens,
-                         const Selection& selection, int k = 10);
+                         const cpu::Selection& selection, int k = 10);
 
 // ||o_sparse - o_dense||_2 / ||o_dense||_2 over all heads and channels;
 // 0 when both are zero, +inf when only o_dense is.
@@ -33,7 +33,7 @@ double l1_loss(const float* out_sparse, const float* out_dense, int n_q_heads, i
 // kv head attends entirely; 1 when `blocks` is empty. Throws
 // Error(kInvalidArgument) for block_size < 1 or a block outside
 // [0, ceil(n_tokens / block_size)).
-double block_recall(const Selection& selection, const std::vector<int64_t>& blocks, int block_size,
+double block_recall(const cpu::Selection& selection, const std::vector<int64_t>& blocks, int block_size,
                     int64_t n_tokens);
 
 // Dense softmax(q.k * scale) of each query head over every token, in fp64:
@@ -45,4 +45,4 @@ std::vector<double> dense_probabilities(const float* q, const float* k, int n_q_
                                         int head_dim, int64_t n_tokens, double scale = 0);
 std::vector<double> dense_probabilities(const SyntheticWorkload& workload, double scale = 0);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads

@@ -60,7 +60,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace longctx::cpu {
+namespace longctx::workloads {
 
 struct SyntheticSpec {
   int64_t n_tokens = 4096;
@@ -106,4 +106,4 @@ SyntheticWorkload make_synthetic(const SyntheticSpec& spec);
 // Error(kInvalidArgument) for an odd or non-positive head_dim or theta <= 0.
 void apply_rope(float* x, int head_dim, int64_t position, double theta);
 
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads

@@ -1,5 +1,5 @@
 // Synthetic attention workloads (construction documented in synthetic.h).
-#include "longctx/cpu/synthetic.h"
+#include "longctx/workloads/synthetic.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "longctx/core/random.h"
 #include "tbb/parallel_for.h"
 
-namespace longctx::cpu {
+namespace longctx::workloads {
 
 namespace {
 
@@ -376,4 +376,4 @@ SyntheticWorkload make_synthetic(const SyntheticSpec& spec) {
   return w;
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads

@@ -1,5 +1,5 @@
 // Quality metrics of a selection against dense attention.
-#include "longctx/cpu/metrics.h"
+#include "longctx/workloads/metrics.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,10 @@
 #include "longctx/core/error.h"
 #include "tbb/parallel_for.h"
 
-namespace longctx::cpu {
+namespace longctx::workloads {
+
+using cpu::Selection;
+using cpu::TokenSpan;
 
 namespace {
 
@@ -153,4 +156,4 @@ std::vector<double> dense_probabilities(const SyntheticWorkload& workload, doubl
                              s.n_tokens, scale);
 }
 
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads

@@ -1,7 +1,7 @@
 // Quality metrics: small cases computed by hand, then random cases against
 // plain references (a per-token boolean mask for what a selection attends, a
 // stable sort for the top tokens, long double sums for the norms).
-#include "longctx/cpu/metrics.h"
+#include "longctx/workloads/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,11 @@
 
 #include "longctx/core/error.h"
 
-namespace longctx::cpu {
+namespace longctx::workloads {
 namespace {
+
+using cpu::Selection;
+using cpu::TokenSpan;
 
 Selection make_selection(std::vector<std::vector<TokenSpan>> spans) {
   Selection s;
@@ -260,4 +263,4 @@ TEST(DenseProbabilities, WorkloadOverloadUsesItsShapes) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads

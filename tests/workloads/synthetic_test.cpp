@@ -6,7 +6,7 @@
 // is exactly the construction's addition. Where it is statistical, the
 // tolerance is a multiple of the standard error of the estimate.
 // apply_rope is checked against a complex-number rotation in fp64.
-#include "longctx/cpu/synthetic.h"
+#include "longctx/workloads/synthetic.h"
 
 #include <gtest/gtest.h>
 
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "longctx/core/error.h"
-#include "longctx/cpu/metrics.h"
+#include "longctx/workloads/metrics.h"
 #include "tbb/global_control.h"
 
-namespace longctx::cpu {
+namespace longctx::workloads {
 namespace {
 
 constexpr double kEps32 = 0x1p-24;  // unit roundoff of f32
@@ -459,4 +459,4 @@ TEST(ApplyRope, RejectsOddHeadDimAndBadTheta) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::workloads
