@@ -24,12 +24,17 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "reference.h"
+#include "store_fixture.h"
 
 namespace longctx::cpu {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
+
+using testing::ForcedHighwayTarget;
+using testing::round_to;
+using testing::topology;
 
 // ---- stores -------------------------------------------------------------------------
 
@@ -68,17 +73,6 @@ std::vector<float> random_q(const AttnCase& c, std::mt19937& rng) {
   std::vector<float> q(size_t(c.n_q_heads()) * c.head_dim);
   for (float& x : q) x = normal(rng);
   return q;
-}
-
-float round_to(DType dtype, float x) {
-  std::byte buffer[4];
-  store_from_f32(buffer, dtype, 0, x);
-  return load_as_f32(buffer, dtype, 0);
-}
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
 }
 
 // A two-layer store: layer kLayer holds the case's tokens (appended in chunks
@@ -287,15 +281,6 @@ void expect_matches_reference(const AttnStore& s, const std::vector<float>& q, c
 double default_scale(const AttnCase& c) { return 1.0 / std::sqrt(double(float(c.head_dim))); }
 
 // ---- Highway targets ----------------------------------------------------------------
-
-// Forces one Highway target (0: Highway's own choice) for the lifetime of the object.
-class ForcedHighwayTarget {
- public:
-  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
-  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
-};
 
 // Every target compiled in and supported by this CPU (AVX3_DL, AVX3, AVX2,
 // SSE4, SSSE3, the scalar fallback, ... as available).

@@ -24,6 +24,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "reference.h"
+#include "store_fixture.h"
 
 namespace longctx::cpu {
 namespace {
@@ -51,44 +52,14 @@ struct PrefillCase {
   }
 };
 
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
+using testing::append;
+using testing::expect_invalid;
+using testing::ForcedHighwayTarget;
+using testing::normal_values;
 
-// A two-layer store; the tested layer is 1, layer 0 holds other tokens so that
-// reading the wrong layer shows.
-struct TestStore {
-  kvstore::MemoryBudget budget{uint64_t{1} << 30};
-  std::unique_ptr<kvstore::KVStore> store;
-};
-
-std::unique_ptr<TestStore> make_store(const PrefillCase& c, int64_t capacity) {
-  LongContextConfig config;
-  config.initial_len = 0;
-  config.local_windows_len = 0;
-  config.second_select_num = 0;
-  config.max_seq_len = capacity;
-  config.block_size = c.block_size;
-  config.kv_type = c.kv_type;
-  auto t = std::make_unique<TestStore>();
-  t->store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, c.n_kv_heads, c.head_dim}, config, t->budget,
-                                                topology());
-  return t;
-}
-
-// Appends `count` tokens of k and v [count][n_kv_heads][head_dim] to `layer`.
-void append(kvstore::KVStore& store, int layer, const float* k, const float* v, int64_t count) {
-  const kvstore::KVShape& s = store.layout().shape;
-  store.append(layer, make_view(k, DType::kF32, {count, s.n_kv_heads, s.head_dim}),
-               make_view(v, DType::kF32, {count, s.n_kv_heads, s.head_dim}));
-}
-
-std::vector<float> normal_values(size_t count, std::mt19937& rng) {
-  std::normal_distribution<float> normal;
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(rng);
-  return values;
+// A store of the case's dtype, block size and heads (testing::make_store).
+std::unique_ptr<testing::BudgetedStore> make_store(const PrefillCase& c, int64_t capacity) {
+  return testing::make_store(c.kv_type, c.block_size, c.n_kv_heads, c.head_dim, capacity);
 }
 
 // Random tokens on both layers (layer 1 gets n_tokens, layer 0 a different count).
@@ -228,15 +199,6 @@ void expect_matches_reference(const Buffers& b, int64_t first_pos, const std::ve
 
 // ---- Highway targets ----------------------------------------------------------------
 
-// Forces one Highway target for the lifetime of the object.
-class ForcedTarget {
- public:
-  explicit ForcedTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~ForcedTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForcedTarget(const ForcedTarget&) = delete;
-  ForcedTarget& operator=(const ForcedTarget&) = delete;
-};
-
 // Every target compiled in and supported by this CPU (AVX3, AVX2, SSE4, ..., scalar).
 std::vector<int64_t> every_target() { return hwy::SupportedAndGeneratedTargets(); }
 
@@ -294,7 +256,7 @@ TEST(PrefillAttention, RandomShapesOnEveryTargetMatchReference) {
         const auto ref = reference_rows(*t->store, c.history, b, 1.0 / std::sqrt(double(float(c.head_dim))));
         for (int64_t target : every_target()) {
           SCOPED_TRACE(hwy::TargetName(target));
-          const ForcedTarget forced(target);
+          const ForcedHighwayTarget forced(target);
           b.reset_outputs();
           run_prefill(*t->store, c.history, b);
           expect_matches_reference(b, c.history, ref);
@@ -407,7 +369,7 @@ TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
     const auto ref = reference_rows(*t->store, c.history, b, 1.0);
     for (int64_t target : every_target()) {
       SCOPED_TRACE(hwy::TargetName(target));
-      const ForcedTarget forced(target);
+      const ForcedHighwayTarget forced(target);
       b.reset_outputs();
       run_prefill(*t->store, c.history, b, 1.f);
       expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
@@ -451,7 +413,7 @@ TEST(PrefillAttention, HugeNormSinkKeysNeverGiveNaN) {
       const auto ref = reference_rows(*t->store, c.history, b, 1.0);
       for (int64_t target : every_target()) {
         SCOPED_TRACE(hwy::TargetName(target));
-        const ForcedTarget forced(target);
+        const ForcedHighwayTarget forced(target);
         b.reset_outputs();
         run_prefill(*t->store, c.history, b, 1.f);
         expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
@@ -473,19 +435,6 @@ TEST(PrefillAttention, EmptyChunkWritesNothing) {
                     make_mutable_view(&out, DType::kF32, {0, 4, 64}), make_mutable_view(&lse, DType::kF32, {0, 4}));
   EXPECT_EQ(out, kSentinel);
   EXPECT_EQ(lse, kSentinel);
-}
-
-// Runs f, expects Error(kInvalidArgument) whose message contains every fragment.
-template <typename F>
-void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
-  }
 }
 
 TEST(PrefillAttention, RejectsInvalidArgumentsNamingThem) {
@@ -637,7 +586,7 @@ TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
         }
         for (int64_t target : every_target()) {
           SCOPED_TRACE(hwy::TargetName(target));
-          const ForcedTarget forced(target);
+          const ForcedHighwayTarget forced(target);
           b.reset_outputs();
           run_restricted(*t->store, c.history, history, b);
           ASSERT_TRUE(b.padding_untouched()) << "wrote outside the views";

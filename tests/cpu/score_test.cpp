@@ -23,11 +23,12 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
 #include "reference.h"
-#include "score_fixture.h"
+#include "store_fixture.h"
 
 namespace longctx::cpu {
 namespace {
 
+using testing::ForcedHighwayTarget;
 using testing::StoreCase;
 using testing::TestStore;
 using RT = RepresentativeType;
@@ -57,14 +58,6 @@ std::vector<int64_t> targets_to_test() {
   targets.push_back(0);
   return targets;
 }
-
-class ForcedHighwayTarget {
- public:
-  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
-  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
-};
 
 // A random case of `type` and `dtype`: lengths 1, block_size +- 1, primes,
 // many blocks; partitions with and without initial tokens and local window.

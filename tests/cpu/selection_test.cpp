@@ -14,27 +14,19 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
 #include "reference.h"
-#include "score_fixture.h"
+#include "store_fixture.h"
 
 namespace longctx::cpu {
 namespace {
 
 using kvstore::Partition;
+using testing::expect_invalid_argument;
+using testing::spans_of;
 using testing::StoreCase;
 using testing::TestStore;
 using RT = RepresentativeType;
 
 constexpr double kEps32 = 0x1p-23;
-
-template <typename F>
-void expect_invalid_argument(F&& call, const char* what) {
-  try {
-    call();
-    ADD_FAILURE() << what << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
-  }
-}
 
 // ------------------------------------------------------------------ top_k
 
@@ -112,19 +104,6 @@ std::vector<bool> reference_mask(const Partition& p, int block_size, const std::
   return mask;
 }
 
-std::vector<TokenSpan> spans_of_mask(const std::vector<bool>& mask) {
-  std::vector<TokenSpan> spans;
-  for (int64_t t = 0; t < int64_t(mask.size()); ++t) {
-    if (!mask[size_t(t)]) continue;
-    if (!spans.empty() && spans.back().end == t) {
-      spans.back().end = t + 1;
-    } else {
-      spans.push_back({t, t + 1});
-    }
-  }
-  return spans;
-}
-
 // Sorted, non-empty, non-overlapping, adjacent spans merged, inside [0, n_tokens).
 void expect_span_invariants(const std::vector<TokenSpan>& spans, int64_t n_tokens) {
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -165,7 +144,7 @@ TEST(BuildSelection, MatchesPerTokenMaskOverRandomPartitions) {
     for (int h = 0; h < n_kv_heads; ++h) {
       const std::vector<bool> mask = reference_mask(p, block_size, chosen[shared ? 0 : size_t(h)], include_local);
       const std::vector<TokenSpan>& spans = selection.spans[size_t(h)];
-      ASSERT_EQ(spans, spans_of_mask(mask)) << "kv head " << h;
+      ASSERT_EQ(spans, spans_of(mask)) << "kv head " << h;
       expect_span_invariants(spans, n_tokens);
       EXPECT_EQ(selection.tokens(h), std::count(mask.begin(), mask.end(), true));
     }
@@ -328,7 +307,7 @@ TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
             }
             // Nothing else than initial + covered blocks + local.
             const std::vector<bool> mask = reference_mask(p, c.block_size, covered, include_local);
-            EXPECT_EQ(selection.spans[size_t(h)], spans_of_mask(mask)) << "kv head " << h;
+            EXPECT_EQ(selection.spans[size_t(h)], spans_of(mask)) << "kv head " << h;
           }
           if (mode == HeadSelectMode::kShared) {
             for (int h = 1; h < c.n_kv_heads; ++h) EXPECT_EQ(selection.spans[size_t(h)], selection.spans[0]);

@@ -19,6 +19,7 @@
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
+#include "scheduler/sequence_fixture.h"
 
 namespace longctx::gpu {
 namespace {
@@ -298,29 +299,12 @@ TEST_F(CudaDeviceAttentionTest, BudgetsThrowOutOfMemoryAndKeepTheOldState) {
 
 // ---------------------------------------------------------------- Sequence
 
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
-
-LongContextConfig sequence_config() {
-  LongContextConfig c;
-  c.chunk_size = 16;
-  c.max_seq_len = 256;
-  c.block_size = 16;
-  c.initial_len = 16;
-  c.local_windows_len = 32;
-  c.second_select_num = 16;  // every block: decode attends everything
-  c.kv_type = DType::kF16;   // a dtype the device attention can hold
-  c.dense_layer_num = 0;
-  c.dram_budget = uint64_t{64} << 20;
-  return c;
-}
-
 // Logits of a 40-token prefill (3 chunks, every position) and 4 decode steps.
 std::vector<float> run_sequence(Backend& backend, const model::GgufFile& file, const std::vector<int32_t>& tokens) {
   const scheduler::Transformer model = model::load_llama(file, backend);
-  scheduler::Sequence seq(backend, model, sequence_config(), &topology());
+  // f16 K/V: a dtype the device attention can hold.
+  const LongContextConfig config = longctx::testing::every_block_config(DType::kF16);
+  scheduler::Sequence seq(backend, model, config, &longctx::testing::topology());
   std::vector<float> logits;
   scheduler::PrefillOptions options;
   options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };

@@ -22,20 +22,17 @@
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/haystack.h"
+#include "scheduler/sequence_fixture.h"
 
 namespace longctx::tools {
 namespace {
 
 using S = DemoModelShape;
+using longctx::testing::topology;
 
 const std::vector<uint8_t>& demo_bytes() {
   static const std::vector<uint8_t> bytes = make_demo_model().to_bytes();
   return bytes;
-}
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
 }
 
 // The demo model loaded once for the end-to-end tests.

@@ -25,17 +25,16 @@
 #include "longctx/tools/test_model.h"
 #include "model/gguf_test_util.h"
 #include "scheduler/reference_forward.h"
+#include "scheduler/sequence_fixture.h"
 
 namespace longctx::model {
 namespace {
 
 using scheduler::TransformerSpec;
 using tools::TestModelSpec;
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
+using longctx::testing::every_block_config;
+using longctx::testing::max_abs;
+using longctx::testing::topology;
 
 // The spec as the generator documents it, independent of read_llama_spec.
 TransformerSpec documented_spec(const TestModelSpec& t, const GgufFile& file) {
@@ -88,31 +87,11 @@ longctx::testing::HostModel host_model(const TransformerSpec& spec, const GgufFi
   return m;
 }
 
-LongContextConfig small_config() {
-  LongContextConfig c;
-  c.chunk_size = 16;
-  c.max_seq_len = 256;
-  c.block_size = 16;
-  c.initial_len = 16;
-  c.local_windows_len = 32;
-  c.second_select_num = 16;  // every block: decode attends everything
-  c.kv_type = DType::kF32;
-  c.dense_layer_num = 0;
-  c.dram_budget = uint64_t{64} << 20;
-  return c;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
 // Logits of `model` for 40 prompt tokens in chunks of 16, then 4 decode steps
 // (43 rows of n_vocab: the last decode's logits are not needed).
 std::vector<float> run_logits(cpu::CpuBackend& backend, const scheduler::Transformer& model,
                               const std::vector<int32_t>& tokens) {
-  scheduler::Sequence seq(backend, model, small_config(), &topology());
+  scheduler::Sequence seq(backend, model, every_block_config(DType::kF32), &topology());
   std::vector<float> logits;
   scheduler::PrefillOptions options;
   options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };
@@ -244,7 +223,7 @@ TEST(Llama, ModelOpenReadsTokenizerAndFingerprint) {
   EXPECT_NE(ma->fingerprint(), mb->fingerprint());
   const std::vector<int32_t> ids = ma->tokenizer().encode("hello world", true, false);
   ASSERT_FALSE(ids.empty());
-  scheduler::Sequence seq(backend, ma->transformer(), small_config(), &topology());
+  scheduler::Sequence seq(backend, ma->transformer(), every_block_config(DType::kF32), &topology());
   EXPECT_EQ(seq.prefill(ids).size(), size_t(ma->spec().n_vocab));
   std::filesystem::remove(a);
   std::filesystem::remove(b);

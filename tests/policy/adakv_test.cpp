@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
@@ -30,6 +31,7 @@ namespace {
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 using workloads::dense_probabilities;
 using workloads::l1_loss;
+using cpu::testing::topology;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -87,7 +89,7 @@ TEST(AdakvTest, MatchesBruteForceWithExactSumAndFloor) {
     const int64_t budget = std::uniform_int_distribution<int64_t>(0, 25)(rng);  // often >= n
     const double alpha = trial % 5 == 4 ? std::uniform_real_distribution<double>(0, 1)(rng) : alphas[trial % 4];
     const std::vector<float> scores = random_scores(n_heads, n, false, rng);
-    SCOPED_TRACE(testing::Message() << "H=" << n_heads << " n=" << n << " B=" << budget << " alpha=" << alpha);
+    SCOPED_TRACE(::testing::Message() << "H=" << n_heads << " n=" << n << " B=" << budget << " alpha=" << alpha);
 
     const auto chosen = adakv_select(scores.data(), n_heads, n, budget, alpha);
     EXPECT_EQ(chosen, reference_adakv(scores, n_heads, n, budget, alpha));
@@ -161,7 +163,6 @@ TEST(AdakvTest, RejectsBadArguments) {
 TEST(AdakvTest, LowerL1LossThanUniformOnMixedConcentration) {
   constexpr int kHeads = 4, kDim = 64, kBlock = 16;
   constexpr int64_t kTokens = 2048, kBlocks = kTokens / kBlock, kBudget = 8;
-  const kvstore::NumaTopology topology = kvstore::NumaTopology::detect();
   for (const unsigned seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
@@ -191,7 +192,7 @@ TEST(AdakvTest, LowerL1LossThanUniformOnMixedConcentration) {
     config.kv_type = DType::kF32;
     config.max_seq_len = kTokens;
     kvstore::MemoryBudget memory(uint64_t{1} << 30);
-    kvstore::KVStore store({1, kHeads, kDim}, config, memory, topology);
+    kvstore::KVStore store({1, kHeads, kDim}, config, memory, topology());
     store.append(0, make_view(k.data(), DType::kF32, {kTokens, kHeads, kDim}),
                  make_view(v.data(), DType::kF32, {kTokens, kHeads, kDim}));
 
@@ -232,9 +233,9 @@ TEST(AdakvTest, LowerL1LossThanUniformOnMixedConcentration) {
       return l1_loss(out.data(), dense.data(), kHeads, kDim);
     };
     const double l1_uniform = l1_of(uniform), l1_adaptive = l1_of(adaptive);
-    SCOPED_TRACE(testing::Message() << "seed " << seed << ": L1 uniform " << l1_uniform << ", adaptive "
-                                    << l1_adaptive << "; mass uniform " << kept_mass(uniform) << ", adaptive "
-                                    << kept_mass(adaptive));
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << ": L1 uniform " << l1_uniform << ", adaptive "
+                                      << l1_adaptive << "; mass uniform " << kept_mass(uniform) << ", adaptive "
+                                      << kept_mass(adaptive));
     EXPECT_GT(kept_mass(adaptive), kept_mass(uniform));
     EXPECT_LT(l1_adaptive, l1_uniform);
   }

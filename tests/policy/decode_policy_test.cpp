@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/kv_store.h"
@@ -28,11 +29,7 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
+using cpu::testing::topology;
 
 // A small f32 config: block 8, 8 sinks, local window 16, every layer selecting.
 LongContextConfig small_config() {
@@ -171,7 +168,7 @@ TEST(DecodePolicy, SelectEverythingEqualsDense) {
     config.dense_layer_num = 1;
     config.head_select_mode = mode;
     for (const int64_t n : {3, 40, 97, 300}) {
-      SCOPED_TRACE(testing::Message() << head_select_mode_name(mode) << " n=" << n);
+      SCOPED_TRACE(::testing::Message() << head_select_mode_name(mode) << " n=" << n);
       Fixture f(config, {3, 2, 16}, n, uint32_t(7 * n));
       DecodePolicy policy(config, f.store());
       for (int layer = 0; layer < 3; ++layer) {
@@ -214,7 +211,7 @@ TEST(DecodePolicy, ReuseFollowsTheSchedule) {
   for (int64_t step = 0; step < 10; ++step) {
     f.append_all(1 + step % 3);  // some steps bring several tokens
     for (int layer = 0; layer < n_layers; ++layer) {
-      SCOPED_TRACE(testing::Message() << "layer " << layer << " step " << step);
+      SCOPED_TRACE(::testing::Message() << "layer " << layer << " step " << step);
       const std::vector<float> q = f.random_q();
       const Result got = run_policy(policy, f, layer, step, q, false);
       expect_same_bits(got, run_attention(f, layer, q, policy.last_selection()));
@@ -258,7 +255,7 @@ TEST(DecodePolicy, ReuseFollowsTheSchedule) {
 TEST(DecodePolicy, PreselectedSetAsIs) {
   for (const HeadSelectMode mode : {HeadSelectMode::kShared, HeadSelectMode::kSeparate}) {
     for (const int second : {4, 6, 2}) {
-      SCOPED_TRACE(testing::Message() << head_select_mode_name(mode) << " second_select_num=" << second);
+      SCOPED_TRACE(::testing::Message() << head_select_mode_name(mode) << " second_select_num=" << second);
       LongContextConfig config = small_config();
       config.preselect_block = true;
       config.preselect_block_count = 4;
@@ -405,7 +402,7 @@ TEST(DecodePolicy, RazorAllRetrievalEqualsSelect) {
   DecodePolicy compressed_above_dense(with_dense, f.store(), mixed);
   // The same list from the file razor.retrieval_heads names.
   LongContextConfig from_file = config;
-  from_file.razor.retrieval_heads = testing::TempDir() + "decode_policy_heads.txt";
+  from_file.razor.retrieval_heads = ::testing::TempDir() + "decode_policy_heads.txt";
   save_retrieval_heads(from_file.razor.retrieval_heads, mixed, "");
   DecodePolicy compressed_from_file(from_file, f.store());
   EXPECT_FALSE(plain.razor_enabled());

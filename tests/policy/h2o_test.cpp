@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/memory_budget.h"
@@ -23,14 +24,10 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using cpu::testing::round_to;
+using cpu::testing::topology;
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
-
-float round_to(DType dtype, float x) {
-  std::byte buffer[4];
-  store_from_f32(buffer, dtype, 0, x);
-  return load_as_f32(buffer, dtype, 0);
-}
 
 struct Case {
   DType kv_type = DType::kF16;
@@ -49,7 +46,6 @@ struct Case {
 class Fixture {
  public:
   explicit Fixture(const Case& c) : c_(c), budget_(uint64_t{1} << 28) {
-    static const kvstore::NumaTopology topology = kvstore::NumaTopology::detect();
     LongContextConfig config;
     config.max_seq_len = c.n_prompt + c.steps + 1;
     config.block_size = c.block_size;
@@ -60,7 +56,7 @@ class Fixture {
     config.representative_type = RepresentativeType::kMax;
     config.representative_num = 1;
     store_ = std::make_unique<kvstore::KVStore>(kvstore::KVShape{1, c.n_kv_heads, c.head_dim}, config, budget_,
-                                                topology);
+                                                topology());
     keys_.resize(size_t(c.n_kv_heads));
   }
 
@@ -202,7 +198,7 @@ bool run_case(const Case& c, uint32_t seed) {
     const int64_t n = fx.store().n_tokens(0);
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const RefHead& head = ref[size_t(h)];
-      SCOPED_TRACE(testing::Message() << "head " << h << " step " << step);
+      SCOPED_TRACE(::testing::Message() << "head " << h << " step " << step);
       EXPECT_EQ(state.kept(h), head.kept);
       EXPECT_EQ(int64_t(state.kept(h).size()), std::min(n, c.budget));  // budget respected, and filled
       for (int64_t t = std::max<int64_t>(0, n - c.n_recent); t < n; ++t) {
@@ -218,7 +214,7 @@ bool run_case(const Case& c, uint32_t seed) {
         EXPECT_NEAR(state.accumulated(h)[j], head.acc[j], head.bound[j]) << "token " << head.kept[j];
       }
     }
-    if (testing::Test::HasFailure()) return true;
+    if (::testing::Test::HasFailure()) return true;
     for (const RefHead& head : ref) {
       if (head.ambiguous) return false;
     }
@@ -279,12 +275,12 @@ TEST(PolicyH2O, MatchesTheFp64ReferenceOnRandomStores) {
     c.steps = std::uniform_int_distribution<int>(0, 8)(rng);
     c.budget = std::uniform_int_distribution<int64_t>(1, c.n_prompt + 3)(rng);
     c.n_recent = std::uniform_int_distribution<int64_t>(0, c.budget)(rng);
-    SCOPED_TRACE(testing::Message() << "case " << i << " " << dtype_name(c.kv_type) << " block " << c.block_size
-                                    << " d " << c.head_dim << " kv " << c.n_kv_heads << " g " << c.g << " prompt "
-                                    << c.n_prompt << " window " << c.window << " steps " << c.steps << " budget "
-                                    << c.budget << " recent " << c.n_recent);
+    SCOPED_TRACE(::testing::Message() << "case " << i << " " << dtype_name(c.kv_type) << " block " << c.block_size
+                                      << " d " << c.head_dim << " kv " << c.n_kv_heads << " g " << c.g << " prompt "
+                                      << c.n_prompt << " window " << c.window << " steps " << c.steps << " budget "
+                                      << c.budget << " recent " << c.n_recent);
     decided += run_case(c, 1000 + uint32_t(i)) ? 1 : 0;
-    if (testing::Test::HasFailure()) return;
+    if (::testing::Test::HasFailure()) return;
   }
   // Near-ties (closer than the fp32 error bound) are rare with random keys:
   // nearly every case must have been compared to the end.

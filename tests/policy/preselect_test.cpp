@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -28,13 +29,10 @@
 namespace longctx::policy {
 namespace {
 
+using cpu::testing::topology;
+
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
 
 struct VoteCase {
   DType kv_type = DType::kF32;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -33,48 +34,12 @@ using namespace cpu;  // Selection, TokenSpan and the kernels the policies build
 using workloads::make_synthetic;
 using workloads::SyntheticSpec;
 using workloads::SyntheticWorkload;
+using cpu::testing::append;
+using cpu::testing::expect_invalid;
+using cpu::testing::make_store;
+using cpu::testing::normal_values;
 
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
-
-// A two-layer store; the tested layer is 1, layer 0 holds other tokens.
-struct TestStore {
-  kvstore::MemoryBudget budget{uint64_t{1} << 30};
-  std::unique_ptr<kvstore::KVStore> store;
-};
-
-std::unique_ptr<TestStore> make_store(DType kv_type, int block_size, int n_kv_heads, int head_dim, int64_t capacity) {
-  LongContextConfig config;
-  config.initial_len = 0;
-  config.local_windows_len = 0;
-  config.second_select_num = 0;
-  config.max_seq_len = capacity;
-  config.block_size = block_size;
-  config.kv_type = kv_type;
-  auto t = std::make_unique<TestStore>();
-  t->store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, n_kv_heads, head_dim}, config, t->budget,
-                                                topology());
-  return t;
-}
-
-std::vector<float> normal_values(size_t count, std::mt19937& rng) {
-  std::normal_distribution<float> normal;
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(rng);
-  return values;
-}
-
-// Appends k, v [count][n_kv_heads][head_dim] to `layer`.
-void append(kvstore::KVStore& store, int layer, const std::vector<float>& k, const std::vector<float>& v,
-            int64_t count) {
-  const kvstore::KVShape& s = store.layout().shape;
-  store.append(layer, make_view(k.data(), DType::kF32, {count, s.n_kv_heads, s.head_dim}),
-               make_view(v.data(), DType::kF32, {count, s.n_kv_heads, s.head_dim}));
-}
 
 // ---- fp64 reference -----------------------------------------------------------------
 
@@ -458,18 +423,6 @@ TEST(Quoka, KeepsNeedlesAlignedWithSomeChunkQueries) {
     recalled_runs += all;
   }
   EXPECT_EQ(recalled_runs, 4);
-}
-
-template <typename F>
-void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
-  }
 }
 
 TEST(Quoka, RejectsInvalidArgumentsNamingThem) {

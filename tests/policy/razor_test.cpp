@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu/reference.h"
+#include "cpu/store_fixture.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -33,6 +34,7 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using cpu::testing::topology;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
@@ -133,11 +135,6 @@ Bounds error_bounds(const Dense& ref, int head_dim) {
 }
 
 // ---- stores ---------------------------------------------------------------------------
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
 
 struct Case {
   DType kv_type = DType::kF16;

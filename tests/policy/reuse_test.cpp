@@ -9,12 +9,14 @@
 #include <random>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 
 namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using cpu::testing::spans_of;
 
 // A selection that names who made it: one head, one token span at layer * 1000 + step.
 Selection tag(int layer, int64_t step) {
@@ -46,8 +48,8 @@ TEST(PolicyReuse, ScheduleMatchesTheLiteralRuleOnGrids) {
     for (int layer_step = 1; layer_step <= 4; ++layer_step)
       for (int token_step = 1; token_step <= 4; ++token_step)
         for (int n_layers = 1; n_layers <= 9; ++n_layers) {
-          SCOPED_TRACE(testing::Message() << "dense=" << dense << " layer_step=" << layer_step
-                                          << " token_step=" << token_step << " n_layers=" << n_layers);
+          SCOPED_TRACE(::testing::Message() << "dense=" << dense << " layer_step=" << layer_step
+                                            << " token_step=" << token_step << " n_layers=" << n_layers);
           const ReuseSchedule schedule(dense, layer_step, token_step);
           SelectionCache cache(n_layers);
           for (int64_t step = 0; step < 11; ++step) {
@@ -123,17 +125,6 @@ std::vector<bool> members(const std::vector<TokenSpan>& spans, int64_t n) {
   return in;
 }
 
-// Sorted, merged, non-empty spans of a token set.
-std::vector<TokenSpan> spans_of(const std::vector<bool>& in) {
-  std::vector<TokenSpan> spans;
-  for (int64_t t = 0; t < int64_t(in.size()); ++t) {
-    if (!in[size_t(t)]) continue;
-    if (!spans.empty() && spans.back().end == t) ++spans.back().end;
-    else spans.push_back({t, t + 1});
-  }
-  return spans;
-}
-
 std::vector<TokenSpan> random_spans(std::mt19937& rng, int64_t n) {
   std::vector<bool> in(static_cast<size_t>(n));
   std::bernoulli_distribution density(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
@@ -190,7 +181,7 @@ TEST(PolicyReuse, ReusedSelectionCoversEveryTokenOnce) {
       const std::vector<bool> cpu = members(reused.spans[h], new_n);
       for (int64_t t = 0; t < new_n; ++t) {
         const bool gpu = !include_local && t >= now.local_begin;
-        SCOPED_TRACE(testing::Message() << "iter " << iter << " token " << t);
+        SCOPED_TRACE(::testing::Message() << "iter " << iter << " token " << t);
         // Tokens that were not the CPU's at selection time are attended now, exactly once.
         if (t >= old_cpu_end) {
           ASSERT_TRUE(cpu[size_t(t)] || gpu);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
@@ -15,16 +16,8 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
-
-std::vector<TokenSpan> spans_of(const std::vector<bool>& in) {
-  std::vector<TokenSpan> spans;
-  for (int64_t t = 0; t < int64_t(in.size()); ++t) {
-    if (!in[size_t(t)]) continue;
-    if (!spans.empty() && spans.back().end == t) ++spans.back().end;
-    else spans.push_back({t, t + 1});
-  }
-  return spans;
-}
+using cpu::testing::spans_of;
+using cpu::testing::topology;
 
 TEST(PolicyStreaming, SinksAndRecentMatchBruteForce) {
   for (int64_t n = 0; n <= 40; ++n)
@@ -44,7 +37,6 @@ TEST(PolicyStreaming, SinksAndRecentMatchBruteForce) {
 }
 
 TEST(PolicyStreaming, FromTheStoreUsesInitialAndLocal) {
-  static const kvstore::NumaTopology topology = kvstore::NumaTopology::detect();
   kvstore::MemoryBudget budget(uint64_t{1} << 28);
   for (const int initial : {0, 4, 9}) {
     for (const int local : {0, 5, 30}) {
@@ -57,11 +49,11 @@ TEST(PolicyStreaming, FromTheStoreUsesInitialAndLocal) {
       config.second_select_num = 0;
       config.representative_type = RepresentativeType::kMax;
       config.representative_num = 1;
-      kvstore::KVStore store({1, 2, 8}, config, budget, topology);
+      kvstore::KVStore store({1, 2, 8}, config, budget, topology());
       std::vector<float> kv(2 * 8, 0.25f);
       for (int64_t n = 1; n <= 50; ++n) {
         store.append(0, make_view(kv.data(), DType::kF32, {1, 2, 8}), make_view(kv.data(), DType::kF32, {1, 2, 8}));
-        SCOPED_TRACE(testing::Message() << "initial " << initial << " local " << local << " n " << n);
+        SCOPED_TRACE(::testing::Message() << "initial " << initial << " local " << local << " n " << n);
         const Selection all = streaming_selection(store, 0, true);
         ASSERT_EQ(all.spans, streaming_selection(n, initial, local, 2).spans);
         // Without the local window: the sinks, never a token of the window.

@@ -19,7 +19,7 @@ import torch
 
 from longctx import _core as lc
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+from _env import SOURCE_DIR
 
 
 def small_config(**overrides):

@@ -21,8 +21,8 @@ import numpy as np
 
 from longctx import _core as lc
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+from _env import BIN_DIR, SOURCE_DIR
+
 DEMO_CONFIG = os.path.join(SOURCE_DIR, "configs", "demo.yaml")
 QUESTION = "What is the pass key?"
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools", "reference"))

@@ -12,32 +12,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+import _env
+from _env import BIN_DIR, SOURCE_DIR, check, run
+
 CHAT = os.path.join(BIN_DIR, "longctx-chat")
 CONFIG = os.path.join(SOURCE_DIR, "configs", "demo.yaml")
 QUESTION = "What is the pass key?"
-passed = 0
-
-
-def check(condition, what, detail=""):
-    global passed
-    if not condition:
-        print("FAIL:", what)
-        if detail:
-            print(detail)
-        sys.exit(1)
-    passed += 1
-
-
-def run(args, stdin=None, timeout=300):
-    p = subprocess.run(args, input=stdin, capture_output=True, text=True, errors="replace", timeout=timeout)
-    # Under ASan/UBSan an error report also exits 1: never accept one.
-    check("Sanitizer" not in p.stderr and "runtime error:" not in p.stderr, "no sanitizer report", p.stderr)
-    return p.returncode, p.stdout, p.stderr
 
 
 def chat(*args, stdin=None):
@@ -177,7 +159,7 @@ def main():
     expect_error(chat("--model", demo, "--bogus"), r"unknown argument '--bogus'", "unknown argument")
     leftovers = [f for f in os.listdir(tmp) if f.startswith(".") or "tmp" in f]
     check(not leftovers, "no temporary files left behind", str(leftovers))
-    print(f"test_chat: {passed} checks passed")
+    print(f"test_chat: {_env.passed} checks passed")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+import _env
+from _env import BIN_DIR, SOURCE_DIR, check, run
+
 CHAT = os.path.join(BIN_DIR, "longctx-chat")
 CONFIG = os.path.join(SOURCE_DIR, "configs", "demo.yaml")
 QUESTION = "What is the pass key?"
@@ -29,24 +29,6 @@ SANITIZED = "asan" in os.environ.get("LD_PRELOAD", "")
 # (document tokens, key depths): the key near the start, middle and end.
 # The prefill is quadratic: 16K takes ~70 s under ASan, so a sanitizer build checks 8K only.
 CASES = [(8192, [0.1, 0.9])] if SANITIZED else [(8192, [0.0, 0.3, 0.6, 1.0]), (16384, [0.05, 0.5, 0.95])]
-passed = 0
-
-
-def check(condition, what, detail=""):
-    global passed
-    if not condition:
-        print("FAIL:", what)
-        if detail:
-            print(detail)
-        sys.exit(1)
-    passed += 1
-
-
-def run(args, timeout=600):
-    p = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout)
-    # Under ASan/UBSan an error report also exits 1: never accept one.
-    check("Sanitizer" not in p.stderr and "runtime error:" not in p.stderr, "no sanitizer report", p.stderr)
-    return p.returncode, p.stdout, p.stderr
 
 
 def haystack(tmp, tokens, depth, seed):
@@ -63,7 +45,7 @@ def ask(demo, doc, tokens, *overrides):
             "--set", f"max_seq_len={tokens + 1024}"]
     for o in overrides:
         args += ["--set", o]
-    return run(args)
+    return run(args, timeout=600)
 
 
 def tmux_test(tmp, demo):
@@ -144,7 +126,7 @@ def main():
 
     tmux_test(tmp, demo)
     shutil.rmtree(tmp)
-    print(f"test_chat_e2e: {passed} checks passed in {time.time() - start:.0f} s")
+    print(f"test_chat_e2e: {_env.passed} checks passed in {time.time() - start:.0f} s")
 
 
 if __name__ == "__main__":

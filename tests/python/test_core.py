@@ -1,17 +1,10 @@
 """Smoke tests of the native module: it imports, reports, and turns C++
 errors into Python exceptions with the C++ message."""
 import os
-import sys
 
 import longctx
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def check(condition, what):
-    if not condition:
-        print("FAIL:", what)
-        sys.exit(1)
+from _env import SOURCE_DIR, check
 
 
 def main():

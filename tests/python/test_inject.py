@@ -23,23 +23,13 @@ import torch
 
 import longctx
 import longctx.torch
+import _env
 import tiny_llama
+from _env import SOURCE_DIR, check
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 DENSE = os.path.join(SOURCE_DIR, "configs", "test-inject-dense.yaml")
 RULES = os.path.join(SOURCE_DIR, "configs", "inject", "llama.yaml")
 ATTN = {"class": "longctx.torch.SparseAttention", "kwargs": {"config": DENSE}}
-passed = 0
-
-
-def check(condition, what, detail=""):
-    global passed
-    if not condition:
-        print("FAIL:", what)
-        if detail:
-            print(detail)
-        sys.exit(1)
-    passed += 1
 
 
 def close(a, b, what, rel=1e-4):
@@ -303,7 +293,7 @@ def main():
     for test in (test_same_logits, test_select_full_budget_and_rules_file, test_uninject, test_rules_errors,
                  test_forward_errors, test_older_transformers_return_arity):
         test()
-    print(f"test_inject: {passed} checks passed")
+    print(f"test_inject: {_env.passed} checks passed")
 
 
 if __name__ == "__main__":

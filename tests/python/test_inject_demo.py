@@ -17,32 +17,20 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import longctx
 import longctx.torch
+import _env
 import tiny_llama
+from _env import BIN_DIR, SOURCE_DIR, check
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
 DEMO_CONFIG = os.path.join(SOURCE_DIR, "configs", "demo.yaml")
 RULES = os.path.join(SOURCE_DIR, "configs", "inject", "llama.yaml")
 # (document tokens, key depth, seed): the key early and late in the document.
 # Five prefills of the C++ engine take ~25 s under ASan at this size.
 CASES = [(2500, 0.15, 21), (2500, 0.85, 22)]
-passed = 0
-
-
-def check(condition, what, detail=""):
-    global passed
-    if not condition:
-        print("FAIL:", what)
-        if detail:
-            print(detail)
-        sys.exit(1)
-    passed += 1
 
 
 def haystack(tmp, tokens, depth, seed):
@@ -102,7 +90,7 @@ def main():
     longctx.uninject(torch_model)
 
     shutil.rmtree(tmp)
-    print(f"test_inject_demo: {passed} checks passed in {time.time() - start:.1f} s")
+    print(f"test_inject_demo: {_env.passed} checks passed in {time.time() - start:.1f} s")
 
 
 if __name__ == "__main__":

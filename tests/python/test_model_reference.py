@@ -14,23 +14,15 @@ import tempfile
 
 import numpy as np
 
-SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+import _env
+from _env import BIN_DIR, SOURCE_DIR, check
+
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools", "reference"))
 import llama_ref as ref  # noqa: E402
 
 PRESETS = ["mha-64", "gqa-128", "qwen2-bias", "q8", "f16", "llama3-rope"]
 U32 = 2.0 ** -24  # f32 unit roundoff
 U16 = 2.0 ** -11  # f16 unit roundoff
-passed = 0
-
-
-def check(condition, what):
-    global passed
-    if not condition:
-        print("FAIL:", what)
-        sys.exit(1)
-    passed += 1
 
 
 # ------------------------------------------------- the reference on its own --
@@ -345,7 +337,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         paths = test_generated(tmp)
         compare_with_longctx(paths, tmp)
-    print(f"model reference: {passed} checks passed")
+    print(f"model reference: {_env.passed} checks passed")
 
 
 if __name__ == "__main__":

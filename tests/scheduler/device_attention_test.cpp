@@ -22,6 +22,7 @@
 #include "longctx/scheduler/sequence.h"
 #include "scheduler/fake_device_attention.h"
 #include "scheduler/reference_forward.h"
+#include "scheduler/sequence_fixture.h"
 
 namespace longctx::scheduler {
 namespace {
@@ -30,15 +31,12 @@ using testing::FakeDeviceAttention;
 using testing::FakeDeviceBackend;
 using testing::HostModel;
 using testing::logits_tolerance;
+using testing::max_abs;
 using testing::random_host_model;
 using testing::random_tokens;
 using testing::reference_logits;
+using testing::topology;
 using testing::upload_model;
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
 
 // head_dim 64: the smallest the device kernels run.
 TransformerSpec device_spec() {
@@ -71,12 +69,6 @@ LongContextConfig device_config(SelectionPolicy policy = SelectionPolicy::kDense
   c.policy = policy;
   c.dram_budget = uint64_t{64} << 20;
   return c;
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, double(std::abs(x)));
-  return m;
 }
 
 // The two paths attend the same K/V (both rounded to kv_type by convert) in a

@@ -17,21 +17,19 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "scheduler/reference_forward.h"
+#include "scheduler/sequence_fixture.h"
 
 namespace longctx::scheduler {
 namespace {
 
 using testing::HostModel;
 using testing::logits_tolerance;
+using testing::max_abs;
 using testing::random_host_model;
 using testing::random_tokens;
 using testing::reference_logits;
+using testing::topology;
 using testing::upload_model;
-
-const kvstore::NumaTopology& topology() {
-  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
-  return detected;
-}
 
 TransformerSpec small_spec(bool bias = false, RopeStyle style = RopeStyle::kNormal) {
   TransformerSpec s;
@@ -64,12 +62,6 @@ LongContextConfig small_config(int chunk_size = 64) {
   c.dense_layer_num = 0;
   c.dram_budget = uint64_t{64} << 20;
   return c;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
 }
 
 // Every logit of rows [0, n) of `got` within tol of ref rows [ref_row, ref_row + n).

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 
 namespace longctx::workloads {
@@ -19,21 +20,12 @@ namespace {
 
 using cpu::Selection;
 using cpu::TokenSpan;
+using cpu::testing::expect_invalid_argument;
 
 Selection make_selection(std::vector<std::vector<TokenSpan>> spans) {
   Selection s;
   s.spans = std::move(spans);
   return s;
-}
-
-template <typename F>
-void expect_invalid_argument(F&& call, const char* what) {
-  try {
-    call();
-    ADD_FAILURE() << what << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
-  }
 }
 
 // Random selection: sorted, non-overlapping, non-empty spans per kv head, and

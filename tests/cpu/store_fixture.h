@@ -1,25 +1,145 @@
-// Test stores for the scoring and selection tests: a KV store whose layer 1
-// holds random keys (with a few tokens of large norm), filled by appends of
-// random sizes, and for DYNAMIC the importances it was given, accumulated the
-// way kv_store.h defines them (fp32, in call order).
+// Fixtures of the cpu/ and policy/ tests.
+//
+// Stores built by hand: this machine's NUMA topology, a two-layer store with
+// its memory budget, appends of f32 K/V, random values, the rounding a store
+// applies; spans of a token set; Highway target forcing; the checks of an
+// Error(kInvalidArgument).
+//
+// The test stores of the scoring and selection tests (StoreCase, TestStore): a
+// KV store whose layer 1 holds random keys (with a few tokens of large norm),
+// filled by appends of random sizes, and for DYNAMIC the importances it was
+// given, accumulated the way kv_store.h defines them (fp32, in call order).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
+#include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 
 namespace longctx::cpu::testing {
+
+// ---- stores built by hand ----------------------------------------------------------
+
+// The NUMA topology of this machine, detected once.
+inline const kvstore::NumaTopology& topology() {
+  static const kvstore::NumaTopology detected = kvstore::NumaTopology::detect();
+  return detected;
+}
+
+// A KV store and the memory budget it draws from.
+struct BudgetedStore {
+  kvstore::MemoryBudget budget{uint64_t{1} << 30};
+  std::unique_ptr<kvstore::KVStore> store;
+};
+
+// A two-layer store with no initial tokens, local window or selection; the
+// tested layer is 1, layer 0 holds other tokens so that reading the wrong
+// layer shows.
+inline std::unique_ptr<BudgetedStore> make_store(DType kv_type, int block_size, int n_kv_heads, int head_dim,
+                                                 int64_t capacity) {
+  LongContextConfig config;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  config.second_select_num = 0;
+  config.max_seq_len = capacity;
+  config.block_size = block_size;
+  config.kv_type = kv_type;
+  auto t = std::make_unique<BudgetedStore>();
+  t->store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, n_kv_heads, head_dim}, config, t->budget,
+                                                topology());
+  return t;
+}
+
+// Appends `count` tokens of k and v [count][n_kv_heads][head_dim] to `layer`.
+inline void append(kvstore::KVStore& store, int layer, const float* k, const float* v, int64_t count) {
+  const kvstore::KVShape& s = store.layout().shape;
+  store.append(layer, make_view(k, DType::kF32, {count, s.n_kv_heads, s.head_dim}),
+               make_view(v, DType::kF32, {count, s.n_kv_heads, s.head_dim}));
+}
+inline void append(kvstore::KVStore& store, int layer, const std::vector<float>& k, const std::vector<float>& v,
+                   int64_t count) {
+  append(store, layer, k.data(), v.data(), count);
+}
+
+// `count` draws of a standard normal.
+inline std::vector<float> normal_values(size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> values(count);
+  for (float& x : values) x = normal(rng);
+  return values;
+}
+
+// x as a store of `dtype` keeps it.
+inline float round_to(DType dtype, float x) {
+  std::byte buffer[4];
+  store_from_f32(buffer, dtype, 0, x);
+  return load_as_f32(buffer, dtype, 0);
+}
+
+// Sorted, merged, non-empty spans of a token set.
+inline std::vector<TokenSpan> spans_of(const std::vector<bool>& in) {
+  std::vector<TokenSpan> spans;
+  for (int64_t t = 0; t < int64_t(in.size()); ++t) {
+    if (!in[size_t(t)]) continue;
+    if (!spans.empty() && spans.back().end == t) ++spans.back().end;
+    else spans.push_back({t, t + 1});
+  }
+  return spans;
+}
+
+// ---- Highway targets ------------------------------------------------------------------
+
+// Forces one Highway target (0: Highway's own choice) for the lifetime of the object.
+class ForcedHighwayTarget {
+ public:
+  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
+  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
+  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
+};
+
+// ---- errors ---------------------------------------------------------------------------
+
+// Runs f, expects Error(kInvalidArgument) whose message contains every fragment.
+template <typename F>
+void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    for (const auto& fragment : fragments)
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
+  }
+}
+
+// Runs call, expects Error(kInvalidArgument); `what` names the case.
+template <typename F>
+void expect_invalid_argument(F&& call, const char* what) {
+  try {
+    call();
+    ADD_FAILURE() << what << ": no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
+  }
+}
+
+// ---- stores of the scoring and selection tests ----------------------------------------
 
 struct StoreCase {
   RepresentativeType type = RepresentativeType::kQuest;
