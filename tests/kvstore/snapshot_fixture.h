@@ -1,0 +1,286 @@
+// Helpers of the snapshot tests (snapshot_*_test.cpp): small stores with
+// random content, images of a store to compare, the file bytes and the
+// header fields of docs/snapshot-format.md read by an independent parser,
+// and the SnapshotTest fixture (a temporary folder per test, the stores).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longctx/core/crc32c.h"
+#include "longctx/core/error.h"
+#include "longctx/kvstore/snapshot.h"
+
+namespace longctx::kvstore::snapshot_testing {
+
+namespace fs = std::filesystem;
+
+inline const KVShape kShape{2, 2, 8};  // 2 layers, 2 kv heads, head_dim 8
+
+inline LongContextConfig small_config(RepresentativeType rep, DType kv_type = DType::kF16, int block_size = 4,
+                                      int64_t max_seq_len = 64) {
+  LongContextConfig cfg;
+  cfg.block_size = block_size;
+  cfg.max_seq_len = max_seq_len;
+  cfg.kv_type = kv_type;
+  cfg.representative_type = rep;
+  cfg.representative_num = rep == RepresentativeType::kFix || rep == RepresentativeType::kDynamic ? 3
+                           : rep == RepresentativeType::kQuest                                      ? 2
+                                                                                                    : 1;
+  cfg.chunk_size = 16;
+  cfg.local_windows_len = 8;
+  cfg.initial_len = 4;
+  cfg.second_select_num = 2;
+  cfg.preselect_block_count = 2;
+  cfg.dense_layer_num = 0;
+  return cfg;
+}
+
+inline const NumaTopology& topology() {
+  static const NumaTopology topo = NumaTopology::detect();
+  return topo;
+}
+
+// Appends n tokens of random K, V (and, for DYNAMIC, importance) to one layer.
+inline void append_random(KVStore& store, int layer, int64_t n, uint32_t seed) {
+  const KVShape& s = store.layout().shape;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
+  const size_t n_values = size_t(n) * size_t(s.n_kv_heads) * size_t(s.head_dim);
+  std::vector<float> k(n_values), v(n_values), importance(size_t(n) * size_t(s.n_kv_heads));
+  for (float& x : k) x = value(rng);
+  for (float& x : v) x = value(rng);
+  for (float& x : importance) x = weight(rng);
+  const TensorView k_view = make_view(k.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
+  const TensorView v_view = make_view(v.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
+  if (store.layout().rep_type == RepresentativeType::kDynamic) {
+    store.append(layer, k_view, v_view, make_view(importance.data(), DType::kF32, {n, s.n_kv_heads}));
+  } else {
+    store.append(layer, k_view, v_view);
+  }
+}
+
+// Every byte of every page and rep page, their addresses and the token counts.
+struct StoreImage {
+  std::vector<int64_t> n_tokens;
+  std::vector<std::byte> bytes;
+  std::vector<const std::byte*> addresses;
+};
+
+inline StoreImage image_of(const KVStore& store) {
+  const StoreLayout& l = store.layout();
+  StoreImage image;
+  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
+    image.n_tokens.push_back(store.n_tokens(layer));
+    for (int head = 0; head < l.shape.n_kv_heads; ++head) {
+      for (const std::byte* page : SnapshotAccess::pages(store, layer, head)) {
+        image.bytes.insert(image.bytes.end(), page, page + l.page_bytes);
+        image.addresses.push_back(page);
+      }
+      for (const std::byte* page : SnapshotAccess::rep_pages(store, layer, head)) {
+        image.bytes.insert(image.bytes.end(), page, page + l.rep_page_bytes);
+        image.addresses.push_back(page);
+      }
+    }
+  }
+  return image;
+}
+
+// What readers see through the public API: K, V, fill, records, valid slots.
+inline std::vector<std::byte> public_view_of(const KVStore& store) {
+  const StoreLayout& l = store.layout();
+  const size_t half_bytes = size_t(l.block_size) * size_t(l.shape.head_dim) * dtype_size(l.kv_type);
+  std::vector<std::byte> out;
+  auto put_int = [&](int64_t x) {
+    const auto* p = reinterpret_cast<const std::byte*>(&x);
+    out.insert(out.end(), p, p + sizeof x);
+  };
+  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
+    put_int(store.n_tokens(layer));
+    put_int(store.n_blocks(layer));
+    for (int head = 0; head < l.shape.n_kv_heads; ++head) {
+      for (int64_t b = 0; b < store.n_blocks(layer); ++b) {
+        const BlockView block = store.block(layer, head, b);
+        out.insert(out.end(), block.k_t, block.k_t + half_bytes);
+        out.insert(out.end(), block.v, block.v + half_bytes);
+        put_int(block.n_filled);
+        const std::byte* record = store.rep_record(layer, head, b);
+        out.insert(out.end(), record, record + l.record_bytes);
+        put_int(store.valid_rep_slots(layer, head, b));
+      }
+    }
+  }
+  return out;
+}
+
+inline void expect_same_content(const KVStore& actual, const KVStore& expected) {
+  const StoreImage a = image_of(actual), e = image_of(expected);
+  EXPECT_EQ(a.n_tokens, e.n_tokens);
+  EXPECT_TRUE(a.bytes == e.bytes) << "page bytes differ";
+  EXPECT_TRUE(public_view_of(actual) == public_view_of(expected)) << "blocks or records differ";
+}
+
+inline void expect_unchanged(const KVStore& store, const StoreImage& before, const std::string& what) {
+  const StoreImage now = image_of(store);
+  EXPECT_EQ(now.n_tokens, before.n_tokens) << what;
+  EXPECT_TRUE(now.bytes == before.bytes) << what << ": page bytes changed";
+  EXPECT_TRUE(now.addresses == before.addresses) << what << ": page lists changed";
+}
+
+// Runs f, which must throw Error; returns it.
+inline Error error_from(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no Error thrown";
+  return Error(ErrorCode::kInternal, "<no error>");
+}
+
+inline std::vector<std::byte> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(chars.size());
+  std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+inline void write_bytes(const fs::path& path, const std::vector<std::byte>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+inline uint64_t get_le(const std::vector<std::byte>& f, size_t at, int width) {
+  uint64_t v = 0;
+  for (int i = 0; i < width; ++i) v |= uint64_t(f[at + size_t(i)]) << (8 * i);
+  return v;
+}
+
+inline void put_le(std::vector<std::byte>& f, size_t at, uint64_t v, int width) {
+  for (int i = 0; i < width; ++i) f[at + size_t(i)] = std::byte(v >> (8 * i));
+}
+
+// Offsets of docs/snapshot-format.md (version 2), written out again here on purpose.
+inline constexpr size_t kVersionAt = 8, kHeaderBytesAt = 12, kNLayersAt = 16, kNKvHeadsAt = 20, kHeadDimAt = 24,
+                        kBlockSizeAt = 28, kKvTypeAt = 32, kRepTypeAt = 36, kRepNumAt = 40, kRepSlotsAt = 44,
+                        kPageBytesAt = 48, kRecordBytesAt = 56, kSumOffsetAt = 64, kImportanceOffsetAt = 72,
+                        kOffsetsOffsetAt = 80, kFingerprintBytesAt = 88, kFingerprintAt = 92;
+
+// Sets a header field of a snapshot image and recomputes the header CRC (a
+// crafted file, which only the field checks can catch).
+inline void patch_header(std::vector<std::byte>& f, size_t at, uint64_t value, int width) {
+  const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
+  put_le(f, at, value, width);
+  put_le(f, header_bytes - 4, crc32c(f.data(), header_bytes - 4), 4);
+}
+
+// A block of the body where docs/snapshot-format.md places it.
+struct FileBlock {
+  size_t offset;  // of the page bytes; the record follows them, then the u32 CRC
+  const std::byte* page;    // the store's block page it copies
+  const std::byte* record;  // the store's record it copies (through the public API)
+};
+
+// The blocks of a snapshot of `store`, in file order: after the header, per
+// layer, per kv head, per block: page_bytes + record_bytes + 4 CRC bytes.
+inline std::vector<FileBlock> documented_blocks(const KVStore& store, const std::vector<std::byte>& file) {
+  const StoreLayout& l = store.layout();
+  size_t at = size_t(get_le(file, kHeaderBytesAt, 4));
+  std::vector<FileBlock> blocks;
+  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
+    const int64_t n_blocks = (store.n_tokens(layer) + l.block_size - 1) / l.block_size;
+    for (int head = 0; head < l.shape.n_kv_heads; ++head) {
+      const auto& pages = SnapshotAccess::pages(store, layer, head);
+      EXPECT_EQ(pages.size(), size_t(n_blocks));
+      for (int64_t b = 0; b < n_blocks && size_t(b) < pages.size(); ++b) {
+        blocks.push_back({at, pages[size_t(b)], store.rep_record(layer, head, b)});
+        at += l.page_bytes + l.record_bytes + 4;
+      }
+    }
+  }
+  return blocks;
+}
+
+// Checks the body and trailer of snapshot `f` of `store` against the documented format.
+inline void expect_documented_body(const KVStore& store, const std::vector<std::byte>& f) {
+  const StoreLayout& l = store.layout();
+  const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
+  // Body: layer, kv head, block: page, record, then
+  // CRC32C(page bytes, record bytes, the block's file offset as u64 LE).
+  size_t at = header_bytes;
+  size_t n_blocks = 0;
+  for (const FileBlock& block : documented_blocks(store, f)) {
+    ASSERT_EQ(block.offset, at);
+    ASSERT_LE(at + l.page_bytes + l.record_bytes + 4, f.size());
+    EXPECT_EQ(std::memcmp(f.data() + at, block.page, l.page_bytes), 0) << "page at " << at;
+    EXPECT_EQ(std::memcmp(f.data() + at + l.page_bytes, block.record, l.record_bytes), 0)
+        << "record of block at " << at;
+    std::byte offset_le[8];
+    for (int i = 0; i < 8; ++i) offset_le[i] = std::byte(uint64_t(at) >> (8 * i));
+    std::vector<std::byte> covered(f.data() + at, f.data() + at + l.page_bytes + l.record_bytes);
+    covered.insert(covered.end(), offset_le, offset_le + 8);
+    EXPECT_EQ(get_le(f, at + l.page_bytes + l.record_bytes, 4), crc32c(covered.data(), covered.size()))
+        << "block at " << at;
+    at += l.page_bytes + l.record_bytes + 4;
+    ++n_blocks;
+  }
+  size_t expected_blocks = 0;
+  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
+    expected_blocks += size_t(l.shape.n_kv_heads) * size_t(store.n_blocks(layer));
+  }
+  EXPECT_EQ(n_blocks, expected_blocks);
+  ASSERT_EQ(f.size(), at + 16);
+  EXPECT_EQ(std::memcmp(f.data() + at, "LCTXEND.", 8), 0);
+  EXPECT_EQ(get_le(f, at + 8, 8), f.size());
+}
+
+class SnapshotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
+    for (char& c : name) {
+      if (c == '/') c = '_';
+    }
+    dir_ = fs::path(::testing::TempDir()) / ("longctx_snapshot_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<KVStore> make_store(const LongContextConfig& cfg, const KVShape& shape = kShape) {
+    return std::make_unique<KVStore>(shape, cfg, budget_, topology());
+  }
+  // The source content of most tests: 13 tokens in layer 0 (a partial block)
+  // and 6 in layer 1, each appended in two chunks.
+  void fill_source(KVStore& store, uint32_t seed) {
+    append_random(store, 0, 9, seed);
+    append_random(store, 0, 4, seed + 1);
+    append_random(store, 1, 5, seed + 2);
+    append_random(store, 1, 1, seed + 3);
+  }
+  // Different content for the target store a load must replace (or keep).
+  void fill_target(KVStore& store, uint32_t seed) {
+    append_random(store, 0, 3, seed);
+    append_random(store, 1, 21, seed + 1);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+  MemoryBudget budget_{uint64_t{1} << 30};
+};
+
+inline const char* const kFingerprint = "test-model-2x2x8";
+
+}  // namespace longctx::kvstore::snapshot_testing
