@@ -2,8 +2,10 @@
 // infos, then the data section with every tensor aligned.
 #include "longctx/model/gguf_writer.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <memory>
 #include <unordered_set>
 
 #include "longctx/core/error.h"
@@ -113,7 +115,7 @@ void GgufWriter::set_raw(std::string key, uint32_t type_id, std::vector<uint8_t>
   add_entry({std::move(key), type_id, array_type, std::move(payload)});
 }
 
-void GgufWriter::add_tensor(std::string name, std::vector<int64_t> dims, GgmlType type, std::vector<uint8_t> data) {
+uint64_t GgufWriter::check_tensor(const std::string& name, const std::vector<int64_t>& dims, GgmlType type) const {
   if (name.empty()) fail(ErrorCode::kInvalidArgument, "GgufWriter: empty tensor name");
   for (const Tensor& t : tensors_)
     if (t.name == name) fail(ErrorCode::kInvalidArgument, "GgufWriter: duplicate tensor name '", name, "'");
@@ -128,10 +130,22 @@ void GgufWriter::add_tensor(std::string name, std::vector<int64_t> dims, GgmlTyp
   if (dims[0] % info.block_elems != 0 || !bytes)
     fail(ErrorCode::kInvalidArgument, "GgufWriter: tensor '", name, "': row length ", dims[0],
          " is not a multiple of the ", info.name, " block size ", info.block_elems);
-  if (*bytes != data.size())
-    fail(ErrorCode::kInvalidArgument, "GgufWriter: tensor '", name, "' needs ", *bytes, " bytes of ", info.name,
-         ", got ", data.size());
-  tensors_.push_back({std::move(name), std::move(dims), type, std::move(data)});
+  return *bytes;
+}
+
+void GgufWriter::add_tensor_stream(std::string name, std::vector<int64_t> dims, GgmlType type, TensorData produce) {
+  const uint64_t bytes = check_tensor(name, dims, type);
+  tensors_.push_back({std::move(name), std::move(dims), type, bytes, std::move(produce)});
+}
+
+void GgufWriter::add_tensor(std::string name, std::vector<int64_t> dims, GgmlType type, std::vector<uint8_t> data) {
+  const uint64_t bytes = check_tensor(name, dims, type);
+  if (bytes != data.size())
+    fail(ErrorCode::kInvalidArgument, "GgufWriter: tensor '", name, "' needs ", bytes, " bytes of ",
+         ggml_type_info(type).name, ", got ", data.size());
+  auto shared = std::make_shared<const std::vector<uint8_t>>(std::move(data));  // TensorData must be copyable
+  tensors_.push_back({std::move(name), std::move(dims), type, bytes,
+                      [shared](FileSink& sink) { sink.write(shared->data(), shared->size()); }});
 }
 
 void GgufWriter::add_tensor_f32(std::string name, std::vector<int64_t> dims, GgmlType type,
@@ -139,7 +153,7 @@ void GgufWriter::add_tensor_f32(std::string name, std::vector<int64_t> dims, Ggm
   add_tensor(std::move(name), std::move(dims), type, quantize(type, values));
 }
 
-std::vector<uint8_t> GgufWriter::to_bytes(uint32_t version, uint32_t alignment) const {
+std::vector<uint8_t> GgufWriter::header(uint32_t version, uint32_t alignment) const {
   if (version != 2 && version != 3)
     fail(ErrorCode::kInvalidArgument, "GgufWriter: version ", version, " (only 2 and 3 are written)");
   if (!std::has_single_bit(alignment))
@@ -176,20 +190,75 @@ std::vector<uint8_t> GgufWriter::to_bytes(uint32_t version, uint32_t alignment) 
     for (int64_t d : t.dims) put<uint64_t>(out, static_cast<uint64_t>(d));
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
-    offset = align_up(offset + t.data.size(), alignment);
+    offset = align_up(offset + t.n_bytes, alignment);
   }
-  if (tensors_.empty()) return out;
-  out.resize(align_up(out.size(), alignment), 0);
+  if (!tensors_.empty()) out.resize(align_up(out.size(), alignment), 0);
+  return out;
+}
+
+namespace {
+
+// Passes bytes on and counts them, refusing more than `limit`.
+class CountingSink : public FileSink {
+ public:
+  CountingSink(FileSink& out, const std::string& name, uint64_t limit) : out_(out), name_(name), limit_(limit) {}
+  void write(const void* data, size_t n) override {
+    if (n > limit_ - count_)
+      fail(ErrorCode::kInvalidArgument, "GgufWriter: tensor '", name_, "' produced more than its ", limit_, " bytes");
+    out_.write(data, n);
+    count_ += n;
+  }
+  uint64_t count() const { return count_; }
+
+ private:
+  FileSink& out_;
+  const std::string& name_;
+  uint64_t limit_, count_ = 0;
+};
+
+class VectorSink : public FileSink {
+ public:
+  explicit VectorSink(std::vector<uint8_t>& out) : out_(out) {}
+  void write(const void* data, size_t n) override {
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    out_.insert(out_.end(), bytes, bytes + n);
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+}  // namespace
+
+void GgufWriter::write_data(FileSink& sink, uint32_t alignment) const {
+  static const uint8_t kZeros[64] = {};
   for (const Tensor& t : tensors_) {
-    out.insert(out.end(), t.data.begin(), t.data.end());
-    out.resize(align_up(out.size(), alignment), 0);
+    CountingSink counted(sink, t.name, t.n_bytes);
+    t.produce(counted);
+    if (counted.count() != t.n_bytes)
+      fail(ErrorCode::kInvalidArgument, "GgufWriter: tensor '", t.name, "' produced ", counted.count(), " of its ",
+           t.n_bytes, " bytes");
+    for (uint64_t pad = align_up(t.n_bytes, alignment) - t.n_bytes; pad > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(pad, sizeof(kZeros)));
+      sink.write(kZeros, n);
+      pad -= n;
+    }
   }
+}
+
+std::vector<uint8_t> GgufWriter::to_bytes(uint32_t version, uint32_t alignment) const {
+  std::vector<uint8_t> out = header(version, alignment);
+  VectorSink sink(out);
+  write_data(sink, alignment);
   return out;
 }
 
 void GgufWriter::write(const std::string& path, uint32_t version, uint32_t alignment) const {
-  const std::vector<uint8_t> bytes = to_bytes(version, alignment);  // fails before any file is created
-  write_file_atomically(path, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+  const std::vector<uint8_t> head = header(version, alignment);  // fails before any file is created
+  write_file_atomically(path, [&](FileSink& sink) {
+    sink.write(head.data(), head.size());
+    write_data(sink, alignment);
+  });
 }
 
 }  // namespace longctx::model

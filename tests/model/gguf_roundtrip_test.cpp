@@ -1,15 +1,18 @@
 // GgufWriter -> GgufFile round trips: every metadata type (scalars at their
 // limits, strings, arrays of every element type), every tensor type, both
 // versions and several alignments; typed getters and their errors; files on
-// disk; writer argument checks.
+// disk; tensors produced while writing; writer argument checks.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <random>
 
 #include "gguf_test_util.h"
+#include "longctx/core/file.h"
 #include "longctx/model/gguf.h"
 #include "longctx/model/gguf_writer.h"
 
@@ -250,6 +253,44 @@ TEST(GgufRoundTrip, FileOnDisk) {
   GgufWriter bad;
   expect_error([&] { bad.write(dir + "/bad.gguf", 4); }, ErrorCode::kInvalidArgument, {"version"});
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad.gguf"));
+  std::filesystem::remove_all(dir);
+}
+
+// Tensors produced while the file is written: the same bytes as tensors
+// given whole, in to_bytes() and on disk; a producer that writes too few or
+// too many bytes is named, and write() then leaves no file.
+TEST(GgufRoundTrip, StreamedTensors) {
+  std::string dir = (std::filesystem::temp_directory_path() / "longctx-gguf-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  std::vector<uint8_t> data(3 * 34);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 7);
+  GgufWriter whole, streamed;
+  whole.add_tensor("a", {32, 3}, GgmlType::kQ8_0, data);
+  whole.add_tensor("b", {5}, GgmlType::kF16, std::vector<uint8_t>(10, 1));
+  streamed.add_tensor_stream("a", {32, 3}, GgmlType::kQ8_0, [&](FileSink& sink) {
+    for (size_t at = 0; at < data.size(); at += 34) sink.write(data.data() + at, 34);  // one block per call
+  });
+  streamed.add_tensor_stream("b", {5}, GgmlType::kF16, [](FileSink& sink) {
+    const std::vector<uint8_t> ones(10, 1);
+    sink.write(ones.data(), 4);
+    sink.write(ones.data(), 6);
+  });
+  for (uint32_t alignment : {1u, 32u, 4096u}) {
+    const auto bytes = whole.to_bytes(3, alignment);
+    EXPECT_EQ(streamed.to_bytes(3, alignment), bytes);
+    streamed.write(dir + "/s.gguf", 3, alignment);
+    const auto on_disk = read_file(dir + "/s.gguf");
+    EXPECT_TRUE(std::equal(on_disk.begin(), on_disk.end(), bytes.begin(), bytes.end(),
+                           [](std::byte x, uint8_t y) { return uint8_t(x) == y; }));
+  }
+  for (const size_t n : {size_t(33), size_t(35)}) {
+    GgufWriter bad;
+    bad.add_tensor_stream("short_or_long", {32}, GgmlType::kQ8_0,
+                          [n](FileSink& sink) { sink.write(std::vector<uint8_t>(n).data(), n); });
+    expect_error([&] { bad.to_bytes(); }, ErrorCode::kInvalidArgument, {"'short_or_long'", "34"});
+    expect_error([&] { bad.write(dir + "/bad.gguf"); }, ErrorCode::kInvalidArgument, {"'short_or_long'"});
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1) << "only s.gguf: no file left behind";
+  }
   std::filesystem::remove_all(dir);
 }
 

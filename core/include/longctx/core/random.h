@@ -16,7 +16,10 @@ constexpr uint64_t splitmix64_finalize(uint64_t z) {
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() { return splitmix64_finalize(state_ += 0x9E3779B97F4A7C15ull); }
+  uint64_t next() { return splitmix64_finalize(state_ += kGamma); }
+  // Skips n outputs at once (the state is a Weyl sequence), so that threads
+  // can each generate their own part of one stream.
+  void discard(uint64_t n) { state_ += n * kGamma; }
   uint64_t operator()() { return next(); }
   // 53 random bits as a double in [0, 1), or in (0, 1) (safe for log()).
   double uniform() { return double(next() >> 11) * 0x1p-53; }
@@ -25,6 +28,7 @@ class SplitMix64 {
   uint64_t below(uint64_t n) { return next() % n; }
 
  private:
+  static constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
   uint64_t state_;
 };
 
