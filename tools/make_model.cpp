@@ -1,8 +1,10 @@
 // longctx-make-model: writes one of the standard random-weight test models
 // (tools/include/longctx/tools/test_model.h) as a GGUF file.
 //
-//   longctx-make-model --preset NAME [--seed N] [--weight-type f32|f16|bf16|q8_0|q4_0] --out FILE.gguf
+//   longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] --out FILE.gguf
 //   longctx-make-model --list
+// FORMAT: a weight format of test_model.h (f32 ... q6_k, and llama.cpp's
+// per-tensor mixes q4_k_m, q5_k_m); the preset's when absent.
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,17 +17,10 @@ namespace {
 
 using namespace longctx;
 
-constexpr const char* kUsage =
-    "usage: longctx-make-model --preset NAME [--seed N] [--weight-type f32|f16|bf16|q8_0|q4_0] --out FILE.gguf\n"
-    "       longctx-make-model --list\n";
-
-GgmlType parse_weight_type(const std::string& text) {
-  if (text == "f32") return GgmlType::kF32;
-  if (text == "f16") return GgmlType::kF16;
-  if (text == "bf16") return GgmlType::kBF16;
-  if (text == "q8_0") return GgmlType::kQ8_0;
-  if (text == "q4_0") return GgmlType::kQ4_0;
-  fail(ErrorCode::kInvalidArgument, "--weight-type: expected f32, f16, bf16, q8_0 or q4_0, got '", text, "'");
+std::string usage() {
+  return "usage: longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] --out FILE.gguf\n"
+         "       longctx-make-model --list\n"
+         "FORMAT: " + tools::weight_format_names() + "\n";
 }
 
 uint64_t parse_seed(const char* text) {
@@ -54,24 +49,25 @@ int main(int argc, char** argv) {
       else if (flag == "--seed") seed = value();
       else if (flag == "--weight-type") weight_type = value();
       else if (flag == "--list") {
-        for (const auto& s : tools::standard_test_models())
-          std::printf("%-12s %s, %d layers, %d/%d heads x %d, n_embd %d, n_ff %d, vocab %d, %s%s%s\n",
-                      s.name.c_str(), s.arch.c_str(), s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_embd,
-                      s.n_ff, s.n_vocab, ggml_type_info(s.weight_type).name, s.qkv_bias ? ", qkv bias" : "",
-                      s.llama3_rope ? ", llama3 rope" : "");
+        for (const auto& list : {tools::standard_test_models(), tools::full_size_models()})
+          for (const auto& s : list)
+            std::printf("%-13s %s, %d layers, %d/%d heads x %d, n_embd %d, n_ff %d, vocab %d%s, %s%s%s\n",
+                        s.name.c_str(), s.arch.c_str(), s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_embd,
+                        s.n_ff, s.n_vocab, s.llama3_vocab ? " (llama3 bpe)" : "", tools::weight_format_name(s).c_str(),
+                        s.qkv_bias ? ", qkv bias" : "", s.llama3_rope ? ", llama3 rope" : "");
         return 0;
       } else if (flag == "-h" || flag == "--help") {
-        std::fputs(kUsage, stdout);
+        std::fputs(usage().c_str(), stdout);
         return 0;
-      } else fail(ErrorCode::kInvalidArgument, "unknown argument '", flag, "'\n", kUsage);
+      } else fail(ErrorCode::kInvalidArgument, "unknown argument '", flag, "'\n", usage());
     }
-    if (preset.empty() || out.empty()) fail(ErrorCode::kInvalidArgument, "--preset and --out are required\n", kUsage);
+    if (preset.empty() || out.empty()) fail(ErrorCode::kInvalidArgument, "--preset and --out are required\n", usage());
     tools::TestModelSpec spec = tools::test_model_by_name(preset);
     if (seed) spec.seed = parse_seed(seed);
-    if (!weight_type.empty()) spec.weight_type = parse_weight_type(weight_type);
+    if (!weight_type.empty()) tools::set_weight_format(spec, weight_type);
     tools::make_test_model(spec).write(out);
     std::printf("wrote %s: test model '%s', seed %llu, %s weights\n", out.c_str(), spec.name.c_str(),
-                static_cast<unsigned long long>(spec.seed), ggml_type_info(spec.weight_type).name);
+                static_cast<unsigned long long>(spec.seed), tools::weight_format_name(spec).c_str());
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "longctx-make-model: %s: %s\n", error_code_name(e.code()), e.what());

@@ -1,8 +1,11 @@
 // The test-model generator (tools/test_model.h): every standard preset opens
 // with GgufFile and holds exactly the documented keys, tensors and shapes;
-// files are byte-identical for a seed and differ between seeds; weights have
-// the documented statistics; the vocabulary is a usable SentencePiece vocab;
-// rope_freqs follows the Llama-3.1 rule; bad specs are rejected.
+// files are byte-identical for a seed and differ between seeds, and the same
+// on disk as in memory; weights have the documented statistics and values;
+// the SentencePiece and Llama-3 vocabularies are usable; the q4_k_m / q5_k_m
+// mixes follow llama.cpp's rule (checked on the 32-layer Llama-3-8B layout
+// without generating it); rope_freqs follows the Llama-3.1 rule; bad specs
+// are rejected.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +19,10 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "longctx/core/file.h"
+#include "longctx/core/random.h"
 #include "longctx/model/gguf.h"
+#include "longctx/model/tokenizer.h"
 #include "longctx/tools/test_model.h"
 
 namespace longctx::tools {
@@ -33,6 +39,21 @@ std::vector<TestModelSpec> small_presets() {
   return specs;
 }
 
+// The documented type of a 2-D weight of a q4_k_m / q5_k_m spec whose rows
+// are multiples of 256: Q6_K for output.weight and for attn_v / ffn_down of
+// the use_more_bits layers, else the base type.
+GgmlType mixed_type(const TestModelSpec& s, const std::string& name, GgmlType plain) {
+  if (!s.k_mix || plain == GgmlType::kF32) return plain;
+  if (name == "output.weight") return GgmlType::kQ6_K;
+  const int n = s.n_layers;
+  for (int i = 0; i < n; ++i) {
+    const bool more_bits = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+    const std::string p = "blk." + std::to_string(i) + ".";
+    if (more_bits && (name == p + "attn_v.weight" || name == p + "ffn_down.weight")) return GgmlType::kQ6_K;
+  }
+  return plain;
+}
+
 int utf8_chars(const std::string& s) {
   return static_cast<int>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
 }
@@ -40,7 +61,7 @@ int utf8_chars(const std::string& s) {
 TEST(TestModel, PresetsAreTheDocumentedShapes) {
   std::map<std::string, TestModelSpec> by_name;
   for (const auto& s : standard_test_models()) by_name[s.name] = s;
-  ASSERT_EQ(by_name.size(), 7u);
+  ASSERT_EQ(by_name.size(), 11u);
   EXPECT_EQ(by_name["mha-64"].n_heads, by_name["mha-64"].n_kv_heads);
   EXPECT_EQ(by_name["mha-64"].head_dim, 64);
   EXPECT_EQ(by_name["gqa-128"].n_heads, 4 * by_name["gqa-128"].n_kv_heads);
@@ -51,6 +72,13 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
   EXPECT_EQ(by_name["q8"].weight_type, GgmlType::kQ8_0);
   EXPECT_EQ(by_name["f16"].weight_type, GgmlType::kF16);
   EXPECT_TRUE(by_name["llama3-rope"].llama3_rope);
+  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m"}) {
+    const TestModelSpec& q = by_name[format];
+    EXPECT_EQ(weight_format_name(q), format);
+    EXPECT_EQ(q.head_dim, 128);
+    EXPECT_EQ(q.n_embd % 256 + q.n_ff % 256 + q.n_heads * q.head_dim % 256, 0) << format;
+  }
+  EXPECT_EQ(by_name["q4_k_m"].n_layers, 3);
   const TestModelSpec& b = by_name["bench"];
   EXPECT_EQ(b.n_heads, 32);
   EXPECT_EQ(b.n_kv_heads, 8);
@@ -62,6 +90,23 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
   EXPECT_LT(params * 4, int64_t{200} << 20);
 
   EXPECT_EQ(test_model_by_name("q8").weight_type, GgmlType::kQ8_0);
+  const TestModelSpec l3 = test_model_by_name("llama3-8b");
+  EXPECT_EQ(l3.n_layers, 32);
+  EXPECT_EQ(l3.n_embd, 4096);
+  EXPECT_EQ(l3.n_heads, 32);
+  EXPECT_EQ(l3.n_kv_heads, 8);
+  EXPECT_EQ(l3.head_dim, 128);
+  EXPECT_EQ(l3.n_ff, 14336);
+  EXPECT_EQ(l3.n_vocab, 128256);
+  EXPECT_TRUE(l3.llama3_vocab);
+  EXPECT_TRUE(l3.llama3_rope);
+  EXPECT_EQ(l3.rope_theta, 500000.0f);
+  EXPECT_EQ(l3.context_length, 131072);
+  EXPECT_EQ(weight_format_name(l3), "q4_k_m");
+  TestModelSpec l4 = test_model_by_name("llama3-8b-4l");
+  EXPECT_EQ(l4.n_layers, 4);
+  l4.n_layers = 32, l4.name = l3.name;
+  EXPECT_EQ(weight_format_name(l4), weight_format_name(l3));
   try {
     test_model_by_name("nope");
     FAIL() << "unknown name accepted";
@@ -74,7 +119,7 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
 // The expected tensor table of a spec, from the header's layout comment.
 std::map<std::string, std::pair<std::vector<int64_t>, GgmlType>> expected_tensors(const TestModelSpec& s) {
   const int64_t e = s.n_embd, q = int64_t{s.n_heads} * s.head_dim, kv = int64_t{s.n_kv_heads} * s.head_dim;
-  const GgmlType w = s.weight_type, f = GgmlType::kF32;
+  const GgmlType w = s.weight_type, f = GgmlType::kF32;  // plain formats only
   std::map<std::string, std::pair<std::vector<int64_t>, GgmlType>> t;
   t["token_embd.weight"] = {{e, s.n_vocab}, w};
   t["output_norm.weight"] = {{e}, f};
@@ -125,6 +170,10 @@ TEST(TestModel, FilesHoldTheDocumentedKeysAndTensors) {
     EXPECT_EQ(f.get_uint("tokenizer.ggml.unknown_token_id"), 0u);
     EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
     EXPECT_NE(f.get_string("tokenizer.chat_template").find("[INST]"), std::string::npos);
+    EXPECT_EQ(f.get_uint("general.quantization_version"), 2u);
+    const std::map<std::string, uint64_t> file_types = {{"f32", 0},  {"f16", 1},  {"q8_0", 7},
+                                                        {"q4_0", 2}, {"q6_k", 18}, {"q4_k_m", 15}, {"q5_k_m", 17}};
+    EXPECT_EQ(f.get_uint("general.file_type"), file_types.at(weight_format_name(s)));
 
     const auto expected = expected_tensors(s);
     EXPECT_EQ(f.tensors().size(), expected.size());
@@ -132,8 +181,76 @@ TEST(TestModel, FilesHoldTheDocumentedKeysAndTensors) {
       const auto it = expected.find(t.name);
       ASSERT_NE(it, expected.end()) << "unexpected tensor " << t.name;
       EXPECT_EQ(t.dims, it->second.first) << t.name;
-      EXPECT_EQ(t.type, it->second.second) << t.name;
+      EXPECT_EQ(t.type, mixed_type(s, t.name, it->second.second)) << t.name;
+      EXPECT_EQ(t.type, tensor_type(s, t.name)) << t.name;
     }
+  }
+}
+
+// The mixes on Llama-3-8B's layout (32 layers), as llama-quantize makes them:
+// attn_v and ffn_down in Q6_K on layers 0-3, 6, 9, ..., 27 and 28-31
+// (llama.cpp's use_more_bits), output in Q6_K, the rest in the base type;
+// the llama.cpp fallbacks for rows that are not multiples of 256.
+TEST(TestModel, KQuantMixesFollowLlamaCpp) {
+  TestModelSpec s = test_model_by_name("llama3-8b");
+  const std::set<int> six = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31};
+  for (const char* format : {"q4_k_m", "q5_k_m"}) {
+    set_weight_format(s, format);
+    const GgmlType base = std::string(format) == "q4_k_m" ? GgmlType::kQ4_K : GgmlType::kQ5_K;
+    EXPECT_EQ(tensor_type(s, "output.weight"), GgmlType::kQ6_K);
+    EXPECT_EQ(tensor_type(s, "token_embd.weight"), base);
+    EXPECT_EQ(tensor_type(s, "output_norm.weight"), GgmlType::kF32);
+    EXPECT_EQ(tensor_type(s, "rope_freqs.weight"), GgmlType::kF32);
+    for (int i = 0; i < 32; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      const GgmlType v = six.count(i) ? GgmlType::kQ6_K : base;
+      EXPECT_EQ(tensor_type(s, p + "attn_v.weight"), v) << format << " " << i;
+      EXPECT_EQ(tensor_type(s, p + "ffn_down.weight"), v) << format << " " << i;
+      for (const char* t : {"attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight"})
+        EXPECT_EQ(tensor_type(s, p + t), base) << p << t;
+      EXPECT_EQ(tensor_type(s, p + "attn_norm.weight"), GgmlType::kF32);
+    }
+  }
+  set_weight_format(s, "q4_k_m");
+  s.n_layers = 4;  // llama3-8b-4l: layers 2 and 3
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(tensor_type(s, "blk." + std::to_string(i) + ".attn_v.weight"), i >= 2 ? GgmlType::kQ6_K : GgmlType::kQ4_K);
+  s.n_layers = 80;  // llama.cpp's 70B (GQA): the other attn_v move up to Q5_K
+  EXPECT_EQ(tensor_type(s, "blk.40.attn_v.weight"), GgmlType::kQ5_K);
+  EXPECT_EQ(tensor_type(s, "blk.42.attn_v.weight"), GgmlType::kQ6_K);  // (42 - 80/8) % 3 == 2
+  s.n_layers = 32;
+  s.tie_embeddings = true;  // the embedding is the output
+  EXPECT_EQ(tensor_type(s, "token_embd.weight"), GgmlType::kQ6_K);
+  s.tie_embeddings = false;
+  s.n_ff = 14336 + 32;  // ffn_down rows not a multiple of 256: Q4_K -> Q5_0, Q6_K -> Q8_0
+  EXPECT_EQ(tensor_type(s, "blk.4.ffn_down.weight"), GgmlType::kQ5_0);
+  EXPECT_EQ(tensor_type(s, "blk.0.ffn_down.weight"), GgmlType::kQ8_0);
+  EXPECT_EQ(tensor_type(s, "blk.4.ffn_gate.weight"), GgmlType::kQ4_K);
+  s.n_ff = 14336 + 16;  // not a multiple of 32 either: F16
+  EXPECT_EQ(tensor_type(s, "blk.4.ffn_down.weight"), GgmlType::kF16);
+  set_weight_format(s, "q5_k_m");
+  s.n_embd = 4096 + 32;  // Q5_K -> Q5_1; the output goes to Q8_0
+  EXPECT_EQ(tensor_type(s, "blk.4.attn_q.weight"), GgmlType::kQ5_1);
+  EXPECT_EQ(tensor_type(s, "output.weight"), GgmlType::kQ8_0);
+  s.n_embd = 4096 + 16;  // and Q8_0 output rows must be multiples of 32, as llama.cpp requires
+  try {
+    tensor_type(s, "output.weight");
+    ADD_FAILURE() << "output rows of 4112 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'output.weight'"), std::string::npos) << e.what();
+  }
+  set_weight_format(s, "q4_k");  // a plain format refuses, naming the tensor
+  s.n_embd = 4096;
+  try {
+    tensor_type(s, "blk.3.ffn_down.weight");
+    ADD_FAILURE() << "q4_k rows of 14352 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'blk.3.ffn_down.weight' has rows of 14352"), std::string::npos) << e.what();
+  }
+  for (const char* format : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}) {
+    set_weight_format(s, format);
+    EXPECT_EQ(weight_format_name(s), format);
+    EXPECT_EQ(ggml_type_info(tensor_type(s, "output.weight")).name, std::string(format));
   }
 }
 
@@ -205,6 +322,93 @@ TEST(TestModel, DeterministicForASeedAndDifferentAcrossSeeds) {
   make_test_model(s).write(path);
   const GgufFile f = GgufFile::open(path);
   EXPECT_EQ(f.file_size(), make_test_model(s).to_bytes().size());
+  std::filesystem::remove(path);
+}
+
+// The Llama-3 layout of the vocabulary: bytes, merges, specials; it loads,
+// round-trips text, splits digits in threes, parses the chat markers.
+TEST(TestModel, Llama3VocabularyIsAUsableBpeVocab) {
+  TestModelSpec s = test_model_by_name("llama3-8b");
+  s.n_layers = 1, s.n_embd = 32, s.n_ff = 32, s.n_heads = 1, s.n_kv_heads = 1, s.head_dim = 32;
+  set_weight_format(s, "q8_0");
+  const auto bytes = make_test_model(s).to_bytes();
+  const GgufFile f = GgufFile::from_bytes(bytes, "llama3");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), "llama-bpe");
+  const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const auto types = f.get_i32_array("tokenizer.ggml.token_type");
+  const auto merges = f.get_string_array("tokenizer.ggml.merges");
+  ASSERT_EQ(tokens.size(), 128256u);
+  ASSERT_EQ(merges.size(), 128000u - 256);
+  EXPECT_EQ(tokens[0], "!");
+  EXPECT_EQ(tokens[220], "\u0120");  // GPT-2's space
+  EXPECT_EQ(std::set<std::string_view>(tokens.begin(), tokens.begin() + 256).size(), 256u);
+  for (size_t r = 0; r < merges.size(); ++r) {  // token 256 + r is merge r
+    std::string joined(merges[r]);
+    joined.erase(joined.find(' ', 1), 1);
+    ASSERT_EQ(joined, tokens[256 + r]) << r;
+  }
+  const std::map<int, std::string> specials = {{128000, "<|begin_of_text|>"}, {128001, "<|end_of_text|>"},
+                                                {128006, "<|start_header_id|>"}, {128007, "<|end_header_id|>"},
+                                                {128008, "<|eom_id|>"}, {128009, "<|eot_id|>"},
+                                                {128010, "<|python_tag|>"}, {128255, "<|reserved_special_token_247|>"}};
+  for (const auto& [id, text] : specials) EXPECT_EQ(tokens[size_t(id)], text);
+  for (size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(types[i], i < 128000 ? 1 : 3) << i;
+
+  const model::Tokenizer tok(model::vocab_from_gguf(f));
+  EXPECT_EQ(tok.bos(), 128000);
+  EXPECT_EQ(tok.eos(), 128009);
+  EXPECT_TRUE(tok.is_end_of_generation(128009));
+  EXPECT_EQ(model::detect_chat_template(tok.vocab()), model::ChatTemplate::kLlama3);
+  const std::string text = "Hello world, the quick brown fox jumps over 1234567 lazy dogs.\n\nZebra café!";
+  const std::vector<int32_t> ids = tok.encode(text, true, false);
+  ASSERT_GT(ids.size(), 1u);
+  EXPECT_EQ(ids[0], 128000);
+  EXPECT_EQ(tok.decode(std::span(ids).subspan(1)), text);
+  EXPECT_LT(ids.size(), text.size() / 2) << "words merge into few tokens";
+  const std::vector<int32_t> the = tok.encode(" the", false, false);
+  EXPECT_EQ(the.size(), 1u);
+  const std::vector<int32_t> digits = tok.encode("1234567", false, false);
+  ASSERT_EQ(digits.size(), 3u);
+  EXPECT_EQ(tok.token_to_piece(digits[0]), "123");
+  const std::vector<int32_t> chat = tok.encode("<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>", false, true);
+  EXPECT_EQ(chat.front(), 128006);
+  EXPECT_EQ(chat.back(), 128009);
+  EXPECT_NE(std::find(chat.begin(), chat.end(), 128007), chat.end());
+}
+
+// A tensor larger than one generation chunk (4M values) holds exactly the
+// documented values: element i of tensor T is mean + std * Box-Muller over
+// outputs 2i, 2i + 1 of SplitMix64(SplitMix64(seed).next() ^ fnv1a64(T)).
+// Quantized, it is those values quantized as a whole; on disk, the bytes of
+// to_bytes().
+TEST(TestModel, ChunkedTensorsHoldTheDocumentedValues) {
+  TestModelSpec s = test_model_by_name("gqa-128");
+  s.n_layers = 1, s.n_vocab = 9000;  // token_embd: 512 x 9000 = 4.6M values
+  const auto bytes = make_test_model(s).to_bytes();
+  const GgufFile f = GgufFile::from_bytes(bytes, "f32");
+  const std::vector<float> x = f.tensor_f32(*f.find_tensor("token_embd.weight"));
+  ASSERT_EQ(x.size(), 512u * 9000);
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (const char c : std::string("token_embd.weight")) h = (h ^ uint8_t(c)) * 0x100000001B3ULL;
+  SplitMix64 rng(SplitMix64(s.seed).next() ^ h);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double u1 = rng.uniform_open(), u2 = rng.uniform_open();
+    const float expect = float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+    ASSERT_EQ(x[i], expect) << i;
+  }
+  set_weight_format(s, "q4_k_m");
+  const auto q_bytes = make_test_model(s).to_bytes();
+  const GgufFile q = GgufFile::from_bytes(q_bytes, "q4_k_m");
+  const auto data = q.tensor_data(*q.find_tensor("token_embd.weight"));
+  const std::vector<uint8_t> expect = quantize(GgmlType::kQ4_K, x);
+  ASSERT_EQ(data.size(), expect.size());
+  EXPECT_TRUE(std::equal(expect.begin(), expect.end(), data.begin(), data.end()));
+  const auto path = (std::filesystem::temp_directory_path() / "longctx_test_model_chunks.gguf").string();
+  make_test_model(s).write(path);
+  const auto on_disk = read_file(path);
+  EXPECT_TRUE(std::equal(on_disk.begin(), on_disk.end(), q_bytes.begin(), q_bytes.end(),
+                         [](std::byte a, uint8_t b) { return uint8_t(a) == b; }));
   std::filesystem::remove(path);
 }
 
@@ -336,8 +540,23 @@ TEST(TestModel, BadSpecsAreRejected) {
   s.head_dim = 63;
   rejects(s, "odd head_dim");
   s = test_model_by_name("mha-64");
-  s.weight_type = GgmlType::kQ4_K;
+  s.weight_type = GgmlType::kQ8_K;
   rejects(s, "weight type without a quantizer");
+  s = test_model_by_name("mha-64");
+  s.weight_type = GgmlType::kQ8_0, s.k_mix = true;
+  rejects(s, "a k-quant mix over Q8_0");
+  s = test_model_by_name("q4_k_m");
+  s.n_embd = 500;
+  rejects(s, "q4_k_m output rows of 500");
+  s = test_model_by_name("mha-64");
+  s.llama3_vocab = true;
+  rejects(s, "a Llama-3 vocabulary of 320 tokens");
+  try {
+    set_weight_format(s, "q3_k");
+    ADD_FAILURE() << "q3_k accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q5_k_m"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

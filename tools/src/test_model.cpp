@@ -3,32 +3,33 @@
 // Weights: each tensor draws from its own splitmix64 stream (Steele, Lea and
 // Flood 2014) seeded with splitmix64(seed) ^ fnv1a64(tensor name), so a
 // tensor's values depend only on (seed, name) and not on which other tensors
-// exist. Normal deviates come from Box-Muller over 53-bit uniforms in (0, 1).
+// exist. Normal deviates come from Box-Muller over 53-bit uniforms in (0, 1);
+// element i uses outputs 2i and 2i + 1, so any row can be generated on its own
+// (SplitMix64::discard) and the bytes do not depend on the thread count.
 // Scales keep activations O(1): a matrix with fan-in K has entries
 // N(0, 1/K) (std 1/sqrt(K)), so W x has unit-size entries when x does; norm
 // weights are 1 + N(0, 0.1^2); QKV biases N(0, 0.2^2). Output logits get std
 // ~2 so that the next-token distribution is peaked but not one-hot.
 #include "longctx/tools/test_model.h"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <numbers>
-#include <set>
 #include <string_view>
 
 #include "longctx/core/error.h"
 #include "longctx/core/random.h"
+#include "test_vocab.h"
 
 namespace longctx::tools {
 namespace {
 
 using longctx::GgmlType;
-
-// The first ids of the vocabulary: <unk> <s> </s> then <0x00>..<0xFF>.
-constexpr int kUnkId = 0, kBosId = 1, kEosId = 2, kFirstByteId = 3, kFirstPieceId = 3 + 256;
-// tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
-constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeByte = 6;
 
 // Standard normal by Box-Muller: sqrt(-2 ln u1) cos(2 pi u2), u1 and u2 in (0, 1).
 double normal(SplitMix64& rng) {
@@ -42,85 +43,38 @@ uint64_t fnv1a64(std::string_view text) {
   return h;
 }
 
-// `n` values mean + std * N(0, 1) from the stream of (seed, name).
-std::vector<float> draw(uint64_t seed, const std::string& name, int64_t n, double mean, double std) {
-  SplitMix64 rng(SplitMix64(seed).next() ^ fnv1a64(name));
-  std::vector<float> values(static_cast<size_t>(n));
-  for (float& v : values) v = static_cast<float>(mean + std * normal(rng));
-  return values;
-}
+// Values generated per chunk of rows (about 16 MiB as f32): the memory a
+// tensor's data needs while it is written, whatever its size.
+constexpr int64_t kChunkValues = int64_t{4} << 20;
 
-// Text pieces in descending score. Single characters come first so that any
-// text is covered without byte fallback for [a-z ] (a newline, as in Llama's
-// vocabulary, falls back to <0x0A>), then merges, each the
-// concatenation of two earlier pieces (SentencePiece BPE reaches a piece only
-// through such a pair), then generated letter n-grams to fill any size.
-std::vector<std::string> text_pieces(size_t count) {
-  static const char* const kMerges[] = {
-      "▁t", "he", "▁the", "▁a", "in", "er", "an", "on", "re", "▁s", "▁w", "at", "en", "nd", "▁o", "▁of",
-      "▁i", "is", "it", "ou", "▁and", "▁to", "ing", "▁c", "es", "ed", "▁b", "or", "▁in", "▁h", "ar", "▁f",
-      "▁m", "▁p", "le", "al", "as", "▁is", "▁th", "▁d", "ll", "ic", "▁l", "om", "ion", "▁that", "▁e", "st",
-      "ve", "▁n", "ro", "ent", "▁be", "▁it", "ly", "▁wh", "▁was", "▁for", "▁re", "▁he", "▁on", "ith",
-      "▁with", "▁st", "ter", "▁con", "ation", "▁y", "▁you", "▁we", "▁are", "▁as", "▁his", "▁her", "ot",
-      "▁not", "ave", "▁have", "▁this", "▁by", "▁at", "rom", "▁from", "▁one", "▁g", "▁u", "▁r", "▁v"};
-  static const char* const kSymbols[] = {".", ",", "'", "\"", "!", "?", "-", ":", ";", "(", ")"};
-  const std::string lower = "etaoinshrdlcumwfgypbvkjxqz";
-  const std::string space = "▁";
-
-  std::vector<std::string> pieces;
-  std::set<std::string> seen;
-  auto add = [&](const std::string& piece) {
-    if (pieces.size() < count && seen.insert(piece).second) pieces.push_back(piece);
+// The data of tensor `name` of rows x `row` values mean + std * N(0, 1),
+// stored as `type`: each chunk of rows generated and quantized by TBB tasks,
+// row by row, then written.
+model::GgufWriter::TensorData random_tensor(uint64_t seed, std::string name, int64_t row, int64_t rows,
+                                            GgmlType type, double mean, double std) {
+  return [=](FileSink& sink) {
+    const uint64_t stream = SplitMix64(seed).next() ^ fnv1a64(name);
+    const size_t row_bytes = static_cast<size_t>(*ggml_bytes(type, row));
+    const int64_t chunk = std::clamp<int64_t>(kChunkValues / row, 1, rows);
+    std::vector<uint8_t> out(static_cast<size_t>(chunk) * row_bytes);
+    for (int64_t first = 0; first < rows; first += chunk) {
+      const int64_t n = std::min(chunk, rows - first);
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& range) {
+        std::vector<float> values(static_cast<size_t>(row));
+        for (int64_t r = range.begin(); r < range.end(); ++r) {
+          SplitMix64 rng(stream);
+          rng.discard(2 * static_cast<uint64_t>((first + r) * row));
+          for (float& v : values) v = static_cast<float>(mean + std * normal(rng));
+          try {
+            quantize(type, values, std::span(out).subspan(static_cast<size_t>(r) * row_bytes, row_bytes));
+          } catch (const Error& e) {
+            fail(e.code(), "tensor '", name, "' row ", first + r, ": ", e.what());
+          }
+        }
+      });
+      sink.write(out.data(), static_cast<size_t>(n) * row_bytes);
+    }
   };
-  add(space);
-  for (const char c : lower) add(std::string(1, c));
-  for (const char* m : kMerges) add(m);
-  for (char c = 'A'; c <= 'Z'; ++c) add(std::string(1, c));
-  for (char c = '0'; c <= '9'; ++c) add(std::string(1, c));
-  for (const char* s : kSymbols) add(s);
-  for (const char c : lower) add(space + c);
-  for (char c = 'A'; c <= 'Z'; ++c) add(space + c);
-  // Bigrams "xy", then "▁xy", then trigrams "xyz": enough for 17k+ pieces.
-  for (const char a : lower)
-    for (const char b : lower) add(std::string{a, b});
-  for (const char a : lower)
-    for (const char b : lower) add(space + std::string{a, b});
-  for (const char a : lower)
-    for (const char b : lower)
-      for (const char c : lower) add(std::string{a, b, c});
-  if (pieces.size() < count)
-    fail(ErrorCode::kInvalidArgument, "test model: n_vocab too large, the generator has ",
-         pieces.size() + kFirstPieceId, " tokens");
-  return pieces;
-}
-
-void add_tokenizer(model::GgufWriter& w, int n_vocab) {
-  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-  std::vector<float> scores(3, 0.0f);
-  std::vector<int32_t> types = {kTypeUnknown, kTypeControl, kTypeControl};
-  char name[8];
-  for (int b = 0; b < 256; ++b) {
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    tokens.emplace_back(name);
-    scores.push_back(0.0f);
-    types.push_back(kTypeByte);
-  }
-  const auto pieces = text_pieces(static_cast<size_t>(n_vocab - kFirstPieceId));
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    tokens.push_back(pieces[i]);
-    scores.push_back(-static_cast<float>(i + 1));  // -1, -2, ...: earlier pieces merge first
-    types.push_back(kTypeNormal);
-  }
-  w.set_string("tokenizer.ggml.model", "llama");
-  w.set_string_array("tokenizer.ggml.tokens", std::move(tokens));
-  w.set_f32_array("tokenizer.ggml.scores", std::move(scores));
-  w.set_i32_array("tokenizer.ggml.token_type", std::move(types));
-  w.set_u32("tokenizer.ggml.bos_token_id", kBosId);
-  w.set_u32("tokenizer.ggml.eos_token_id", kEosId);
-  w.set_u32("tokenizer.ggml.unknown_token_id", kUnkId);
-  w.set_bool("tokenizer.ggml.add_bos_token", true);
-  w.set_bool("tokenizer.ggml.add_eos_token", false);
-  w.set_string("tokenizer.chat_template", kLlama2ChatTemplate);
 }
 
 // Llama-3.1 rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4,
@@ -146,6 +100,66 @@ std::vector<float> llama31_rope_factors(int head_dim, double rope_theta) {
   return factors;
 }
 
+// The weight formats: name, type of the 2-D weights (the base of a mix),
+// llama.cpp's _M mix, and the llama_ftype written as general.file_type
+// (for a plain k-quant, the one llama.cpp guesses from its main type).
+struct WeightFormat {
+  const char* name;
+  GgmlType type;
+  bool k_mix;
+  uint32_t file_type;
+};
+constexpr WeightFormat kWeightFormats[] = {
+    {"f32", GgmlType::kF32, false, 0},     {"f16", GgmlType::kF16, false, 1},
+    {"bf16", GgmlType::kBF16, false, 32},  {"q8_0", GgmlType::kQ8_0, false, 7},
+    {"q4_0", GgmlType::kQ4_0, false, 2},   {"q4_1", GgmlType::kQ4_1, false, 3},
+    {"q5_0", GgmlType::kQ5_0, false, 8},   {"q5_1", GgmlType::kQ5_1, false, 9},
+    {"q4_k", GgmlType::kQ4_K, false, 15},  {"q5_k", GgmlType::kQ5_K, false, 17},
+    {"q6_k", GgmlType::kQ6_K, false, 18},  {"q4_k_m", GgmlType::kQ4_K, true, 15},
+    {"q5_k_m", GgmlType::kQ5_K, true, 17},
+};
+
+const WeightFormat* find_format(const TestModelSpec& s) {
+  for (const WeightFormat& f : kWeightFormats)
+    if (f.type == s.weight_type && f.k_mix == s.k_mix) return &f;
+  return nullptr;
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// The row length (dims[0]) of 2-D weight `tensor` and its layer (-1 outside
+// the blocks); row 0 for the tensors that stay f32.
+std::pair<int64_t, int> weight_rows(const TestModelSpec& s, const std::string& tensor) {
+  if (tensor == "token_embd.weight" || tensor == "output.weight") return {s.n_embd, -1};
+  if (tensor == "output_norm.weight" || tensor == "rope_freqs.weight") return {0, -1};
+  int layer = -1, consumed = 0;
+  if (std::sscanf(tensor.c_str(), "blk.%d.%n", &layer, &consumed) == 1 && layer >= 0 && layer < s.n_layers) {
+    const std::string_view rest = std::string_view(tensor).substr(static_cast<size_t>(consumed));
+    if (rest == "attn_q.weight" || rest == "attn_k.weight" || rest == "attn_v.weight" || rest == "ffn_gate.weight" ||
+        rest == "ffn_up.weight")
+      return {s.n_embd, layer};
+    if (rest == "attn_output.weight") return {int64_t{s.n_heads} * s.head_dim, layer};
+    if (rest == "ffn_down.weight") return {s.n_ff, layer};
+    if (ends_with(rest, "_norm.weight") || ends_with(rest, ".bias")) return {0, layer};
+  }
+  fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': no tensor '", tensor, "' in the layout");
+}
+
+// llama.cpp's choice for LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M (test_model.h).
+GgmlType k_mix_type(const TestModelSpec& s, const std::string& tensor, int layer, int64_t row) {
+  if (tensor == "output.weight" || (s.tie_embeddings && tensor == "token_embd.weight"))
+    return row % 256 != 0 ? GgmlType::kQ8_0 : GgmlType::kQ6_K;
+  const int n = s.n_layers;
+  const bool more_bits = layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2;
+  const bool attn_v = ends_with(tensor, ".attn_v.weight");
+  if ((attn_v || ends_with(tensor, ".ffn_down.weight")) && more_bits) return GgmlType::kQ6_K;
+  const bool is_70b = n == 80 && (s.arch == "qwen2" || s.n_heads != s.n_kv_heads);
+  if (attn_v && is_70b && s.weight_type == GgmlType::kQ4_K) return GgmlType::kQ5_K;
+  return s.weight_type;
+}
+
 void check_spec(const TestModelSpec& s) {
   auto need = [&](bool ok, const char* what) {
     if (!ok) fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': ", what);
@@ -155,22 +169,51 @@ void check_spec(const TestModelSpec& s) {
        "sizes must be positive");
   need(s.n_heads % s.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
   need(s.head_dim >= 2 && s.head_dim % 2 == 0, "head_dim must be even");
-  need(s.n_vocab >= kFirstPieceId, "n_vocab must be at least 259 (3 specials + 256 bytes)");
+  if (s.llama3_vocab) need(s.n_vocab == detail::kLlama3VocabSize, "the Llama-3 vocabulary has 128256 tokens");
+  else need(s.n_vocab >= detail::kSpmMinVocab, "n_vocab must be at least 259 (3 specials + 256 bytes)");
   need(s.rope_theta > 0 && s.rms_eps > 0, "rope_theta and rms_eps must be positive");
   need(s.context_length >= 1 && s.context_length <= std::numeric_limits<uint32_t>::max(),
        "context_length must fit a u32");
-  need(s.weight_type == GgmlType::kF32 || s.weight_type == GgmlType::kF16 || s.weight_type == GgmlType::kBF16 ||
-           s.weight_type == GgmlType::kQ8_0 || s.weight_type == GgmlType::kQ4_0,
-       "weight_type must be f32, f16, bf16, q8_0 or q4_0 (the types quantize writes)");
-  const int64_t block = ggml_type_info(s.weight_type).block_elems;
-  need(s.n_embd % block == 0 && s.n_ff % block == 0 && int64_t{s.n_heads} * s.head_dim % block == 0,
-       "n_embd, n_ff and n_heads*head_dim must be multiples of the weight type's block size");
-  // Large models would overflow the writer's buffers long before this.
-  need(int64_t{s.n_vocab} * s.n_embd < (int64_t{1} << 32) && int64_t{s.n_ff} * s.n_embd < (int64_t{1} << 32),
-       "tensors too large");
+  if (find_format(s) == nullptr)
+    fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': weight type ", ggml_type_info(s.weight_type).name,
+         s.k_mix ? " with the k-quant mix" : "", " is not a weight format (", weight_format_names(), ")");
 }
 
 }  // namespace
+
+std::string weight_format_names() {
+  std::string names;
+  for (const WeightFormat& f : kWeightFormats) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  return names;
+}
+
+void set_weight_format(TestModelSpec& spec, const std::string& name) {
+  for (const WeightFormat& f : kWeightFormats) {
+    if (name != f.name) continue;
+    spec.weight_type = f.type;
+    spec.k_mix = f.k_mix;
+    return;
+  }
+  fail(ErrorCode::kInvalidArgument, "unknown weight format '", name, "' (", weight_format_names(), ")");
+}
+
+std::string weight_format_name(const TestModelSpec& spec) {
+  const WeightFormat* f = find_format(spec);
+  return f ? f->name : ggml_type_info(spec.weight_type).name + std::string(spec.k_mix ? " (mixed)" : "");
+}
+
+GgmlType tensor_type(const TestModelSpec& s, const std::string& tensor) {
+  const auto [row, layer] = weight_rows(s, tensor);
+  if (row == 0) return GgmlType::kF32;
+  GgmlType type = s.k_mix ? k_mix_type(s, tensor, layer, row) : s.weight_type;
+  if (row % ggml_type_info(type).block_elems == 0) return type;
+  if (!s.k_mix || type == GgmlType::kQ8_0)
+    fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': tensor '", tensor, "' has rows of ", row,
+         ", not a multiple of the ", ggml_type_info(type).name, " block size ", ggml_type_info(type).block_elems);
+  // llama.cpp's fallback for rows that k-quants cannot hold.
+  type = type == GgmlType::kQ4_K ? GgmlType::kQ5_0 : type == GgmlType::kQ5_K ? GgmlType::kQ5_1 : GgmlType::kQ8_0;
+  return row % 32 == 0 ? type : GgmlType::kF16;
+}
 
 std::vector<TestModelSpec> standard_test_models() {
   std::vector<TestModelSpec> specs;
@@ -183,6 +226,7 @@ std::vector<TestModelSpec> standard_test_models() {
   s.name = "gqa-128";  // GQA 4:1, head_dim 128, n_embd != n_heads * head_dim
   s.n_heads = 8, s.n_kv_heads = 2, s.head_dim = 128, s.n_embd = 512, s.n_ff = 768, s.n_vocab = 384;
   add(s);
+  const TestModelSpec gqa = s;
   s = {};
   s.name = "qwen2-bias";  // Qwen2: QKV bias, halves RoPE, tied embeddings
   s.arch = "qwen2", s.n_heads = 4, s.n_kv_heads = 2, s.head_dim = 64, s.n_embd = 256, s.n_ff = 512;
@@ -200,6 +244,13 @@ std::vector<TestModelSpec> standard_test_models() {
   s.name = "llama3-rope";  // Llama-3.1 rope_freqs, theta 500000, GQA 4:1
   s.n_heads = 4, s.n_kv_heads = 1, s.llama3_rope = true, s.rope_theta = 500000.0f;
   add(s);
+  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m"}) {  // quantized gqa-128 (rows of 512, 768, 1024)
+    s = gqa;
+    s.name = format;
+    set_weight_format(s, format);
+    s.n_layers = s.k_mix ? 3 : 2;
+    add(s);
+  }
   s = {};
   s.name = "bench";  // attention like Llama-3-8B (32 q, 8 kv heads, d 128); 2 layers, small MLP: ~160 MB f32
   s.n_layers = 2, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128, s.n_embd = 1024, s.n_ff = 2048;
@@ -208,11 +259,26 @@ std::vector<TestModelSpec> standard_test_models() {
   return specs;
 }
 
+std::vector<TestModelSpec> full_size_models() {
+  TestModelSpec s;
+  s.name = "llama3-8b";  // Llama-3.1-8B's layout
+  s.n_layers = 32, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128, s.n_embd = 4096, s.n_ff = 14336;
+  s.n_vocab = detail::kLlama3VocabSize, s.llama3_vocab = true;
+  s.rope_theta = 500000.0f, s.llama3_rope = true, s.context_length = 131072;
+  set_weight_format(s, "q4_k_m");
+  TestModelSpec four = s;
+  four.name = "llama3-8b-4l";
+  four.n_layers = 4;
+  return {s, four};
+}
+
 TestModelSpec test_model_by_name(const std::string& name) {
   std::string names;
-  for (const auto& spec : standard_test_models()) {
-    if (spec.name == name) return spec;
-    names += (names.empty() ? "" : ", ") + spec.name;
+  for (const auto& list : {standard_test_models(), full_size_models()}) {
+    for (const auto& spec : list) {
+      if (spec.name == name) return spec;
+      names += (names.empty() ? "" : ", ") + spec.name;
+    }
   }
   fail(ErrorCode::kInvalidArgument, "unknown test model '", name, "' (known: ", names, ")");
 }
@@ -223,6 +289,8 @@ model::GgufWriter make_test_model(const TestModelSpec& s) {
   const std::string& a = s.arch;
   w.set_string("general.architecture", a);
   w.set_string("general.name", "longctx test model " + s.name);
+  w.set_u32("general.file_type", find_format(s)->file_type);
+  w.set_u32("general.quantization_version", 2);
   w.set_u32(a + ".context_length", static_cast<uint32_t>(s.context_length));
   w.set_u32(a + ".embedding_length", s.n_embd);
   w.set_u32(a + ".block_count", s.n_layers);
@@ -235,24 +303,25 @@ model::GgufWriter make_test_model(const TestModelSpec& s) {
   w.set_f32(a + ".rope.freq_base", s.rope_theta);
   w.set_u32(a + ".rope.dimension_count", s.head_dim);
   w.set_u32(a + ".vocab_size", s.n_vocab);
-  add_tokenizer(w, s.n_vocab);
+  if (s.llama3_vocab) detail::add_llama3_tokenizer(w);
+  else detail::add_spm_tokenizer(w, s.n_vocab);
 
   const int64_t embd = s.n_embd, ff = s.n_ff, vocab = s.n_vocab;
   const int64_t q_dim = int64_t{s.n_heads} * s.head_dim, kv_dim = int64_t{s.n_kv_heads} * s.head_dim;
-  // A 2-D weight [fan_in, fan_out] (GGUF order), entries N(0, 1/fan_in) * gain.
+  // A tensor [n, rows] (GGUF order) of mean + std * N(0, 1), stored as tensor_type() says.
+  auto tensor = [&](const std::string& name, int64_t n, int64_t rows, double mean, double std) {
+    const GgmlType type = tensor_type(s, name);
+    std::vector<int64_t> dims = rows == 1 ? std::vector<int64_t>{n} : std::vector<int64_t>{n, rows};
+    w.add_tensor_stream(name, std::move(dims), type, random_tensor(s.seed, name, n, rows, type, mean, std));
+  };
+  // A 2-D weight [fan_in, fan_out], entries N(0, 1/fan_in) * gain.
   auto matrix = [&](const std::string& name, int64_t fan_in, int64_t fan_out, double gain = 1.0) {
-    const auto v = draw(s.seed, name, fan_in * fan_out, 0.0, gain / std::sqrt(static_cast<double>(fan_in)));
-    w.add_tensor_f32(name, {fan_in, fan_out}, s.weight_type, v);
+    tensor(name, fan_in, fan_out, 0.0, gain / std::sqrt(static_cast<double>(fan_in)));
   };
-  auto vector = [&](const std::string& name, int64_t n, double mean, double std) {
-    const auto v = draw(s.seed, name, n, mean, std);
-    w.add_tensor_f32(name, {n}, GgmlType::kF32, v);
-  };
+  auto vector = [&](const std::string& name, int64_t n, double mean, double std) { tensor(name, n, 1, mean, std); };
 
   // Tied: the embedding is also the output matrix, so it gets the output scale.
-  const double embd_std = s.tie_embeddings ? 2.0 / std::sqrt(static_cast<double>(embd)) : 1.0;
-  w.add_tensor_f32("token_embd.weight", {embd, vocab}, s.weight_type,
-                   draw(s.seed, "token_embd.weight", embd * vocab, 0.0, embd_std));
+  tensor("token_embd.weight", embd, vocab, 0.0, s.tie_embeddings ? 2.0 / std::sqrt(static_cast<double>(embd)) : 1.0);
   vector("output_norm.weight", embd, 1.0, 0.1);
   if (!s.tie_embeddings) matrix("output.weight", embd, vocab, 2.0);
   if (s.llama3_rope) {
@@ -295,5 +364,17 @@ const char* const kLlama2ChatTemplate =
     "{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
     "{% endif %}"
     "{% endfor %}";
+
+// Meta-Llama-3-Instruct's template: "<|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
+// per message, then the assistant header when a generation prompt is asked.
+const char* const kLlama3ChatTemplate =
+    "{% set loop_messages = messages %}"
+    "{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim "
+    "+ '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
 }  // namespace longctx::tools
