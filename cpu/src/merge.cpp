@@ -1,4 +1,4 @@
-// The LSE merge of two partial attention results (DESIGN.md, numerical contract).
+// The LSE merge of two partial attention results (docs/architecture.md, numerical contract).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// GPU LSE merge against an fp64 reference of the DESIGN.md contract.
+// GPU LSE merge against an fp64 reference of the numerical contract (docs/architecture.md).
 // Skips (with the reason) when this build or machine has no CUDA device.
 #include <gtest/gtest.h>
 

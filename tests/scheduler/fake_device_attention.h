@@ -210,7 +210,7 @@ class FakeDeviceAttention final : public DeviceAttention {
     const auto* cl = static_cast<const float*>(cpu_lse.data);
     auto* of = static_cast<float*>(out.data());
     const double inf = std::numeric_limits<double>::infinity();
-    for (int h = 0; h < shape_.n_heads; ++h) {  // DESIGN.md's merge, fp64
+    for (int h = 0; h < shape_.n_heads; ++h) {  // the contract's merge, fp64
       const double l1 = cl[h], l2 = pending_lse_[size_t(h)];
       const double m = std::max(l1, l2);
       const double w1 = l1 == -inf ? 0.0 : std::exp(l1 - m), w2 = l2 == -inf ? 0.0 : std::exp(l2 - m);

@@ -1,6 +1,6 @@
 // Decode attention over the KV store on the CPU, and the LSE merge.
 //
-// Numerical contract (DESIGN.md): scores are q.k * scale, accumulation fp32
+// Numerical contract (docs/architecture.md): scores are q.k * scale, accumulation fp32
 // whatever the storage dtype; every kernel returns out [n_q_heads][head_dim]
 // (normalized) and lse [n_q_heads] (natural log of the sum of exp(score) over
 // the keys it saw). A kernel that saw no key returns lse = -inf and out = 0.

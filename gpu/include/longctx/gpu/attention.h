@@ -1,4 +1,4 @@
-// Attention kernels of the GPU side (DESIGN.md numerical contract): chunked
+// Attention kernels of the GPU side (docs/architecture.md numerical contract): chunked
 // prefill attention (flash-attention style) and local-window decode
 // attention, plus the conversion of f32 K/V rows into the device K/V
 // buffers. Plain params structs and raw device pointers; no CUDA type leaves

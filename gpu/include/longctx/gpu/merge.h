@@ -1,4 +1,4 @@
-// LSE merge of two partial attention results on the GPU (DESIGN.md numerical
+// LSE merge of two partial attention results on the GPU (docs/architecture.md numerical
 // contract): for each query head h,
 //   m = max(l1, l2); w_i = exp(l_i - m); o = (w1 o1 + w2 o2) / (w1 + w2);
 //   l = m + log(w1 + w2);

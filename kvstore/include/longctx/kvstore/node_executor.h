@@ -1,5 +1,5 @@
 // Runs per-kv-head work on the threads of the NUMA node that holds the head's
-// blocks (DESIGN.md, performance rules).
+// blocks (docs/architecture.md, threads and NUMA).
 //
 // Scheme. A kernel cuts its work into items (a piece of a kv head's tokens, a
 // (kv head, query tile) pair, ...) and says which kv head each item reads.

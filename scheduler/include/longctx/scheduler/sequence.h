@@ -1,5 +1,6 @@
 // One sequence of a Transformer: its KV store, its decode policy and the
-// forward passes that fill and read them (DESIGN.md "Data flow").
+// forward passes that fill and read them (docs/architecture.md: one prefill
+// chunk, one decode step).
 //
 // prefill(tokens), layer-major: the hidden states of all the tokens, kept as
 // one backend tensor per chunk of chunk_size tokens, go through layer 0, then
