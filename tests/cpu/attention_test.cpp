@@ -33,6 +33,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 
 using testing::ForcedHighwayTarget;
+using testing::kernel_store_config;
 using testing::round_to;
 using testing::topology;
 
@@ -83,15 +84,7 @@ class AttnStore {
   static constexpr int kLayer = 1;
 
   AttnStore(const AttnCase& c, const RawKV& kv, std::mt19937& rng) : case_(c), budget_(uint64_t{1} << 30) {
-    LongContextConfig config;
-    config.max_seq_len = std::max<int64_t>(c.n_tokens, 8);
-    config.block_size = c.block_size;
-    config.kv_type = c.kv_type;
-    config.initial_len = 0;
-    config.local_windows_len = 0;
-    config.second_select_num = 0;
-    config.representative_type = RepresentativeType::kMax;
-    config.representative_num = 1;
+    const LongContextConfig config = kernel_store_config(c.kv_type, c.block_size, std::max<int64_t>(c.n_tokens, 8));
     store_ = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, c.n_kv_heads, c.head_dim}, config, budget_,
                                                 topology());
     const int64_t row = int64_t(c.n_kv_heads) * c.head_dim;

@@ -41,6 +41,21 @@ inline const kvstore::NumaTopology& topology() {
   return detected;
 }
 
+// The config of a store that the kernels read directly: no initial tokens,
+// no local window, no selection, one MAX representative per block.
+inline LongContextConfig kernel_store_config(DType kv_type, int block_size, int64_t max_seq_len) {
+  LongContextConfig config;
+  config.max_seq_len = max_seq_len;
+  config.block_size = block_size;
+  config.kv_type = kv_type;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  config.second_select_num = 0;
+  config.representative_type = RepresentativeType::kMax;
+  config.representative_num = 1;
+  return config;
+}
+
 // A KV store and the memory budget it draws from.
 struct BudgetedStore {
   kvstore::MemoryBudget budget{uint64_t{1} << 30};

@@ -24,6 +24,7 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using cpu::testing::kernel_store_config;
 using cpu::testing::round_to;
 using cpu::testing::topology;
 
@@ -46,15 +47,7 @@ struct Case {
 class Fixture {
  public:
   explicit Fixture(const Case& c) : c_(c), budget_(uint64_t{1} << 28) {
-    LongContextConfig config;
-    config.max_seq_len = c.n_prompt + c.steps + 1;
-    config.block_size = c.block_size;
-    config.kv_type = c.kv_type;
-    config.initial_len = 0;
-    config.local_windows_len = 0;
-    config.second_select_num = 0;
-    config.representative_type = RepresentativeType::kMax;
-    config.representative_num = 1;
+    const LongContextConfig config = kernel_store_config(c.kv_type, c.block_size, c.n_prompt + c.steps + 1);
     store_ = std::make_unique<kvstore::KVStore>(kvstore::KVShape{1, c.n_kv_heads, c.head_dim}, config, budget_,
                                                 topology());
     keys_.resize(size_t(c.n_kv_heads));

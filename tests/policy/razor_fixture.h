@@ -155,15 +155,9 @@ class RazorStore {
   static constexpr int kLayer = 1;
 
   RazorStore(const Case& c, uint32_t seed) : case_(c), rng_(seed), budget_(uint64_t{1} << 30) {
-    LongContextConfig config;
-    config.max_seq_len = c.max_tokens;
-    config.block_size = c.block_size;
-    config.kv_type = c.kv_type;
+    LongContextConfig config = cpu::testing::kernel_store_config(c.kv_type, c.block_size, c.max_tokens);
     config.initial_len = c.initial_len;
     config.local_windows_len = c.local_windows_len;
-    config.second_select_num = 0;
-    config.representative_type = RepresentativeType::kMax;
-    config.representative_num = 1;
     config.razor = c.razor;
     store_ = std::make_unique<kvstore::KVStore>(kvstore::KVShape{2, c.n_kv_heads, c.head_dim}, config, budget_,
                                                 topology());

@@ -16,6 +16,7 @@ namespace longctx::policy {
 namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
+using cpu::testing::kernel_store_config;
 using cpu::testing::spans_of;
 using cpu::testing::topology;
 
@@ -40,15 +41,9 @@ TEST(PolicyStreaming, FromTheStoreUsesInitialAndLocal) {
   kvstore::MemoryBudget budget(uint64_t{1} << 28);
   for (const int initial : {0, 4, 9}) {
     for (const int local : {0, 5, 30}) {
-      LongContextConfig config;
-      config.max_seq_len = 64;
-      config.block_size = 8;
-      config.kv_type = DType::kF32;
+      LongContextConfig config = kernel_store_config(DType::kF32, 8, 64);
       config.initial_len = initial;
       config.local_windows_len = local;
-      config.second_select_num = 0;
-      config.representative_type = RepresentativeType::kMax;
-      config.representative_num = 1;
       kvstore::KVStore store({1, 2, 8}, config, budget, topology());
       std::vector<float> kv(2 * 8, 0.25f);
       for (int64_t n = 1; n <= 50; ++n) {
