@@ -7,9 +7,14 @@
 
 namespace longctx::apps {
 
-ChosenBackend choose_backend(const std::string& choice) {
+ChosenBackend choose_backend(const ModelConfig& model) {
+  const std::string& choice = model.backend;
   if (choice != "auto" && choice != "cpu" && choice != "cuda")
     fail(ErrorCode::kConfig, "key 'model.backend': expected one of auto, cpu, cuda, got '", choice, "'");
+  const std::optional<WeightStorage> weights = parse_weight_storage(model.weights);
+  if (!weights)
+    fail(ErrorCode::kConfig, "key 'model.weights': expected one of native, bf16, f32, got '", model.weights, "'");
+  const auto cpu_backend = [&] { return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.weights = *weights}); };
   if (choice != "cpu") {
     std::string why_none;
     const std::vector<gpu::DeviceInfo> devices = gpu::list_devices(&why_none);
@@ -18,9 +23,9 @@ ChosenBackend choose_backend(const std::string& choice) {
       return {gpu::make_cuda_backend({}), "cuda (" + d.name + ", device " + std::to_string(d.index) + ")"};
     }
     if (choice == "cuda") fail(ErrorCode::kUnsupported, "model.backend is cuda but there is no CUDA device: ", why_none);
-    return {std::make_unique<cpu::CpuBackend>(), "cpu (no GPU: " + why_none + ")"};
+    return {cpu_backend(), "cpu (no GPU: " + why_none + ")"};
   }
-  return {std::make_unique<cpu::CpuBackend>(), "cpu"};
+  return {cpu_backend(), "cpu"};
 }
 
 }  // namespace longctx::apps

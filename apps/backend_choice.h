@@ -1,12 +1,13 @@
 // The Backend an application runs on, as config key model.backend says:
 // cpu, cuda, or auto (cuda when this build has CUDA and a GPU is present,
-// else cpu).
+// else cpu); a CPU backend keeps the weights as model.weights says.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "longctx/core/backend.h"
+#include "longctx/core/config.h"
 
 namespace longctx::apps {
 
@@ -17,6 +18,6 @@ struct ChosenBackend {
 
 // Throws Error(kUnsupported) for "cuda" without CUDA or a GPU (the reason
 // from gpu::list_devices), Error(kConfig) for another name.
-ChosenBackend choose_backend(const std::string& choice);
+ChosenBackend choose_backend(const ModelConfig& model);
 
 }  // namespace longctx::apps

@@ -348,7 +348,7 @@ int run(const Args& a) {
   std::optional<tbb::global_control> threads;
   if (config.threads_num > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(config.threads_num));
 
-  const apps::ChosenBackend chosen = apps::choose_backend(config.model.backend);
+  const apps::ChosenBackend chosen = apps::choose_backend(config.model);
   Backend& backend = *chosen.backend;
   const auto model = model::Model::open(model_path, backend);
   const model::ChatTemplate tmpl = choose_template(a, config, *model);

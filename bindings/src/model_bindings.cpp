@@ -55,7 +55,8 @@ PyModel open_model(py::handle path, py::handle config) {
     fail(ErrorCode::kInvalidArgument, "Model: no model file: pass a path or set model.path in the config");
   {
     py::gil_scoped_release nogil;
-    s->backend = std::make_unique<cpu::CpuBackend>();
+    s->backend = std::make_unique<cpu::CpuBackend>(
+        cpu::CpuBackendOptions{.weights = parse_weight_storage(s->config.model.weights).value()});
     s->model = model::Model::open(file, *s->backend);
     const std::string& name = s->config.model.chat_template;
     s->chat_template = name == "auto" ? model::detect_chat_template(s->model->tokenizer().vocab())

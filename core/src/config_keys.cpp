@@ -457,6 +457,12 @@ const std::vector<Key>& keys() {
                                   "device of the dense ops, the chunked prefill attention and the decode local "
                                   "window; auto = cuda when this build has CUDA and a GPU is present, else cpu; "
                                   "cuda = fail without one"));
+    k.push_back(choice_string_key("model.weights", field(&Config::model, &ModelConfig::weights),
+                                  {"native", "bf16", "f32"},
+                                  "how the CPU backend keeps the weights: native = each tensor in its GGUF type "
+                                  "(quantized blocks computed with int8 dot products), bf16 / f32 = converted at "
+                                  "load (more memory, more bytes per token); the CUDA backend converts to its own "
+                                  "dtype"));
     k.push_back(string_key("model.system_prompt", field(&Config::model, &ModelConfig::system_prompt),
                            "system message before the first user message; empty = none"));
     // sampling (longctx-chat)

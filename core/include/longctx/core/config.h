@@ -95,6 +95,7 @@ struct ModelConfig {
   std::string chat_template = "auto"; // auto (from the GGUF), raw, llama2, llama3, chatml, internlm2
   std::string system_prompt;          // empty = no system message
   std::string backend = "auto";       // auto (cuda when built with CUDA and a GPU is present), cpu, cuda
+  std::string weights = "native";     // native (each tensor in its GGUF type), bf16 or f32 (parse_weight_storage)
 };
 
 // Token sampling of longctx-chat: temperature, then top-k, then top-p
