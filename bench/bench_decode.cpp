@@ -16,7 +16,7 @@
 //            in the same run, and the process's resident memory.
 //   prefill  tokens/s of a dense layer-major chunked prefill of each --tokens
 //            count (real forward passes), with the matmuls' time and GFLOP/s
-//            against the fp32 FMA peak measured in the same run.
+//            against the fp32 FMA and int8 peaks measured in the same run.
 //
 //   longctx-bench decode [--model FILE.gguf] [--weights native|bf16|f32] [--contexts 4096,32768,131072]
 //                        [--budget 4096] [--steps 16] [--kv-type f16] [--quick]
@@ -37,6 +37,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
@@ -139,7 +140,7 @@ Record decode_record(const DecodeArgs& a, BenchModel& m, int64_t context, bool s
   return r;
 }
 
-Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, double fma_gflops) {
+Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, double fma_gflops, double int8_gops) {
   LongContextConfig config = config_for(a, std::max<int64_t>(n_tokens, kInitial + kLocal + kBlock), false);
   scheduler::Sequence seq(m.backend, m.transformer(), config);
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
@@ -155,6 +156,7 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, doub
   r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
   r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", mm.flops / mm.seconds / 1e9);
   r.set("fma_gflops", fma_gflops).set("of_fma_peak", mm.flops / mm.seconds / 1e9 / fma_gflops);
+  r.set("int8_gops", int8_gops).set("of_int8_peak", int8_gops > 0 ? mm.flops / mm.seconds / 1e9 / int8_gops : 0.0);
   r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }
@@ -230,13 +232,17 @@ int run_decode(const std::vector<std::string>& args) {
 int run_prefill(const std::vector<std::string>& args) {
   const DecodeArgs a = parse_args("prefill", args);
   const double fma_gflops = measure_fma_gflops(tbb::info::default_concurrency());
+  const double int8_gops = measure_int8_gops(tbb::info::default_concurrency());
   BenchModel m(a);
   std::vector<Record> records;
-  for (int64_t n : a.prefill_tokens) emit(records, prefill_record(a, m, n, fma_gflops));
+  for (int64_t n : a.prefill_tokens) emit(records, prefill_record(a, m, n, fma_gflops, int8_gops));
   print_model_line(m, a);
-  std::printf("dense attention, chunk %lld; fp32 FMA peak %.0f GFLOP/s (measured in this run); peak RSS %.2f GiB\n",
-              static_cast<long long>(a.chunk_size), fma_gflops, double(peak_resident_bytes()) / double(1 << 30));
-  print_table(records, {"tokens", "seconds", "tokens_per_s", "matmul_share", "matmul_gflops", "of_fma_peak", "rss_gib"});
+  std::printf("dense attention, chunk %lld; fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (%s; measured in this "
+              "run); peak RSS %.2f GiB\n",
+              static_cast<long long>(a.chunk_size), fma_gflops, int8_gops, cpu::quant_isa_name(cpu::best_quant_isa()),
+              double(peak_resident_bytes()) / double(1 << 30));
+  print_table(records, {"tokens", "seconds", "tokens_per_s", "matmul_share", "matmul_gflops", "of_fma_peak",
+                        "of_int8_peak", "rss_gib"});
   return 0;
 }
 

@@ -3,7 +3,8 @@
 //   rows <= 4 (decode): memory-bound; weight bytes per second against the
 //            read bandwidth measured in the same run;
 //   more rows (prefill): compute-bound; GFLOP/s (2 m n k per call) against
-//            the fp32 FMA peak measured in the same run.
+//            the fp32 FMA peak and, for quantized types, the int8 peak of the
+//            kernels' instructions, both measured in the same run.
 //
 //   longctx-bench matmul [--types q4_0,q8_0,q4_k,q5_k,q6_k,f16,bf16,f32] [--shapes 4096x4096,14336x4096,4096x14336]
 //                        [--rows 1,4,512] [--reps 5] [--quick]
@@ -102,10 +103,12 @@ int run_matmul(const std::vector<std::string>& args) {
   const int threads = tbb::info::default_concurrency();
   const double read_gbps = measure_read_gbps(size_t(1) << 30, threads, 5);
   const double fma_gflops = measure_fma_gflops(threads);
+  const double int8_gops = measure_int8_gops(threads);
   {
     Record r;
     r.set("bench", "matmul").set("kernel", "peaks").set("threads", threads).set("read_gbps", read_gbps);
-    r.set("fma_gflops", fma_gflops).set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
+    r.set("fma_gflops", fma_gflops).set("int8_gops", int8_gops);
+    r.set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
     std::printf("%s\n", r.json().c_str());
   }
   cpu::CpuBackend backend;
@@ -129,15 +132,16 @@ int run_matmul(const std::vector<std::string>& args) {
         r.set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
         r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
         r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
+        if (!dtype_of(type) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
         std::printf("%s\n", r.json().c_str());
         std::fflush(stdout);
         records.push_back(r);
       }
     }
   std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s; read bandwidth "
-              "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s (measured in this run)\n",
-              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops);
-  print_table(records, {"type", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak"});
+              "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (measured in this run)\n",
+              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops, int8_gops);
+  print_table(records, {"type", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak"});
   return 0;
 }
 

@@ -66,4 +66,9 @@ uint64_t peak_resident_bytes();
 // (peak_hwy.cpp): the roofline of compute-bound fp32 kernels.
 double measure_fma_gflops(int threads);
 
+// int8 multiply-add throughput (2 ops per byte product) of the instructions
+// the quantized matmul kernels use on this CPU (peak_int8.cpp: vpmaddubsw +
+// vpmaddwd, or vpdpbusd with VNNI); 0 where they run the generic kernels.
+double measure_int8_gops(int threads);
+
 }  // namespace longctx::bench

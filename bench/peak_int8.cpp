@@ -1,0 +1,93 @@
+// The int8 dot-product peak of this CPU, measured in the same run as the
+// quantized matmuls it bounds: chains of the instructions their kernels are
+// built on (cpu/quant_dot_x86.h), vpmaddubsw + vpmaddwd on AVX2 and vpdpbusd
+// where the CPU has VNNI, on 256-bit vectors like the kernels. Functions
+// carry their ISA as a target attribute and run only where cpu_features()
+// says the CPU has it.
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <vector>
+
+#include "bench_util.h"
+#include "longctx/core/cpu_features.h"
+#include "longctx/cpu/quant_matmul.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace longctx::bench {
+namespace {
+
+constexpr int kChains = 10;  // independent accumulators: cover the latency of two multiply pipes
+
+#if defined(__x86_64__)
+// Multiply-adds done: 32 byte products per instruction pair and chain.
+__attribute__((target("avx2"))) double maddubs_loop(int64_t iters, int* sink) {
+  const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  __m256i acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_epi32(j);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
+  __m256i total = acc[0];
+  for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, acc[j]);
+  *sink = _mm256_extract_epi32(total, 0);
+  return double(iters) * kChains * 32;
+}
+
+__attribute__((target("avx2,avxvnni"))) double dpbusd_avx_loop(int64_t iters, int* sink) {
+  const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
+  __m256i acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_epi32(j);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm256_dpbusd_avx_epi32(acc[j], u, s);
+  __m256i total = acc[0];
+  for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, acc[j]);
+  *sink = _mm256_extract_epi32(total, 0);
+  return double(iters) * kChains * 32;
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) double dpbusd_evex_loop(int64_t iters, int* sink) {
+  const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2);
+  __m256i acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_epi32(j);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm256_dpbusd_epi32(acc[j], u, s);
+  __m256i total = acc[0];
+  for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, acc[j]);
+  *sink = _mm256_extract_epi32(total, 0);
+  return double(iters) * kChains * 32;
+}
+#endif
+
+}  // namespace
+
+double measure_int8_gops(int threads) {
+#if defined(__x86_64__)
+  using Loop = double (*)(int64_t, int*);
+  Loop loop = nullptr;
+  switch (cpu::best_quant_isa()) {
+    case cpu::QuantIsa::kAvx512Vnni: loop = dpbusd_evex_loop; break;
+    case cpu::QuantIsa::kAvxVnni: loop = dpbusd_avx_loop; break;
+    case cpu::QuantIsa::kAvx2: loop = maddubs_loop; break;
+    case cpu::QuantIsa::kGeneric: return 0;
+  }
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  std::vector<int> sinks(static_cast<size_t>(threads));
+  std::vector<double> macs(static_cast<size_t>(threads));
+  auto run = [&] {
+    tbb::parallel_for(0, threads, [&](int t) { macs[size_t(t)] = loop(int64_t(10) << 20, &sinks[size_t(t)]); });
+  };
+  run();
+  const double seconds = median(time_runs(3, run));
+  double total = 0;
+  for (double m : macs) total += m;
+  return 2 * total / seconds / 1e9;
+#else
+  (void)threads;
+  return 0;
+#endif
+}
+
+}  // namespace longctx::bench
