@@ -21,6 +21,7 @@
 //   longctx-bench decode [--model FILE.gguf] [--weights native|bf16|f32] [--contexts 4096,32768,131072]
 //                        [--budget 4096] [--steps 16] [--kv-type f16] [--quick]
 //   longctx-bench prefill [--model FILE.gguf] [--weights native|bf16|f32] [--tokens 4096,16384]
+//                         [--quant-prefill auto|int8|bf16-tiles]
 //                         [--chunk 4096] [--quick]
 
 #include <algorithm>
@@ -49,6 +50,7 @@ namespace {
 struct DecodeArgs {
   std::string model;  // empty: the generated "bench" preset
   WeightStorage weights = WeightStorage::kNative;
+  cpu::QuantPrefill quant_prefill = cpu::QuantPrefill::kAuto;
   std::vector<int64_t> contexts{4096, 32768, 131072};
   int64_t budget_tokens = 4096;
   int steps = 16;
@@ -103,7 +105,7 @@ struct BenchModel {
   TimedBackend backend{cpu};
   std::unique_ptr<model::Model> model;
 
-  explicit BenchModel(const DecodeArgs& a) : cpu({.weights = a.weights}) {
+  explicit BenchModel(const DecodeArgs& a) : cpu({.weights = a.weights, .quant_prefill = a.quant_prefill}) {
     if (a.model.empty()) generated.emplace("bench");
     model = model::Model::open(a.model.empty() ? generated->path : a.model, backend);
   }
@@ -152,6 +154,7 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, doub
   const TimedBackend::Matmuls& mm = m.backend.matmuls();
   Record r;
   r.set("bench", "prefill").set("model", m.name()).set("weights", weight_storage_name(a.weights));
+  r.set("quant_prefill", m.cpu.quant_prefill_bf16() ? "bf16 tiles" : "int8");
   r.set("tokens", n_tokens).set("attention", "dense").set("kv_type", dtype_name(a.kv_type));
   r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
   r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", mm.flops / mm.seconds / 1e9);
@@ -173,6 +176,12 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
       const auto w = parse_weight_storage(next());
       if (!w) fail(ErrorCode::kInvalidArgument, command, ": --weights must be native, bf16 or f32");
       a.weights = *w;
+    } else if (args[i] == "--quant-prefill") {
+      const std::string& v = next();
+      if (v == "auto") a.quant_prefill = cpu::QuantPrefill::kAuto;
+      else if (v == "int8") a.quant_prefill = cpu::QuantPrefill::kInt8;
+      else if (v == "bf16-tiles") a.quant_prefill = cpu::QuantPrefill::kBf16Tiles;
+      else fail(ErrorCode::kInvalidArgument, command, ": --quant-prefill must be auto, int8 or bf16-tiles, got '", v, "'");
     } else if (args[i] == "--contexts") a.contexts = parse_list(next());
     else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());

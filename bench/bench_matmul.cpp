@@ -4,7 +4,9 @@
 //            read bandwidth measured in the same run;
 //   more rows (prefill): compute-bound; GFLOP/s (2 m n k per call) against
 //            the fp32 FMA peak and, for quantized types, the int8 peak of the
-//            kernels' instructions, both measured in the same run.
+//            kernels' instructions, both measured in the same run; where
+//            oneDNN has a bf16 kernel for the CPU, quantized weights also on
+//            the bf16-tiles path (QuantPrefill), to pick the faster one.
 //
 //   longctx-bench matmul [--types q4_0,q8_0,q4_k,q5_k,q6_k,f16,bf16,f32] [--shapes 4096x4096,14336x4096,4096x14336]
 //                        [--rows 1,4,512] [--reps 5] [--quick]
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,37 +114,51 @@ int run_matmul(const std::vector<std::string>& args) {
     r.set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
     std::printf("%s\n", r.json().c_str());
   }
-  cpu::CpuBackend backend;
+  // Quantized prefill computes on the int8 kernels, or on bf16 tiles for
+  // oneDNN where it has a bf16 kernel for this CPU: time both where both run.
+  cpu::CpuBackend backend({.quant_prefill = cpu::QuantPrefill::kInt8});
+  std::unique_ptr<cpu::CpuBackend> bf16_tiles;
+  try {
+    bf16_tiles = std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.quant_prefill = cpu::QuantPrefill::kBf16Tiles});
+  } catch (const Error& e) {
+    std::printf("{\"bench\": \"matmul\", \"prefill_path\": \"bf16_tiles\", \"skipped\": \"%s\"}\n", e.what());
+  }
   std::vector<Record> records;
+  auto time_matmul = [&](cpu::CpuBackend& be, GgmlType type, const std::vector<uint8_t>& bytes, int64_t n, int64_t k,
+                         int64_t m, const char* path) {
+    auto w = be.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    std::vector<float> x(size_t(m * k));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    auto xt = be.alloc({m, k});
+    be.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+    auto yt = be.alloc({m, n});
+    be.matmul(*xt, *w, nullptr, *yt);  // warm-up: caches, primitives
+    const double ms = 1e3 * median(time_runs(a.reps, [&] { be.matmul(*xt, *w, nullptr, *yt); }));
+    const double gflops = 2.0 * double(m * n * k) / (ms * 1e-3) / 1e9;
+    const double gbps = double(bytes.size()) / (ms * 1e-3) / 1e9;
+    Record r;
+    r.set("bench", "matmul").set("type", ggml_type_info(type).name).set("path", path).set("n", n).set("k", k);
+    r.set("rows", m).set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
+    r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
+    r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
+    if (!dtype_of(type) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    std::printf("%s\n", r.json().c_str());
+    std::fflush(stdout);
+    records.push_back(r);
+  };
   for (const auto& [n, k] : a.shapes)
     for (GgmlType type : a.types) {
       const std::vector<uint8_t> bytes = random_weight(type, n, k);
-      auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+      const bool quantized = !dtype_of(type);
       for (int64_t m : a.rows) {
-        std::vector<float> x(size_t(m * k));
-        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
-        auto xt = backend.alloc({m, k});
-        backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
-        auto yt = backend.alloc({m, n});
-        backend.matmul(*xt, *w, nullptr, *yt);  // warm-up: caches, primitives
-        const double ms = 1e3 * median(time_runs(a.reps, [&] { backend.matmul(*xt, *w, nullptr, *yt); }));
-        const double gflops = 2.0 * double(m * n * k) / (ms * 1e-3) / 1e9;
-        const double gbps = double(bytes.size()) / (ms * 1e-3) / 1e9;
-        Record r;
-        r.set("bench", "matmul").set("type", ggml_type_info(type).name).set("n", n).set("k", k).set("rows", m);
-        r.set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
-        r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
-        r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
-        if (!dtype_of(type) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
-        std::printf("%s\n", r.json().c_str());
-        std::fflush(stdout);
-        records.push_back(r);
+        time_matmul(backend, type, bytes, n, k, m, quantized ? (m <= 4 ? "int8 gemv" : "int8") : "float");
+        if (quantized && m > 4 && bf16_tiles) time_matmul(*bf16_tiles, type, bytes, n, k, m, "bf16 tiles");
       }
     }
   std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s; read bandwidth "
               "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (measured in this run)\n",
               threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops, int8_gops);
-  print_table(records, {"type", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak"});
+  print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak"});
   return 0;
 }
 
