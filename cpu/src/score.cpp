@@ -89,8 +89,6 @@ void check_reduce(Reduce value, Reduce allowed_a, Reduce allowed_b, const char* 
 
 }  // namespace
 
-namespace detail {
-
 void check_decode_query(const KVStore& store, int layer, const TensorView& q, const char* what) {
   const StoreLayout& layout = store.layout();
   if (layer < 0 || layer >= layout.shape.n_layers)
@@ -105,13 +103,11 @@ void check_decode_query(const KVStore& store, int layer, const TensorView& q, co
          n_kv_heads, " kv heads");
 }
 
-}  // namespace detail
-
 void score_blocks(const KVStore& store, int layer, const TensorView& q, const ScoreParams& params,
                   const MutableTensorView& scores) {
   const StoreLayout& layout = store.layout();
   const int n_kv_heads = layout.shape.n_kv_heads;
-  detail::check_decode_query(store, layer, q, "score_blocks");
+  check_decode_query(store, layer, q, "score_blocks");
   check_reduce(params.gqa_reduce, Reduce::kSum, Reduce::kMax, "gqa_reduce");
   check_reduce(params.dynamic_reduce, Reduce::kMax, Reduce::kMean, "dynamic_reduce");
 

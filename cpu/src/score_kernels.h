@@ -35,9 +35,4 @@ struct ScoreRun {
 
 void score_records(const ScoreRun& run);
 
-// Throws Error(kInvalidArgument), prefixed by `what`, unless `layer` exists and
-// q is f32 [n_q_heads, head_dim] with an inner stride of 1 and n_q_heads a
-// positive multiple of the store's kv heads.
-void check_decode_query(const kvstore::KVStore& store, int layer, const TensorView& q, const char* what);
-
 }  // namespace longctx::cpu::detail

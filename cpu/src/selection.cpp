@@ -10,7 +10,6 @@
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
-#include "score_kernels.h"
 
 namespace longctx::cpu {
 namespace {
@@ -128,44 +127,6 @@ Selection build_selection(const Partition& partition, int block_size, int n_kv_h
       selection.spans.push_back(spans_of_head(partition, block_size, chosen[h], h, include_local));
   }
   return selection;
-}
-
-Selection select_blocks(const KVStore& store, int layer, const TensorView& q, const SelectParams& params) {
-  detail::check_decode_query(store, layer, q, "select_blocks");
-  if (params.blocks < 0)
-    fail(ErrorCode::kInvalidArgument, "select_blocks: SelectParams::blocks is ", params.blocks, ", must be >= 0");
-  const int n_kv_heads = store.layout().shape.n_kv_heads;
-  const int block_size = store.layout().block_size;
-  const Partition part = store.partition(layer);
-  const int64_t n_context = part.end_context_block - part.first_context_block;
-
-  std::vector<std::vector<int64_t>> chosen;
-  if (params.blocks >= n_context) {
-    // Every context block fits: nothing to rank.
-    std::vector<int64_t> all(static_cast<size_t>(n_context));
-    for (int64_t i = 0; i < n_context; ++i) all[size_t(i)] = part.first_context_block + i;
-    chosen.push_back(std::move(all));
-  } else {
-    std::vector<float> scores(size_t(n_kv_heads) * size_t(n_context));
-    score_blocks(store, layer, q, params.score,
-                 make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context}));
-    const auto to_blocks = [&part](std::vector<int64_t> indices) {
-      for (int64_t& i : indices) i += part.first_context_block;
-      return indices;
-    };
-    if (params.mode == HeadSelectMode::kShared) {
-      std::vector<float> total(scores.begin(), scores.begin() + n_context);
-      for (int h = 1; h < n_kv_heads; ++h) {
-        const float* row = scores.data() + size_t(h) * size_t(n_context);
-        for (int64_t i = 0; i < n_context; ++i) total[size_t(i)] += row[i];
-      }
-      chosen.push_back(to_blocks(top_k(total.data(), n_context, params.blocks)));
-    } else {
-      for (int h = 0; h < n_kv_heads; ++h)
-        chosen.push_back(to_blocks(top_k(scores.data() + size_t(h) * size_t(n_context), n_context, params.blocks)));
-    }
-  }
-  return build_selection(part, block_size, n_kv_heads, chosen, params.include_local);
 }
 
 Selection select_all(const KVStore& store, int layer, bool include_local) {

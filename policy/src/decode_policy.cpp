@@ -6,16 +6,14 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/policy/preselect.h"
+#include "longctx/policy/select.h"
 #include "longctx/policy/streaming.h"
 
 namespace longctx::policy {
 
-using cpu::build_selection;
 using cpu::decode_attention;
 using cpu::DecodeAttentionParams;
 using cpu::dense_decode_attention;
-using cpu::score_blocks;
-using cpu::ScoreParams;
 using cpu::select_all;
 using cpu::Selection;
 using kvstore::Partition;
@@ -100,29 +98,11 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   const std::vector<float> votes = snapkv_token_votes(store_, layer, window_q, params);
   const int n_kv_heads = store_.layout().shape.n_kv_heads;
   const Partition partition = store_.partition(layer);
-  preselected_[size_t(layer)] =
+  preselected_[size_t(layer)] = Preselected{
       preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
-                       config_.preselect_block_count, config_.head_select_mode, config_.budget);
+                       config_.preselect_block_count, config_.head_select_mode, config_.budget),
+      config_.preselect_block_count};
   if (config_.representative_type == RepresentativeType::kDynamic) feed_dynamic(store_, layer, votes);
-}
-
-Selection DecodePolicy::select_blocks_now(int layer, const TensorView& q, const Partition& partition,
-                                          bool include_local) const {
-  const int n_kv_heads = store_.layout().shape.n_kv_heads;
-  const auto& preselected = preselected_[size_t(layer)];
-  if (preselected && use_preselected_as_is(config_))  // no scoring: the preselected set is the selection
-    return build_selection(partition, config_.block_size, n_kv_heads, *preselected, include_local);
-
-  const int64_t n_context = partition.end_context_block - partition.first_context_block;
-  std::vector<float> scores(size_t(n_kv_heads) * size_t(n_context));
-  score_blocks(store_, layer, q, ScoreParams{config_.gqa_reduce, config_.dynamic_reduce},
-               make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context}));
-  const std::vector<std::vector<int64_t>> chosen =
-      preselected ? reselect_blocks(*preselected, config_.preselect_block_count, std::move(scores), n_kv_heads,
-                                    partition, config_.second_select_num, config_.head_select_mode, config_.budget)
-                  : choose_blocks(scores, n_kv_heads, partition, config_.second_select_num,
-                                  config_.head_select_mode, config_.budget);
-  return build_selection(partition, config_.block_size, n_kv_heads, chosen, include_local);
 }
 
 Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local) {
@@ -138,7 +118,9 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
     case ReuseAction::kSelect:
       break;
   }
-  Selection selection = select_blocks_now(layer, q, partition, include_local);
+  const auto& preselected = preselected_[size_t(layer)];
+  Selection selection = select_blocks(store_, layer, q, SelectSpec::from_config(config_, include_local),
+                                      preselected ? &*preselected : nullptr);
   cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
   stats_.reselected = true;
   return selection;

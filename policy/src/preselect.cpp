@@ -296,10 +296,6 @@ void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, in
   }
 }
 
-bool use_preselected_as_is(const LongContextConfig& config) {
-  return config.preselect_block && config.second_select_num >= config.preselect_block_count;
-}
-
 std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<int64_t>>& preselected,
                                                   int64_t preselect_count, std::vector<float> scores,
                                                   int n_kv_heads, const Partition& partition, int64_t count,

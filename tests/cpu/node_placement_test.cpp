@@ -83,10 +83,12 @@ Results run_kernels(const kvstore::KVStore& store, const std::vector<float>& q, 
   r.scores.resize(size_t(kKvHeads * n_context));
   score_blocks(store, 0, q_view, ScoreParams{}, make_mutable_view(r.scores.data(), DType::kF32, {kKvHeads, n_context}));
 
-  SelectParams select;
-  select.blocks = 6;
-  select.mode = HeadSelectMode::kSeparate;
-  const Selection selection = select_blocks(store, 0, q_view, select);
+  std::vector<std::vector<int64_t>> chosen;  // the 6 best blocks of each kv head
+  for (int h = 0; h < kKvHeads; ++h) {
+    chosen.push_back(top_k(r.scores.data() + size_t(h * n_context), n_context, 6));
+    for (int64_t& b : chosen.back()) b += part.first_context_block;
+  }
+  const Selection selection = build_selection(part, layout.block_size, kKvHeads, chosen, true);
   DecodeAttentionParams params;
   params.split_tokens = 16;  // many pieces per kv head
   r.out.resize(size_t(2 * n_q * kDim));

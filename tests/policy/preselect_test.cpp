@@ -340,18 +340,7 @@ TEST(PreselectTest, PreselectedSetsMatchBruteForce) {
   }
 }
 
-TEST(PreselectTest, AsIsRuleAndRestrictedReselection) {
-  LongContextConfig config;
-  config.preselect_block = true;
-  config.preselect_block_count = 16;
-  config.second_select_num = 16;
-  EXPECT_TRUE(use_preselected_as_is(config));
-  config.second_select_num = 15;
-  EXPECT_FALSE(use_preselected_as_is(config));
-  config.second_select_num = 40;
-  config.preselect_block = false;
-  EXPECT_FALSE(use_preselected_as_is(config));
-
+TEST(PreselectTest, RestrictedReselection) {
   std::mt19937 rng(77);
   for (int trial = 0; trial < 200; ++trial) {
     const int n_heads = 1 + int(rng() % 4);

@@ -1,6 +1,7 @@
-// Which tokens a decode step attends, per kv head, and how they are chosen:
-// score the context blocks with the query, keep the top k, add the initial
-// tokens (sinks), the local window and the partial last block.
+// Which tokens a decode step attends, per kv head, and the pieces their choice
+// is made of: block scores of the query, top k, and the spans of the initial
+// tokens (sinks), the chosen blocks, the partial last block and the local
+// window. The choice itself is policy::select_blocks (policy/select.h).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,11 @@ struct ScoreParams {
   Reduce dynamic_reduce = Reduce::kMax;  // FIX/DYNAMIC: max (default) or mean over valid reps
 };
 
+// Throws Error(kInvalidArgument) naming `what` unless layer is a layer of the
+// store and q a decode query for it: f32 [n_q_heads, head_dim], inner
+// dimension contiguous, n_q_heads a positive multiple of the kv heads.
+void check_decode_query(const kvstore::KVStore& store, int layer, const TensorView& q, const char* what);
+
 // Block scores of every context block of `layer` (Partition::first_context_block
 // up to end_context_block) for decode query q (f32 [n_q_heads, head_dim]).
 // scores: f32 [n_kv_heads, n_context_blocks]; entry [h][i] scores block
@@ -49,23 +55,12 @@ std::vector<int64_t> top_k(const float* scores, int64_t n, int64_t k);
 // Blocks that fit a token budget: floor(token_budget / block_size).
 int64_t blocks_for_token_budget(int64_t token_budget, int block_size);
 
-struct SelectParams {
-  int64_t blocks = 0;           // k: context blocks kept (second_select_num)
-  HeadSelectMode mode = HeadSelectMode::kShared;
-  bool include_local = true;    // attend the local window here (false when the GPU does)
-  ScoreParams score;
-};
-
 // Builds the selection from chosen context blocks (absolute block indices per
 // kv head; one list shared by all heads when chosen.size() == 1): initial
 // tokens + chosen blocks clipped to the context range + the partial last
 // block when it lies in the context range + (include_local) the local window.
 Selection build_selection(const kvstore::Partition& partition, int block_size, int n_kv_heads,
                           const std::vector<std::vector<int64_t>>& chosen, bool include_local);
-
-// score_blocks + top_k (per kv head in SEPARATE mode, on the sum over kv heads
-// in SHARED mode) + build_selection.
-Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectParams& params);
 
 // Every token of the layer (include_local) or every token before the local window.
 Selection select_all(const kvstore::KVStore& store, int layer, bool include_local);

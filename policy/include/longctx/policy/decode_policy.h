@@ -9,12 +9,8 @@
 //   h2o        one H2OState per layer: init_from_prefill at on_prefill_end, step()
 //   select     layers below dense_layer_num attend everything; the others
 //              re-select or reuse as ReuseSchedule/SelectionCache decide. A
-//              re-selection scores the blocks (score_blocks) and keeps
-//              second_select_num of them (choose_blocks: SHARED sum over kv
-//              heads, SEPARATE per head, Ada-KV when budget.policy is
-//              adaptive); with preselection the choice is restricted to the
-//              layer's preselected set (reselect_blocks), or is that set as is
-//              without scoring (use_preselected_as_is). With RazorAttention
+//              re-selection is select_blocks (select.h) with the config's
+//              SelectSpec and the layer's preselected blocks. With RazorAttention
 //              (retrieval heads given or razor.retrieval_heads naming a file)
 //              the selection is that of the retrieval heads and
 //              razor_decode_attention compresses the others.
@@ -33,6 +29,7 @@
 #include "longctx/policy/h2o.h"
 #include "longctx/policy/razor.h"
 #include "longctx/policy/reuse.h"
+#include "longctx/policy/select.h"
 
 namespace longctx::policy {
 
@@ -84,8 +81,6 @@ class DecodePolicy {
 
  private:
   void check_layer(int layer, const char* what) const;
-  cpu::Selection select_blocks_now(int layer, const TensorView& q, const kvstore::Partition& partition,
-                                   bool include_local) const;
   cpu::Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local);
   void attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
                     const MutableTensorView& lse);
@@ -97,7 +92,7 @@ class DecodePolicy {
   RetrievalHeads heads_;  // n_layers() == 0: RazorAttention off
   ReuseSchedule schedule_;
   SelectionCache cache_;
-  std::vector<std::optional<std::vector<std::vector<int64_t>>>> preselected_;  // [layer]
+  std::vector<std::optional<Preselected>> preselected_;                        // [layer]
   std::vector<std::optional<H2OState>> h2o_;                                   // [layer]
   std::vector<std::optional<RazorCompensation>> razor_;                        // [layer]
   Stats stats_;

@@ -81,13 +81,9 @@ std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& blo
 void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, int n_kv_heads,
                         const kvstore::Partition& partition, std::vector<float>& scores);
 
-// True when selections must take the preselected set as is, without scoring:
-// preselection is on and second_select_num >= preselect_block_count.
-bool use_preselected_as_is(const LongContextConfig& config);
-
 // A later selection of `count` (= second_select_num) blocks restricted to the
-// preselected set: `preselected` itself when count >= preselect_count (the
-// as-is rule of use_preselected_as_is), else choose_blocks on the scores with
+// preselected set: `preselected` itself when count >= preselect_count (kept
+// as is: select_blocks then does not score), else choose_blocks on the scores with
 // every non-preselected block excluded (restrict_scores_to).
 std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<int64_t>>& preselected,
                                                   int64_t preselect_count, std::vector<float> scores,

@@ -49,11 +49,14 @@
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "longctx/policy/select.h"
 #include "longctx/workloads/metrics.h"
 #include "longctx/workloads/synthetic.h"
 
-namespace longctx::cpu {
+namespace longctx::policy {
 namespace {
+
+using namespace cpu;  // the kernels the selection is attended with
 
 using workloads::block_recall;
 using workloads::dense_probabilities;
@@ -166,7 +169,7 @@ TEST(NeedleRecall, QuestAtTwoPercentFindsNeedlesLocalOnlyDoesNot) {
                            make_mutable_view(dense_lse.data(), DType::kF32, {kQHeads}));
 
     auto evaluate = [&](int64_t blocks, HeadSelectMode mode) {
-      SelectParams params;
+      SelectSpec params;
       params.blocks = blocks;
       params.mode = mode;
       const Selection selection = select_blocks(store, 0, q, params);
@@ -212,4 +215,4 @@ TEST(NeedleRecall, QuestAtTwoPercentFindsNeedlesLocalOnlyDoesNot) {
 }
 
 }  // namespace
-}  // namespace longctx::cpu
+}  // namespace longctx::policy
