@@ -1,6 +1,7 @@
 // longctx-bench kernels: one decode step of one layer on the CPU engine —
 // dense attention, block scoring, selection (policy::select_blocks), sparse
-// attention, and the whole sparse step as DecodePolicy::decode runs it — over
+// attention, the LSE merge with the GPU part, and the whole sparse step as
+// DecodePolicy::decode runs it — over
 // contexts from 4K to 1M tokens, with the bytes each kernel must read and the
 // achieved GB/s beside the read bandwidth measured in the same run.
 #include <tbb/global_control.h>
@@ -112,6 +113,15 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   const double sparse_ms = cold([&] { cpu::decode_attention(store, 0, qv, selection, attn, ov, lv); });
   int64_t token_idx = 0;
   const double step_ms = cold([&] { decode_policy.decode(0, token_idx++, qv, true, ov, lv); });
+  // The LSE merge of two partial results (CPU part + GPU window), as decode
+  // runs it: on results still in cache, so timed hot over many calls.
+  std::vector<float> out_b(out), lse_b(lse);
+  constexpr int kMerges = 1000;
+  const double merge_ms = 1e3 / kMerges * median(time_runs(a.reps, [&] {
+    for (int i = 0; i < kMerges; ++i)
+      cpu::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), out.data(), lse.data(), a.q_heads,
+                           a.head_dim);
+  }));
   int64_t selected_tokens = 0;
   for (int h = 0; h < a.kv_heads; ++h) selected_tokens += selection.tokens(h);
 
@@ -131,6 +141,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   add("score", score_ms, score_bytes);
   add("select", select_ms, score_bytes);  // select = score + top-k + spans
   add("sparse", sparse_ms, sparse_bytes);
+  add("merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));  // two parts read, one written
   // sparse_step: DecodePolicy::decode, scoring + selection + attention as
   // they run in a model (select + sparse above are its parts, timed apart).
   Record step;

@@ -71,12 +71,6 @@ struct RowState {
   __device__ __forceinline__ float inv_d() const { return d > 0.f ? 1.f / d : 0.f; }
 };
 
-// Combines normalized partial results by LSE (the merge of docs/architecture.md), for a
-// split that stored (o / d, lse): weight exp(lse - max_lse), -inf parts weigh 0.
-__device__ __forceinline__ float lse_weight(float lse, float max_lse) {
-  return lse == -INFINITY ? 0.f : expf(lse - max_lse);
-}
-
 // ---- warp reductions (all 32 lanes take part) -------------------------------
 // Over groups of `kWidth` consecutive lanes (kWidth a power of two <= 32).
 template <int kWidth>

@@ -14,6 +14,7 @@
 
 #include "attention_common.cuh"
 #include "cuda_check.h"
+#include "longctx/core/lse_merge.h"
 
 namespace longctx::gpu::detail {
 namespace {
@@ -124,20 +125,16 @@ template <int D>
 __global__ void merge_splits_kernel(const float* part_out, const float* part_lse, int splits, int n_heads, float* out,
                                     float* lse) {
   const int head = blockIdx.x;
-  float max_lse = -INFINITY;
-  for (int s = 0; s < splits; ++s) max_lse = fmaxf(max_lse, part_lse[size_t(s) * n_heads + head]);
-  float total = 0.f;
-  for (int s = 0; s < splits; ++s) total += lse_weight(part_lse[size_t(s) * n_heads + head], max_lse);
-  const float inv = total > 0.f ? 1.f / total : 0.f;  // all splits empty: out 0, lse -inf
+  const LseMerge m = lse_merge(part_lse + head, splits, size_t(n_heads));  // all splits empty: out 0, lse -inf
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < splits; ++s) {
-      const float w = lse_weight(part_lse[size_t(s) * n_heads + head], max_lse);
-      if (w > 0.f) acc += w * part_out[(size_t(s) * n_heads + head) * D + c];
+      const float w = lse_weight(part_lse[size_t(s) * n_heads + head], m.max_lse);
+      if (w > 0.f) acc += w / m.weight_sum * part_out[(size_t(s) * n_heads + head) * D + c];
     }
-    out[size_t(head) * D + c] = acc * inv;
+    out[size_t(head) * D + c] = acc;
   }
-  if (threadIdx.x == 0) lse[head] = total > 0.f ? max_lse + logf(total) : -INFINITY;
+  if (threadIdx.x == 0) lse[head] = m.lse;
 }
 
 template <typename T>

@@ -6,34 +6,29 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "longctx/core/lse_merge.h"
 
 namespace longctx::gpu {
 namespace {
 
 // One block per query head; threads stride over head_dim. The weights are
-// computed once per head by every thread (cheap, avoids a shared-memory sync).
+// computed once per head by every thread (cheap, avoids a shared-memory sync),
+// as merge_attention computes them on the CPU (core/lse_merge.h).
 __global__ void merge_kernel(MergeParams p) {
   const int h = blockIdx.x;
-  const float l1 = p.lse_a[h];
-  const float l2 = p.lse_b[h];
-  const float m = fmaxf(l1, l2);
-  float w1 = 0.f, w2 = 0.f, lse = -INFINITY;
-  if (m != -INFINITY) {  // both empty: m = -inf and l - m would be NaN
-    w1 = (l1 == -INFINITY) ? 0.f : expf(l1 - m);
-    w2 = (l2 == -INFINITY) ? 0.f : expf(l2 - m);
-    lse = m + logf(w1 + w2);
-  }
-  const float inv = (w1 + w2) > 0.f ? 1.f / (w1 + w2) : 0.f;
+  const float both[2] = {p.lse_a[h], p.lse_b[h]};
+  const LseMerge m = lse_merge(both, 2);
+  const float ca = m.weight_sum > 0.f ? lse_weight(both[0], m.max_lse) / m.weight_sum : 0.f;
+  const float cb = m.weight_sum > 0.f ? lse_weight(both[1], m.max_lse) / m.weight_sum : 0.f;
   const size_t base = size_t(h) * p.head_dim;
   for (int c = threadIdx.x; c < p.head_dim; c += blockDim.x) {
-    // An empty part contributes weight 0; its out (0 by contract) is never read.
-    float o = 0.f;
-    if (w1 > 0.f) o += w1 * p.out_a[base + c];
-    if (w2 > 0.f) o += w2 * p.out_b[base + c];
-    p.out[base + c] = o * inv;
+    // A part that weighs 0 (empty: out 0 by contract) is never read.
+    const float a = ca > 0.f ? ca * p.out_a[base + c] : 0.f;
+    const float b = cb > 0.f ? cb * p.out_b[base + c] : 0.f;
+    p.out[base + c] = ca > 0.f && cb > 0.f ? a + b : ca > 0.f ? a : b;
   }
   __syncthreads();  // out may alias out_a/out_b; lse may alias lse_a/lse_b: write lse last
-  if (threadIdx.x == 0) p.lse[h] = lse;
+  if (threadIdx.x == 0) p.lse[h] = m.lse;
 }
 
 void check_params(const MergeParams& p) {
