@@ -13,7 +13,9 @@
 //            depend on the values), then every step is a real decode step.
 //            Beside tokens/s: the matmuls' share of a step, the weight bytes
 //            a step reads and their rate against the read bandwidth measured
-//            in the same run, and the process's resident memory.
+//            in the same run, where each step's time goes (matmuls, K/V
+//            appends, scoring + selection, attention, the rest) and the
+//            process's resident memory.
 //   prefill  tokens/s of a dense layer-major chunked prefill of each --tokens
 //            count (real forward passes), with the matmuls' time and GFLOP/s
 //            against the fp32 FMA and int8 peaks measured in the same run.
@@ -138,6 +140,16 @@ Record decode_record(const DecodeArgs& a, BenchModel& m, int64_t context, bool s
   r.set("ms_per_token", ms).set("tokens_per_s", 1e3 / ms).set("attended", seq.stats().mean_attended_fraction());
   r.set("matmul_ms", matmul_ms).set("weight_bytes_per_token", int64_t(mm.weight_bytes / a.steps));
   r.set("weight_gbps", weight_gbps).set("read_gbps", read_gbps).set("of_bandwidth", weight_gbps / read_gbps);
+  // Where a step's time goes (means over the steps, ms per token): the
+  // matmuls, the K/V appends, scoring + selection, attention, and the rest
+  // (norms, RoPE, SwiGLU, adds, embedding, host copies).
+  const scheduler::SequenceStats& st = seq.stats();
+  const double mean_ms = 1e3 * st.decode_seconds / double(st.decode_tokens);
+  const double append_ms = 1e3 * st.decode_append_seconds / double(st.decode_tokens);
+  const double select_ms = 1e3 * st.decode_select_seconds / double(st.decode_tokens);
+  const double attend_ms = 1e3 * st.decode_attend_seconds / double(st.decode_tokens);
+  r.set("mean_ms", mean_ms).set("append_ms", append_ms).set("select_ms", select_ms).set("attend_ms", attend_ms);
+  r.set("other_ms", mean_ms - matmul_ms - append_ms - select_ms - attend_ms);
   r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }
@@ -233,8 +245,8 @@ int run_decode(const std::vector<std::string>& args) {
               "GiB\n",
               static_cast<long long>(a.budget_tokens), kInitial, kLocal, kBlock, read_gbps,
               double(peak_resident_bytes()) / double(1 << 30));
-  print_table(records, {"context", "attention", "ms_per_token", "tokens_per_s", "attended", "matmul_ms", "weight_gbps",
-                        "of_bandwidth", "rss_gib"});
+  print_table(records, {"context", "attention", "ms_per_token", "tokens_per_s", "attended", "matmul_ms", "append_ms",
+                        "select_ms", "attend_ms", "other_ms", "of_bandwidth", "rss_gib"});
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // DecodePolicy: config -> the policy building blocks (see decode_policy.h).
 #include "longctx/policy/decode_policy.h"
 
+#include <chrono>
 #include <utility>
 
 #include "longctx/core/error.h"
@@ -155,6 +156,10 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
   check_layer(layer, "decode");
   if (token_idx < 0) fail(ErrorCode::kInvalidArgument, "DecodePolicy::decode: token_idx ", token_idx, " < 0");
   stats_ = Stats{};
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds = [&start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   switch (config_.policy) {
     case SelectionPolicy::kDense:
       attend_dense(layer, q, include_local, out, lse);
@@ -180,11 +185,13 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
         break;
       }
       const Selection selection = selection_for(layer, token_idx, q, include_local);
+      stats_.select_seconds = seconds();
       attend(layer, q, selection, include_local, out, lse);
       break;
     }
   }
   stats_.attended_tokens = attended_tokens(last_selection_);
+  stats_.attend_seconds = seconds() - stats_.select_seconds;
 }
 
 }  // namespace longctx::policy

@@ -145,7 +145,10 @@ void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Wor
   b.synchronize();
 
   const TensorView q = host_view(b, *ws.q, ws.host_q);
-  store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+  {
+    const PhaseTimer timer(decode_step ? &stats_.decode_append_seconds : nullptr);
+    store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+  }
   const MutableTensorView out = host_out(b, *ws.attn, ws.host_attn);
   if (decode_step) {
     policy_->decode(layer, token_idx, make_view(q.data, DType::kF32, {s.n_heads, s.head_dim}),
@@ -271,6 +274,8 @@ std::vector<float> Sequence::decode(int32_t token) {
       layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
       attended += policy_->last_stats().attended_tokens;
     }
+    stats_.decode_select_seconds += policy_->last_stats().select_seconds;
+    stats_.decode_attend_seconds += policy_->last_stats().attend_seconds;
     cached += store_->n_tokens(layer) * s.n_kv_heads;
   }
   ++n_past_;

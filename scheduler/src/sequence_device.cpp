@@ -72,7 +72,10 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
   device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);  // the token enters the ring
   if (b.host_memory()) b.synchronize();
   const TensorView q = host_view(b, *ws.q, ws.host_q);
-  store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+  {
+    const PhaseTimer timer(&stats_.decode_append_seconds);
+    store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+  }
 
   // The ring attends [ring_first, pos]. The store now holds pos + 1 tokens and
   // its Partition's local range is [local_begin, pos + 1) with local_begin =

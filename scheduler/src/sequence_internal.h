@@ -2,6 +2,7 @@
 // the per-pass activations and the host views of backend tensors.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -42,6 +43,21 @@ struct Sequence::Workspace {
     up = b.alloc({n, s.n_ff});
     lse.resize(size_t(n * s.n_heads));
   }
+};
+
+// Adds the seconds from its construction to its end to *sum (null: nothing).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* sum) : sum_(sum), start_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    if (sum_) *sum_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* sum_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // A host f32 view [rows, heads, dim] of a backend tensor: the tensor itself on

@@ -40,6 +40,8 @@ class DecodePolicy {
     int64_t attended_tokens = 0;  // tokens attended exactly, summed over kv heads
                                   // (RazorAttention's compensation tokens not counted)
     bool reselected = false;      // select policy: this call chose blocks (not dense, not reused)
+    double select_seconds = 0;    // select policy: scoring and choosing (or reusing) the blocks
+    double attend_seconds = 0;    // the attention over the selection (everything else of the call)
   };
 
   // `store` must outlive the policy; it is written only by on_prefill_end

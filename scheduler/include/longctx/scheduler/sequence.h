@@ -79,6 +79,13 @@ struct SequenceStats {
   // layers and kv heads, over the tokens cached (layers x kv heads x n_tokens).
   double last_attended_fraction = 0.0;
   double sum_attended_fraction = 0.0;  // over the decode steps counted above
+  // Where the decode steps' time went (seconds, summed over them and their
+  // layers): the token's K/V into the store, the policy's scoring and
+  // selection, its attention. The rest of decode_seconds is the backend's
+  // work (GEMVs, norms, RoPE, MLP, logits) and the waits for it.
+  double decode_append_seconds = 0.0;
+  double decode_select_seconds = 0.0;
+  double decode_attend_seconds = 0.0;
 
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
