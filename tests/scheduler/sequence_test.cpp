@@ -255,6 +255,12 @@ TEST_F(SequenceTest, SparseDecodeAttendsItsBudget) {
   // window) + 32 local tokens, of 301, per layer and kv head.
   EXPECT_LE(sparse.stats().last_attended_fraction, (16.0 + 32 + 32) / 301.0 + 1e-12);
   EXPECT_GT(sparse.stats().last_attended_fraction, (16.0 + 16 + 32) / 301.0);
+  // The step's phases were timed, and are parts of it.
+  const SequenceStats& st = sparse.stats();
+  EXPECT_GT(st.decode_append_seconds, 0.0);
+  EXPECT_GT(st.decode_select_seconds, 0.0);
+  EXPECT_GT(st.decode_attend_seconds, 0.0);
+  EXPECT_LT(st.decode_append_seconds + st.decode_select_seconds + st.decode_attend_seconds, st.decode_seconds);
   config.policy = SelectionPolicy::kStreaming;
   Sequence streaming(backend_, model, config, &topology());
   streaming.prefill(prompt);
