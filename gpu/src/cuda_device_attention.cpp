@@ -16,8 +16,10 @@
 // decode_local at a position other than the next one (after clear() on a
 // loaded KV store, say) restarts the run there, and until the window is full
 // again the local part covers only [run start, pos]: a caller merging it must
-// give the CPU part the rest (the scheduler instead attends such steps wholly
-// on the CPU). A decode_local of a layer ends its prefill (call
+// give the CPU part the rest. The scheduler never asks for that: clear() and
+// configure() start a new DeviceAttention::epoch, and a Sequence that no
+// longer owns the device attends its steps wholly on the CPU until its next
+// prefill or sync_with_store refills the rings (sequence.h). A decode_local of a layer ends its prefill (call
 // begin_prefill_layer again).
 #include <cuda_runtime.h>
 
@@ -61,8 +63,6 @@ class CudaDeviceAttention final : public DeviceAttention {
     cudaStreamSynchronize(ctx_.compute);
   }
 
-  void configure(const Shape& shape) override;
-  void clear() override;
   void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) override;
   void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
                      const BackendTensor& v, BackendTensor& out) override;
@@ -70,6 +70,10 @@ class CudaDeviceAttention final : public DeviceAttention {
   void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
                     const BackendTensor& v) override;
   void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) override;
+
+ protected:
+  void configure_buffers(const Shape& shape) override;
+  void drop_tokens() override;
 
  private:
   void check_configured(const char* op) const;
@@ -136,7 +140,7 @@ void CudaDeviceAttention::store(const float* src, void* dst, int64_t n, int64_t 
   store_kv(p, ctx_.compute);
 }
 
-void CudaDeviceAttention::configure(const Shape& s) {
+void CudaDeviceAttention::configure_buffers(const Shape& s) {
   const auto bad = [](const char* field, auto value, const char* why) {
     fail(ErrorCode::kInvalidArgument, "DeviceAttention::configure: ", field, " = ", value, ": ", why);
   };
@@ -184,10 +188,10 @@ void CudaDeviceAttention::configure(const Shape& s) {
   shape_ = s;
   if (shape_.scale == 0.f) shape_.scale = 1.f / std::sqrt(float(s.head_dim));
   configured_ = true;
-  clear();
+  drop_tokens();
 }
 
-void CudaDeviceAttention::clear() {
+void CudaDeviceAttention::drop_tokens() {
   check_configured("clear");
   pending_slot_ = -1;
   prefill_layer_ = -1;

@@ -71,7 +71,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   DeviceAttention* device = backend_.device_attention();
   if (device && device_path_applies(config_, model_.spec)) {
     const TransformerSpec& s = model_.spec;
-    DeviceAttention::Shape shape;
+    DeviceAttention::Shape& shape = device_shape_;
     shape.n_layers = s.n_layers;
     shape.n_heads = s.n_heads;
     shape.n_kv_heads = s.n_kv_heads;
@@ -81,9 +81,15 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     shape.window = config_.local_windows_len;
     shape.initial_len = config_.initial_len;
     shape.scale = s.attn_scale;
-    device->configure(shape);
     device_ = device;
+    claim_device();
   }
+}
+
+void Sequence::claim_device() {
+  if (owns_device()) return;
+  device_->configure(device_shape_);
+  device_epoch_ = device_->epoch();
 }
 
 Sequence::~Sequence() = default;
@@ -215,6 +221,7 @@ std::vector<float> Sequence::prefill(std::span<const int32_t> tokens, const Pref
   const int64_t q_row = int64_t(s.n_heads) * s.head_dim;
   std::vector<float> window_q(size_t(w * q_row));
 
+  if (device_) claim_device();  // before broken_: a failure here leaves everything as it was
   broken_ = true;  // cleared when every layer holds the new tokens
   for (int layer = 0; layer < s.n_layers; ++layer) {
     if (device_) device_begin_layer(layer);
@@ -265,10 +272,13 @@ std::vector<float> Sequence::decode(int32_t token) {
   Workspace& ws = *decode_ws_;
   backend_.embed(*model_.weights.token_embd, std::span<const int32_t>(&token, 1), *ws.x);
 
+  // Another sequence may hold the device's rings: then this step runs on the CPU.
+  const bool on_device = owns_device();
+  if (device_ && !on_device) ++stats_.decode_steps_off_device;
   broken_ = true;
   int64_t attended = 0, cached = 0;
   for (int layer = 0; layer < s.n_layers; ++layer) {
-    if (device_) {
+    if (on_device) {
       attended += device_decode_layer(layer, n_past_, *ws.x, ws, decode_idx_);
     } else {
       layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
@@ -298,6 +308,7 @@ void Sequence::sync_with_store() {
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
   policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
   if (device_) {
+    claim_device();
     broken_ = true;  // until every layer's ring holds the store's last tokens
     for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_begin_layer(layer);
   }
@@ -308,7 +319,10 @@ void Sequence::sync_with_store() {
 
 void Sequence::reset() {
   store_->clear();
-  if (device_) device_->clear();
+  if (owns_device()) {  // another sequence's tokens are not ours to drop
+    device_->clear();
+    device_epoch_ = device_->epoch();
+  }
   policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
   n_past_ = 0;
   decode_idx_ = 0;

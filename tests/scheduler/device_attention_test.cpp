@@ -2,7 +2,8 @@
 // backend ops + the fp64 FakeDeviceAttention of fake_device_attention.h)
 // gives the logits of a Sequence on the CPU backend, for chunked and
 // multi-turn prefill, dense / select / streaming decode, reset, snapshot +
-// sync_with_store, and windows larger than the sequence; and configurations
+// sync_with_store, windows larger than the sequence, two sequences taking
+// turns with one device and a device cleared behind a sequence's back; and configurations
 // the device does not run stay on the CPU path bit for bit, without a single
 // device call. Every device-path test also checks the fake's call counts, so
 // it cannot pass by falling back to the CPU.
@@ -260,6 +261,111 @@ TEST_F(DeviceAttentionTest, ResetClearsTheDevice) {
   EXPECT_EQ(prefill_all(seq, prompt), first[0]);
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(seq.decode(steps[i]), first[i + 1]) << "step " << i;
   EXPECT_EQ(device.attention().calls().decode_merge, 2 * 10);
+}
+
+// One turn of a conversation: a prefill of `tokens`, or decode steps of them.
+struct Turn {
+  bool prefill;
+  std::vector<int32_t> tokens;
+};
+
+// Runs turn `t` on seq and returns the logits of each call.
+std::vector<std::vector<float>> run_turn(Sequence& seq, const Turn& t) {
+  std::vector<std::vector<float>> logits;
+  if (t.prefill) {
+    logits.push_back(seq.prefill(t.tokens));
+  } else {
+    for (int32_t token : t.tokens) logits.push_back(seq.decode(token));
+  }
+  return logits;
+}
+
+// Two sequences on one device backend take turns: the device belongs to the
+// last one that configured it (constructor, prefill), and the other one's
+// decode steps run on the CPU path. Each gives the logits it gives alone on
+// a device of its own; the fake's decode_merge would throw on a ring that
+// holds another sequence's tokens.
+TEST_F(DeviceAttentionTest, InterleavedSequencesGiveWhatEachGivesAlone) {
+  const HostModel host = random_host_model(device_spec(), 30);
+  const Transformer model = upload_model(host, cpu_);
+  const LongContextConfig config = device_config(SelectionPolicy::kSelect);
+  const std::vector<Turn> turns_a = {{true, random_tokens(90, 64, 31)},
+                                     {false, random_tokens(5, 64, 32)},
+                                     {true, random_tokens(20, 64, 33)},
+                                     {false, random_tokens(4, 64, 34)}};
+  const std::vector<Turn> turns_b = {{true, random_tokens(70, 64, 35)},
+                                     {false, random_tokens(5, 64, 36)},
+                                     {false, random_tokens(4, 64, 37)},
+                                     {false, random_tokens(3, 64, 38)}};
+  const auto alone = [&](const std::vector<Turn>& turns) {
+    FakeDeviceBackend device(cpu_);
+    Sequence seq(device, model, config, &topology());
+    std::vector<std::vector<std::vector<float>>> logits;
+    for (const Turn& t : turns) logits.push_back(run_turn(seq, t));
+    EXPECT_EQ(seq.stats().decode_steps_off_device, 0);
+    return logits;
+  };
+  const auto alone_a = alone(turns_a), alone_b = alone(turns_b);
+
+  FakeDeviceBackend device(cpu_);
+  Sequence a(device, model, config, &topology());
+  Sequence b(device, model, config, &topology());  // configures the device: b's now
+  EXPECT_FALSE(a.owns_device());
+  EXPECT_TRUE(b.owns_device());
+  std::vector<std::vector<std::vector<float>>> got_a, got_b;
+  for (size_t i = 0; i < turns_a.size(); ++i) {  // a's turn i, then b's
+    got_a.push_back(run_turn(a, turns_a[i]));
+    got_b.push_back(run_turn(b, turns_b[i]));
+  }
+  // a's prefills took the device back, b's first prefill took it again; b's
+  // later turns are decodes: a decoded its first turn off the device and its
+  // second on it (its second prefill took it), b the other way round.
+  EXPECT_EQ(a.stats().decode_steps_off_device, 5);
+  EXPECT_EQ(b.stats().decode_steps_off_device, 4 + 3);
+  for (size_t i = 0; i < turns_a.size(); ++i) {
+    for (size_t j = 0; j < got_a[i].size(); ++j)
+      expect_logits_near(got_a[i][j], alone_a[i][j], 120, "a turn " + std::to_string(i) + " call " + std::to_string(j));
+    for (size_t j = 0; j < got_b[i].size(); ++j)
+      expect_logits_near(got_b[i][j], alone_b[i][j], 90, "b turn " + std::to_string(i) + " call " + std::to_string(j));
+  }
+
+  // reset() of a sequence that does not own the device leaves it alone.
+  ASSERT_TRUE(a.owns_device());
+  const int clears = device.attention().calls().clear;
+  b.reset();
+  EXPECT_EQ(device.attention().calls().clear, clears);
+  EXPECT_TRUE(a.owns_device());
+  a.decode(7);
+  EXPECT_EQ(a.stats().decode_steps_off_device, 5);
+}
+
+// The device cleared behind a loaded sequence's back (a ring gap): its decode
+// steps run on the CPU path and give the CPU path's logits; sync_with_store
+// takes the device back and refills the rings.
+TEST_F(DeviceAttentionTest, ARingGapIsAttendedOnTheCpu) {
+  const HostModel host = random_host_model(device_spec(), 40);
+  const Transformer model = upload_model(host, cpu_);
+  const LongContextConfig config = device_config(SelectionPolicy::kSelect);
+  const std::vector<int32_t> prompt = random_tokens(100, 64, 41), steps = random_tokens(6, 64, 42);
+  FakeDeviceBackend device(cpu_);
+  Sequence seq(device, model, config, &topology());
+  Sequence on_cpu(cpu_, model, config, &topology());
+  seq.prefill(prompt);
+  on_cpu.prefill(prompt);
+  device.attention().clear();
+  EXPECT_FALSE(seq.owns_device());
+  const int merges = device.attention().calls().decode_merge;
+  for (size_t i = 0; i < 3; ++i)
+    expect_logits_near(seq.decode(steps[i]), on_cpu.decode(steps[i]), 101 + int64_t(i), "gap step " + std::to_string(i));
+  EXPECT_EQ(device.attention().calls().decode_merge, merges);
+  EXPECT_EQ(seq.stats().decode_steps_off_device, 3);
+  seq.sync_with_store();
+  on_cpu.sync_with_store();  // the same fresh policy state
+  EXPECT_TRUE(seq.owns_device());
+  for (size_t i = 3; i < steps.size(); ++i)
+    expect_logits_near(seq.decode(steps[i]), on_cpu.decode(steps[i]), 101 + int64_t(i), "step " + std::to_string(i));
+  EXPECT_EQ(device.attention().calls().decode_merge, merges + 2 * 3);
+  EXPECT_EQ(seq.stats().decode_steps_off_device, 3);
 }
 
 // Snapshot of a device sequence, loaded into a new one: sync_with_store

@@ -51,7 +51,8 @@ class FakeDeviceAttention final : public DeviceAttention {
   const std::vector<int64_t>& history_rows() const { return history_rows_; }
   const Shape& shape() const { return shape_; }
 
-  void configure(const Shape& shape) override {
+ protected:
+  void configure_buffers(const Shape& shape) override {
     ++calls_.configure;
     auto bad = [](const char* field, auto value) {
       fail(ErrorCode::kInvalidArgument, "FakeDeviceAttention::configure: ", field, " = ", value, " unsupported");
@@ -70,14 +71,15 @@ class FakeDeviceAttention final : public DeviceAttention {
     layer_v_.assign(layer_k_.size(), 0.0f);
     ring_k_.assign(size_t(shape.n_layers), std::vector<float>(size_t(shape.window) * row_, 0.0f));
     ring_v_ = ring_k_;
-    drop_tokens();
+    reset_rings();
   }
 
-  void clear() override {
+  void drop_tokens() override {
     ++calls_.clear;
-    drop_tokens();
+    reset_rings();
   }
 
+ public:
   void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) override {
     ++calls_.begin_prefill_layer;
     check_layer(layer, "begin_prefill_layer");
@@ -227,7 +229,7 @@ class FakeDeviceAttention final : public DeviceAttention {
  private:
   int64_t q_row() const { return int64_t(shape_.n_heads) * shape_.head_dim; }
 
-  void drop_tokens() {
+  void reset_rings() {
     ring_pos_.assign(size_t(shape_.n_layers), std::vector<int64_t>(size_t(shape_.window), -1));
     ring_seen_.assign(size_t(shape_.n_layers), 0);
     prefill_layer_ = -1;

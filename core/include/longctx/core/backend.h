@@ -145,10 +145,22 @@ class DeviceAttention {
   // (Re)sizes the device buffers for `shape` and drops every token: one
   // layer's K/V [max_tokens] and n_layers rings [window]. Throws
   // Error(kInvalidArgument) naming the field for a shape it cannot run, and
-  // Error(kOutOfMemory) (buffers left as they were) beyond the budget.
-  virtual void configure(const Shape& shape) = 0;
-  // Drops every token of every layer (buffers kept).
-  virtual void clear() = 0;
+  // Error(kOutOfMemory) (buffers and epoch left as they were) beyond the
+  // budget. Starts a new epoch.
+  void configure(const Shape& shape) {
+    configure_buffers(shape);
+    ++epoch_;
+  }
+  // Drops every token of every layer (buffers kept). Starts a new epoch.
+  void clear() {
+    drop_tokens();
+    ++epoch_;
+  }
+  // Who the buffers belong to: a sequence that configured (or cleared) the
+  // device in epoch e owns its rings while epoch() == e; once another
+  // configures or clears it, they are no longer its own (Sequence attends
+  // its window on the CPU then, see sequence.h).
+  uint64_t epoch() const { return epoch_; }
 
   // Layer-major prefill of `layer`, whose first `history.rows` tokens are
   // already cached (an earlier turn): history_k/v are host [n_history,
@@ -190,6 +202,14 @@ class DeviceAttention {
   // [n_heads], numerical contract of DESIGN.md) with the local part of the
   // last decode_local into out [1, n_heads*head_dim].
   virtual void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) = 0;
+
+ protected:
+  // configure() and clear() of the implementation; the epoch is kept here.
+  virtual void configure_buffers(const Shape& shape) = 0;
+  virtual void drop_tokens() = 0;
+
+ private:
+  uint64_t epoch_ = 0;
 };
 
 class Backend {

@@ -22,18 +22,26 @@
 // bf16, head_dim is 64, 128 or 256, policy is not h2o (it attends its recent
 // tokens on the CPU) and QUOKA prefill is off (a restricted prefill on the
 // CPU), attention goes through the backend's DeviceAttention, which the
-// constructor configures (so one live Sequence per device backend: the last
-// one constructed owns its DeviceAttention). Prefill: per layer
-// begin_prefill_layer with the layer's cached tokens (multi-turn), per chunk
-// prefill_chunk on the device, then the chunk's K/V (chunk_kv) appended to
-// the store while the device runs the MLP; only the chunks holding the
-// policy's window queries download q. Decode: decode_local attends the device
-// ring's [max(initial_len, pos + 1 - window), pos], which is the store's
-// Partition local range once the token is appended; the policy attends the
-// rest (include_local = false) and decode_merge combines them. The rings are
-// filled by prefill_chunk and decode_local, and by begin_prefill_layer from a
-// layer's cached K/V, which is how sync_with_store refills them. Without a
-// device path everything runs on the CPU as described above.
+// constructor configures. Prefill: per layer begin_prefill_layer with the
+// layer's cached tokens (multi-turn), per chunk prefill_chunk on the device,
+// then the chunk's K/V (chunk_kv) appended to the store while the device
+// runs the MLP; only the chunks holding the policy's window queries download
+// q. Decode: decode_local attends the device ring's [max(initial_len, pos + 1
+// - window), pos], which is the store's Partition local range once the token
+// is appended; the policy attends the rest (include_local = false) and
+// decode_merge combines them. The rings are filled by prefill_chunk and
+// decode_local, and by begin_prefill_layer from a layer's cached K/V, which
+// is how sync_with_store refills them.
+//
+// One DeviceAttention, several sequences: its buffers belong to the sequence
+// that last configured or cleared it (owns_device, DeviceAttention::epoch).
+// A sequence whose device another one has taken runs its decode steps on the
+// CPU path (window included; stats().decode_steps_off_device counts them),
+// and takes the device back at its next prefill or sync_with_store, which
+// configure it again and refill the rings from the store. reset() clears the
+// device only when it owns it. So interleaved sequences give the tokens each
+// gives alone. Without a device path everything runs on the CPU as described
+// above.
 //
 // A later prefill continues at n_past (multi-turn): the new tokens attend
 // everything before them and the policy is fed the new prompt's last queries.
@@ -86,6 +94,9 @@ struct SequenceStats {
   double decode_append_seconds = 0.0;
   double decode_select_seconds = 0.0;
   double decode_attend_seconds = 0.0;
+  // Decode steps of a device-path sequence that ran on the CPU because the
+  // device held another sequence's tokens (owns_device() false).
+  int64_t decode_steps_off_device = 0;
 
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
@@ -141,6 +152,9 @@ class Sequence {
   const LongContextConfig& config() const { return config_; }
   // True when attention goes through the backend's DeviceAttention (above).
   bool uses_device_attention() const { return device_ != nullptr; }
+  // True while the device's buffers hold this sequence's tokens: it was the
+  // last to configure or clear the backend's DeviceAttention (DeviceAttention::epoch).
+  bool owns_device() const { return device_ != nullptr && device_->epoch() == device_epoch_; }
 
  private:
   struct Workspace;
@@ -160,6 +174,9 @@ class Sequence {
   // layer's cached K/V uploaded as history, the ring refilled from it), one
   // chunk, one decode layer.
   void device_begin_layer(int layer);
+  // Makes the device this sequence's again when another took it: configure
+  // (every token dropped; prefill and sync_with_store then refill the rings).
+  void claim_device();
   void device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,
                             const std::function<void(const float* q, int64_t n)>& on_queries);
   // Returns the tokens the step attended exactly, summed over kv heads.
@@ -178,6 +195,8 @@ class Sequence {
   std::unique_ptr<policy::DecodePolicy> policy_;
   std::unique_ptr<Workspace> decode_ws_;
   DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
+  DeviceAttention::Shape device_shape_;  // what this sequence configures it with
+  uint64_t device_epoch_ = UINT64_MAX;   // the device's epoch when this sequence configured or cleared it
   std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back
   int64_t n_past_ = 0;
   int64_t decode_idx_ = 0;  // decode steps since the last prefill (DecodePolicy's token_idx)
