@@ -30,6 +30,7 @@
 #include "cuda_check.h"
 #include "cuda_internal.h"
 #include "longctx/core/error.h"
+#include "longctx/core/local_window.h"
 #include "longctx/gpu/attention.h"
 #include "longctx/gpu/merge.h"
 
@@ -67,8 +68,8 @@ class CudaDeviceAttention final : public DeviceAttention {
   void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
                      const BackendTensor& v, BackendTensor& out) override;
   HostKV chunk_kv() override;
-  void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                    const BackendTensor& v) override;
+  int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                       const BackendTensor& v) override;
   void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) override;
 
  protected:
@@ -342,7 +343,7 @@ DeviceAttention::HostKV CudaDeviceAttention::chunk_kv() {
   return kv;
 }
 
-void CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+int64_t CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
                                        const BackendTensor& v) {
   const char* op = "decode_local";
   check_layer(layer, op);
@@ -356,6 +357,11 @@ void CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTens
          shape_.max_tokens);
   activate(ctx_);
   if (pos != ring_seen_[size_t(layer)]) ring_from_[size_t(layer)] = pos;  // a gap: the run restarts
+  // Sinks are the CPU part's; before the first non-sink token the range is empty.
+  const int64_t first = shape_.window > 0
+                            ? std::max(local_window_begin(pos + 1, shape_.initial_len, shape_.window),
+                                       ring_from_[size_t(layer)])
+                            : pos + 1;
   if (shape_.window > 0) {
     store(static_cast<const float*>(k.data()), buf_.ring_k[size_t(layer)].get(), 1, pos, shape_.window, true);
     store(static_cast<const float*>(v.data()), buf_.ring_v[size_t(layer)].get(), 1, pos, shape_.window, true);
@@ -369,9 +375,7 @@ void CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTens
     p.workspace_bytes = buf_.local_workspace.bytes();
     p.kv_dtype = shape_.kv_dtype;
     p.capacity = shape_.window;
-    // Sinks are the CPU part's; before the first non-sink token the range is empty.
-    const int64_t first = std::max({shape_.initial_len, pos + 1 - shape_.window, ring_from_[size_t(layer)]});
-    p.first_pos = std::min(first, pos + 1);
+    p.first_pos = first;
     p.last_pos = pos;
     p.n_heads = shape_.n_heads;
     p.n_kv_heads = shape_.n_kv_heads;
@@ -383,6 +387,7 @@ void CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTens
   decode_layer_ = layer;
   if (prefill_layer_ == layer) prefill_layer_ = -1;
   pending_slot_ = -1;
+  return first;
 }
 
 void CudaDeviceAttention::decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse,

@@ -8,6 +8,7 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/local_window.h"
 #include "longctx/kvstore/node_executor.h"
 #include "longctx/kvstore/snapshot.h"
 #include "representatives.h"
@@ -544,7 +545,7 @@ Partition KVStore::partition(int layer) const {
   Partition p;
   p.n_tokens = n_tokens(layer);
   p.initial_end = std::min<int64_t>(config_.initial_len, p.n_tokens);
-  p.local_begin = std::max<int64_t>(p.initial_end, p.n_tokens - config_.local_windows_len);
+  p.local_begin = local_window_begin(p.n_tokens, config_.initial_len, config_.local_windows_len);
   p.first_context_block = p.initial_end / bs;
   p.end_context_block = p.local_begin > p.initial_end ? ceil_div(p.local_begin, bs) : p.first_context_block;
   return p;

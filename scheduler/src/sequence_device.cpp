@@ -69,7 +69,8 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
   Backend& b = backend_;
   const TransformerSpec& s = model_.spec;
   attention_inputs(layer, pos, x, ws);
-  device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);  // the token enters the ring
+  // The token enters the ring, which attends [ring_first, pos].
+  const int64_t ring_first = device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);
   if (b.host_memory()) b.synchronize();
   const TensorView q = host_view(b, *ws.q, ws.host_q);
   {
@@ -77,15 +78,11 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
     store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
   }
 
-  // The ring attends [ring_first, pos]. The store now holds pos + 1 tokens and
-  // its Partition's local range is [local_begin, pos + 1) with local_begin =
-  // max(min(initial_len, pos + 1), pos + 1 - window): the same range when
-  // pos + 1 > initial_len, and empty like the ring's when pos + 1 <= initial_len
-  // (then ring_first = initial_len > pos). So the CPU part (include_local =
-  // false: sinks + context) and the ring's part partition the tokens.
+  // The CPU part (include_local = false: sinks + context) is the store's
+  // Partition below its local range; it and the ring's range must partition
+  // the tokens, or a token would be attended twice or not at all.
   const kvstore::Partition part = store_->partition(layer);
-  const int64_t ring_first = std::max<int64_t>(config_.initial_len, pos + 1 - config_.local_windows_len);
-  if (part.n_tokens != pos + 1 || part.local_begin != std::min(ring_first, pos + 1))
+  if (part.n_tokens != pos + 1 || part.local_begin != ring_first)
     fail(ErrorCode::kInternal, "Sequence::decode: layer ", layer, " at position ", pos, ": store local range [",
          part.local_begin, ", ", part.n_tokens, ") is not the device ring's [", ring_first, ", ", pos + 1, ")");
 

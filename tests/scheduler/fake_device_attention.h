@@ -34,6 +34,7 @@
 #include "longctx/core/backend.h"
 #include "longctx/core/forwarding_backend.h"
 #include "longctx/core/error.h"
+#include "longctx/core/local_window.h"
 
 namespace longctx::testing {
 
@@ -157,7 +158,7 @@ class FakeDeviceAttention final : public DeviceAttention {
     return kv;
   }
 
-  void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+  int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
                     const BackendTensor& v) override {
     ++calls_.decode_local;
     check_layer(layer, "decode_local");
@@ -175,8 +176,8 @@ class FakeDeviceAttention final : public DeviceAttention {
     round_to_kv(vr.data(), row_);
     ring_put(layer, pos, kr.data(), vr.data());
     ring_seen_[size_t(layer)] = pos + 1;
-    // [max(initial_len, pos + 1 - window), pos]; slot = position % window.
-    const int64_t first = std::max(shape_.initial_len, pos + 1 - shape_.window);
+    // [local_window_begin(pos + 1, initial_len, window), pos]; slot = position % window.
+    const int64_t first = local_window_begin(pos + 1, shape_.initial_len, shape_.window);
     std::vector<int64_t> keys;
     pending_stale_ = false;
     for (int64_t p = first; p <= pos; ++p) {
@@ -192,6 +193,7 @@ class FakeDeviceAttention final : public DeviceAttention {
              ring_v_[size_t(layer)].data(), [w](int64_t p) { return p % w; },
              pending_out_.data() + h * shape_.head_dim, &pending_lse_[size_t(h)]);
     pending_layer_ = layer;
+    return first;
   }
 
   void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) override {

@@ -192,12 +192,15 @@ class DeviceAttention {
   // Decode step of `layer`: k/v [1, n_kv_heads*head_dim] of the new token at
   // position `pos` (= tokens the layer held before) go into the layer's ring;
   // the local part of the attention of q [1, n_heads*head_dim] over the ring's
-  // tokens in [max(initial_len, pos + 1 - window), pos] is computed on the
-  // device (out and lse kept inside until decode_merge). `pos` must be the
-  // number of tokens the layer's ring has seen (set by begin_prefill_layer,
-  // advanced by prefill_chunk and decode_local), else Error(kInvalidArgument).
-  virtual void decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                            const BackendTensor& v) = 0;
+  // tokens in [local_window_begin(pos + 1, initial_len, window), pos]
+  // (core/local_window.h) is computed on the device (out and lse kept inside
+  // until decode_merge). Returns the first position it attends (pos + 1 for
+  // an empty range), so the caller can check that its CPU part is the rest.
+  // `pos` must be the number of tokens the layer's ring has seen (set by
+  // begin_prefill_layer, advanced by prefill_chunk and decode_local), else
+  // Error(kInvalidArgument).
+  virtual int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                               const BackendTensor& v) = 0;
   // Merges the CPU part (host f32 cpu_out [n_heads, head_dim], cpu_lse
   // [n_heads], numerical contract of DESIGN.md) with the local part of the
   // last decode_local into out [1, n_heads*head_dim].
