@@ -81,11 +81,13 @@ int64_t BackendTensor::numel() const {
   return count;
 }
 
-std::string BackendTensor::describe() const {
-  std::string text = std::string(ggml_type_info(type_).name) + "[";
-  for (size_t d = 0; d < shape_.size(); ++d) {
+std::string BackendTensor::describe() const { return ggml_type_info(type_).name + format_shape(shape_); }
+
+std::string format_shape(std::span<const int64_t> shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
     if (d > 0) text += ", ";
-    text += std::to_string(shape_[d]);
+    text += std::to_string(shape[d]);
   }
   return text + "]";
 }

@@ -99,11 +99,7 @@ std::span<const int> scale_fields(GgmlType type) {
 
 void check_host_weight(const HostWeight& w) {
   const GgmlTypeInfo& info = ggml_type_info(w.type);
-  const auto shape = [&] {
-    std::string text;
-    for (int64_t e : w.shape) text += (text.empty() ? "" : ", ") + std::to_string(e);
-    return str_cat(info.name, "[", text, "]");
-  };
+  const auto shape = [&] { return info.name + format_shape(w.shape); };
   int64_t numel = 1;
   for (int64_t extent : w.shape)
     if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel))

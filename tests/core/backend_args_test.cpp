@@ -115,5 +115,11 @@ TEST(BackendArgs, CopiesNeedTheTensorsDtypeAndElementCount) {
   EXPECT_EQ(backend_row_length(f32({4, 3, 2})), 6);
 }
 
+TEST(BackendArgs, FormatShapeListsTheExtents) {
+  EXPECT_EQ(format_shape(std::vector<int64_t>{}), "[]");
+  EXPECT_EQ(format_shape(std::vector<int64_t>{4096, 8, -1}), "[4096, 8, -1]");
+  EXPECT_EQ(f32({17, 4096}).describe(), "f32[17, 4096]");
+}
+
 }  // namespace
 }  // namespace longctx

@@ -55,6 +55,9 @@ class BackendTensor {
   std::vector<int64_t> shape_;
 };
 
+// "[17, 4096]": the extents of a backend tensor or weight as messages print them.
+std::string format_shape(std::span<const int64_t> shape);
+
 // The GGML type of an f32 / f16 / bf16 dtype, and back (nullopt for a block type).
 GgmlType ggml_type_of(DType dtype);
 std::optional<DType> dtype_of(GgmlType type);
