@@ -7,6 +7,10 @@
 
 namespace longctx {
 
+void fail_foreign_tensor(const BackendTensor& t, const char* backend, const char* op, const char* arg) {
+  fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", t.describe(), " is not a ", backend, " tensor");
+}
+
 int64_t backend_row_length(const BackendTensor& t) {
   int64_t count = 1;
   for (size_t d = 1; d < t.shape().size(); ++d) count *= t.shape()[d];

@@ -89,23 +89,6 @@ struct CpuBackend::Impl {
   std::unique_ptr<detail::MatmulEngine> matmul;
 };
 
-namespace {
-
-const CpuTensor& cpu_tensor(const BackendTensor& t, const char* op, const char* arg) {
-  const auto* cpu = dynamic_cast<const CpuTensor*>(&t);
-  if (cpu == nullptr)
-    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", t.describe(), " is not a CpuBackend tensor");
-  return *cpu;
-}
-
-CpuTensor& cpu_tensor(BackendTensor& t, const char* op, const char* arg) {
-  return const_cast<CpuTensor&>(cpu_tensor(static_cast<const BackendTensor&>(t), op, arg));
-}
-
-
-
-}  // namespace
-
 CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.weights != WeightStorage::kNative && options.weights != WeightStorage::kBF16 &&
       options.weights != WeightStorage::kF32)
@@ -147,13 +130,13 @@ std::unique_ptr<BackendTensor> CpuBackend::alloc(std::vector<int64_t> shape, DTy
 }
 
 void CpuBackend::upload(const TensorView& src, BackendTensor& dst) {
-  auto& out = cpu_tensor(dst, "upload", "dst");
+  auto& out = backend_tensor_cast<CpuTensor>(dst, "upload", "dst");
   check_upload_args(src, out);
   gather_view(src, out.data(), out.dtype());
 }
 
 void CpuBackend::download(const BackendTensor& src, const MutableTensorView& dst) {
-  const auto& in = cpu_tensor(src, "download", "src");
+  const auto& in = backend_tensor_cast<CpuTensor>(src, "download", "src");
   check_download_args(in, dst);
   scatter_view(in.data(), dst);
 }
@@ -188,10 +171,10 @@ std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
 }
 
 void CpuBackend::matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) {
-  const auto& xt = cpu_tensor(x, "matmul", "x");
-  const auto& wt = cpu_tensor(w, "matmul", "w");
-  auto& yt = cpu_tensor(y, "matmul", "y");
-  if (bias != nullptr) cpu_tensor(*bias, "matmul", "bias");
+  const auto& xt = backend_tensor_cast<CpuTensor>(x, "matmul", "x");
+  const auto& wt = backend_tensor_cast<CpuTensor>(w, "matmul", "w");
+  auto& yt = backend_tensor_cast<CpuTensor>(y, "matmul", "y");
+  if (bias != nullptr) backend_tensor_cast<CpuTensor>(*bias, "matmul", "bias");
   const MatmulDims d = check_matmul_args(x, w, bias, y);
   if (d.n == 0 || d.out == 0) return;
   impl_->matmul->run(static_cast<const float*>(xt.data()), wt.data(), w.type(), static_cast<float*>(yt.data()), d.n,
@@ -200,9 +183,9 @@ void CpuBackend::matmul(const BackendTensor& x, const BackendTensor& w, const Ba
 }
 
 void CpuBackend::rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) {
-  const auto& xt = cpu_tensor(x, "rms_norm", "x");
-  const auto& wt = cpu_tensor(weight, "rms_norm", "weight");
-  auto& yt = cpu_tensor(y, "rms_norm", "y");
+  const auto& xt = backend_tensor_cast<CpuTensor>(x, "rms_norm", "x");
+  const auto& wt = backend_tensor_cast<CpuTensor>(weight, "rms_norm", "weight");
+  auto& yt = backend_tensor_cast<CpuTensor>(y, "rms_norm", "y");
   check_rms_norm_args(x, weight, eps, y);
   const int64_t d = x.shape().back();
   if (d == 0) return;
@@ -211,7 +194,7 @@ void CpuBackend::rms_norm(const BackendTensor& x, const BackendTensor& weight, f
 }
 
 void CpuBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) {
-  auto& xt = cpu_tensor(x, "rope", "x");
+  auto& xt = backend_tensor_cast<CpuTensor>(x, "rope", "x");
   check_rope_args(x, first_pos, params);
   const std::vector<float> inv_freq = rope_inv_freq(params);  // validates params
   detail::rope_rows(static_cast<float*>(xt.data()), x.shape()[0], x.shape()[1], x.shape()[2], first_pos, inv_freq,
@@ -219,26 +202,26 @@ void CpuBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& par
 }
 
 void CpuBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) {
-  const auto& g = cpu_tensor(gate, "swiglu", "gate");
-  const auto& u = cpu_tensor(up, "swiglu", "up");
-  auto& o = cpu_tensor(out, "swiglu", "out");
+  const auto& g = backend_tensor_cast<CpuTensor>(gate, "swiglu", "gate");
+  const auto& u = backend_tensor_cast<CpuTensor>(up, "swiglu", "up");
+  auto& o = backend_tensor_cast<CpuTensor>(out, "swiglu", "out");
   check_elementwise_args("swiglu", {"gate", "up", "out"}, gate, up, out);
   detail::swiglu_elems(static_cast<const float*>(g.data()), static_cast<const float*>(u.data()),
                        static_cast<float*>(o.data()), gate.numel());
 }
 
 void CpuBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) {
-  const auto& at = cpu_tensor(a, "add", "a");
-  const auto& bt = cpu_tensor(b, "add", "b");
-  auto& o = cpu_tensor(out, "add", "out");
+  const auto& at = backend_tensor_cast<CpuTensor>(a, "add", "a");
+  const auto& bt = backend_tensor_cast<CpuTensor>(b, "add", "b");
+  auto& o = backend_tensor_cast<CpuTensor>(out, "add", "out");
   check_elementwise_args("add", {"a", "b", "out"}, a, b, out);
   detail::add_elems(static_cast<const float*>(at.data()), static_cast<const float*>(bt.data()),
                     static_cast<float*>(o.data()), a.numel());
 }
 
 void CpuBackend::embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) {
-  const auto& tt = cpu_tensor(table, "embed", "table");
-  auto& o = cpu_tensor(out, "embed", "out");
+  const auto& tt = backend_tensor_cast<CpuTensor>(table, "embed", "table");
+  auto& o = backend_tensor_cast<CpuTensor>(out, "embed", "out");
   check_embed_args(table, tokens, out);
   detail::embed_rows(tt.data(), table.type(), table.shape()[1], tokens, static_cast<float*>(o.data()));
 }

@@ -23,6 +23,7 @@ struct MemoryAccount {
 
 class CpuTensor final : public BackendTensor {
  public:
+  static constexpr const char* kBackendName = "CpuBackend";  // backend_tensor_cast's errors
   // Reserves and allocates `bytes` for a tensor of `type`; throws
   // Error(kOutOfMemory) leaving nothing reserved.
   CpuTensor(GgmlType type, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,

@@ -23,18 +23,6 @@ namespace detail {
 
 void activate(const CudaContext& context) { cuda_check(cudaSetDevice(context.device), "cudaSetDevice"); }
 
-const CudaTensor& cuda_tensor(const BackendTensor& t, const char* op, const char* arg) {
-  const auto* cuda = dynamic_cast<const CudaTensor*>(&t);
-  if (cuda == nullptr)
-    fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", t.describe(), " is not a CudaBackend tensor");
-  return *cuda;
-}
-
-CudaTensor& cuda_tensor(BackendTensor& t, const char* op, const char* arg) {
-  return const_cast<CudaTensor&>(cuda_tensor(static_cast<const BackendTensor&>(t), op, arg));
-}
-
-
 void copy_host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
   if (bytes == 0) return;
   cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
@@ -208,13 +196,13 @@ void CudaBackend::copy_to_device(const TensorView& src, void* dst, DType dst_dty
 }
 
 void CudaBackend::upload(const TensorView& src, BackendTensor& dst) {
-  auto& out = cuda_tensor(dst, "upload", "dst");
+  auto& out = backend_tensor_cast<CudaTensor>(dst, "upload", "dst");
   check_upload_args(src, out);
   copy_to_device(src, out.data(), out.dtype());
 }
 
 void CudaBackend::download(const BackendTensor& src, const MutableTensorView& dst) {
-  const auto& in = cuda_tensor(src, "download", "src");
+  const auto& in = backend_tensor_cast<CudaTensor>(src, "download", "src");
   check_download_args(in, dst);
   const size_t bytes = in.bytes();
   if (bytes == 0) return;
@@ -240,10 +228,10 @@ std::unique_ptr<BackendTensor> CudaBackend::load_weight(const HostWeight& host) 
 }
 
 void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias, BackendTensor& y) {
-  const auto& xt = cuda_tensor(x, "matmul", "x");
-  const auto& wt = cuda_tensor(w, "matmul", "w");
-  auto& yt = cuda_tensor(y, "matmul", "y");
-  if (bias != nullptr) cuda_tensor(*bias, "matmul", "bias");
+  const auto& xt = backend_tensor_cast<CudaTensor>(x, "matmul", "x");
+  const auto& wt = backend_tensor_cast<CudaTensor>(w, "matmul", "w");
+  auto& yt = backend_tensor_cast<CudaTensor>(y, "matmul", "y");
+  if (bias != nullptr) backend_tensor_cast<CudaTensor>(*bias, "matmul", "bias");
   check_backend_dtype(w, weight_dtype_, "matmul", "w (the weight dtype)");
   const MatmulDims dims = check_matmul_args(x, w, bias, y);
   const int64_t n = dims.n, in = dims.in, out = dims.out;
@@ -278,9 +266,9 @@ void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const B
 }
 
 void CudaBackend::rms_norm(const BackendTensor& x, const BackendTensor& weight, float eps, BackendTensor& y) {
-  const auto& xt = cuda_tensor(x, "rms_norm", "x");
-  const auto& wt = cuda_tensor(weight, "rms_norm", "weight");
-  auto& yt = cuda_tensor(y, "rms_norm", "y");
+  const auto& xt = backend_tensor_cast<CudaTensor>(x, "rms_norm", "x");
+  const auto& wt = backend_tensor_cast<CudaTensor>(weight, "rms_norm", "weight");
+  auto& yt = backend_tensor_cast<CudaTensor>(y, "rms_norm", "y");
   check_rms_norm_args(x, weight, eps, y);
   const int64_t d = x.shape().back();
   if (d == 0) return;
@@ -304,7 +292,7 @@ const float* CudaBackend::inv_freq_on_device(const std::vector<float>& inv_freq)
 }
 
 void CudaBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& params) {
-  auto& xt = cuda_tensor(x, "rope", "x");
+  auto& xt = backend_tensor_cast<CudaTensor>(x, "rope", "x");
   check_rope_args(x, first_pos, params);
   const int64_t n = x.shape()[0], n_heads = x.shape()[1], head_dim = x.shape()[2];
   const std::vector<float> inv_freq = rope_inv_freq(params);  // validates params
@@ -315,9 +303,9 @@ void CudaBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& pa
 }
 
 void CudaBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) {
-  const auto& g = cuda_tensor(gate, "swiglu", "gate");
-  const auto& u = cuda_tensor(up, "swiglu", "up");
-  auto& o = cuda_tensor(out, "swiglu", "out");
+  const auto& g = backend_tensor_cast<CudaTensor>(gate, "swiglu", "gate");
+  const auto& u = backend_tensor_cast<CudaTensor>(up, "swiglu", "up");
+  auto& o = backend_tensor_cast<CudaTensor>(out, "swiglu", "out");
   check_elementwise_args("swiglu", {"gate", "up", "out"}, gate, up, out);
   activate(context_);
   swiglu_elems(static_cast<const float*>(g.data()), static_cast<const float*>(u.data()), static_cast<float*>(o.data()),
@@ -325,9 +313,9 @@ void CudaBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, Bac
 }
 
 void CudaBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTensor& out) {
-  const auto& at = cuda_tensor(a, "add", "a");
-  const auto& bt = cuda_tensor(b, "add", "b");
-  auto& o = cuda_tensor(out, "add", "out");
+  const auto& at = backend_tensor_cast<CudaTensor>(a, "add", "a");
+  const auto& bt = backend_tensor_cast<CudaTensor>(b, "add", "b");
+  auto& o = backend_tensor_cast<CudaTensor>(out, "add", "out");
   check_elementwise_args("add", {"a", "b", "out"}, a, b, out);
   activate(context_);
   add_elems(static_cast<const float*>(at.data()), static_cast<const float*>(bt.data()), static_cast<float*>(o.data()),
@@ -335,8 +323,8 @@ void CudaBackend::add(const BackendTensor& a, const BackendTensor& b, BackendTen
 }
 
 void CudaBackend::embed(const BackendTensor& table, std::span<const int32_t> tokens, BackendTensor& out) {
-  const auto& tt = cuda_tensor(table, "embed", "table");
-  auto& o = cuda_tensor(out, "embed", "out");
+  const auto& tt = backend_tensor_cast<CudaTensor>(table, "embed", "table");
+  auto& o = backend_tensor_cast<CudaTensor>(out, "embed", "out");
   check_embed_args(table, tokens, out);
   if (tokens.empty() || table.shape()[1] == 0) return;
   activate(context_);

@@ -29,6 +29,7 @@
 
 #include "cuda_check.h"
 #include "cuda_internal.h"
+#include "longctx/core/backend_args.h"
 #include "longctx/core/error.h"
 #include "longctx/core/local_window.h"
 #include "longctx/gpu/attention.h"
@@ -120,7 +121,7 @@ void CudaDeviceAttention::check_layer(int layer, const char* op) const {
 
 int64_t CudaDeviceAttention::check_rows(const BackendTensor& t, int64_t row_elems, const char* op,
                                         const char* arg) const {
-  cuda_tensor(t, op, arg);
+  backend_tensor_cast<CudaTensor>(t, op, arg);
   if (t.dtype() != DType::kF32 || t.shape().empty() || t.numel() != t.shape()[0] * row_elems)
     fail(ErrorCode::kInvalidArgument, "DeviceAttention::", op, ": ", arg, " must be f32 [n, ", row_elems, "], got ",
          t.describe());

@@ -17,6 +17,7 @@ namespace longctx::gpu::detail {
 // A backend tensor: device memory from the backend's device pool.
 class CudaTensor final : public BackendTensor {
  public:
+  static constexpr const char* kBackendName = "CudaBackend";  // backend_tensor_cast's errors
   CudaTensor(DType dtype, std::vector<int64_t> shape, PoolBlock block)
       : BackendTensor(dtype, std::move(shape)), block_(std::move(block)) {}
   void* data() override { return block_.get(); }
@@ -39,11 +40,6 @@ struct CudaContext {
 
 // Makes the context's device current for this thread.
 void activate(const CudaContext& context);
-
-// The tensor as a CudaTensor, or Error(kInvalidArgument) naming op and arg.
-const CudaTensor& cuda_tensor(const BackendTensor& t, const char* op, const char* arg);
-CudaTensor& cuda_tensor(BackendTensor& t, const char* op, const char* arg);
-
 
 // Enqueues a host-to-device copy on `stream`; returns when src may be reused
 // (waits for the copy when src is pinned). `what` names it in errors.

@@ -17,6 +17,7 @@ namespace {
 // A shape-only tensor: the checks never read data, except to compare pointers.
 class ShapeTensor final : public BackendTensor {
  public:
+  static constexpr const char* kBackendName = "ShapeBackend";  // backend_tensor_cast's errors
   ShapeTensor(DType dtype, std::vector<int64_t> shape, void* data = nullptr)
       : BackendTensor(dtype, std::move(shape)), data_(data) {}
   void* data() override { return data_; }
@@ -27,6 +28,14 @@ class ShapeTensor final : public BackendTensor {
 };
 
 ShapeTensor f32(std::vector<int64_t> shape) { return ShapeTensor(DType::kF32, std::move(shape)); }
+
+// A tensor of another backend.
+class ForeignTensor final : public BackendTensor {
+ public:
+  ForeignTensor() : BackendTensor(DType::kF32, {2, 3}) {}
+  void* data() override { return nullptr; }
+  const void* data() const override { return nullptr; }
+};
 
 // The message of the Error(kInvalidArgument) fn throws; "" when it does not throw.
 template <typename Fn>
@@ -113,6 +122,19 @@ TEST(BackendArgs, CopiesNeedTheTensorsDtypeAndElementCount) {
                 .find("null data pointer"),
             std::string::npos);
   EXPECT_EQ(backend_row_length(f32({4, 3, 2})), 6);
+}
+
+TEST(BackendArgs, TensorCastKeepsOwnTensorsAndNamesAForeignOne) {
+  ShapeTensor own = f32({2, 3});
+  EXPECT_EQ(&backend_tensor_cast<ShapeTensor>(static_cast<const BackendTensor&>(own), "add", "a"), &own);
+  ShapeTensor& writable = backend_tensor_cast<ShapeTensor>(static_cast<BackendTensor&>(own), "add", "out");
+  EXPECT_EQ(&writable, &own);
+  ForeignTensor foreign;
+  EXPECT_EQ(rejection([&] { backend_tensor_cast<ShapeTensor>(foreign, "matmul", "x"); }),
+            "matmul: x f32[2, 3] is not a ShapeBackend tensor");
+  const ForeignTensor& read_only = foreign;
+  EXPECT_EQ(rejection([&] { backend_tensor_cast<ShapeTensor>(read_only, "embed", "table"); }),
+            "embed: table f32[2, 3] is not a ShapeBackend tensor");
 }
 
 TEST(BackendArgs, FormatShapeListsTheExtents) {

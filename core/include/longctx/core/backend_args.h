@@ -1,17 +1,33 @@
 // Argument checks of the Backend ops (backend.h), shared by every backend so
 // that a wrong call fails with the same message on each: ranks, shapes,
 // dtypes and ranges, Error(kInvalidArgument) naming the op and the argument.
-// A backend first checks that the tensors are its own, then calls these,
-// then adds limits of its own (cuBLAS's 32-bit sizes, say).
+// A backend first checks that the tensors are its own (backend_tensor_cast),
+// then calls these, then adds limits of its own (cuBLAS's 32-bit sizes, say).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "longctx/core/backend.h"
 #include "longctx/core/tensor.h"
 
 namespace longctx {
+
+// `t` as one backend's own tensor type, Tensor (derived from BackendTensor,
+// Tensor::kBackendName naming the backend), or Error(kInvalidArgument)
+// "matmul: x f32[2, 3] is not a CpuBackend tensor".
+[[noreturn]] void fail_foreign_tensor(const BackendTensor& t, const char* backend, const char* op, const char* arg);
+template <class Tensor>
+const Tensor& backend_tensor_cast(const BackendTensor& t, const char* op, const char* arg) {
+  const auto* own = dynamic_cast<const Tensor*>(&t);
+  if (own == nullptr) fail_foreign_tensor(t, Tensor::kBackendName, op, arg);
+  return *own;
+}
+template <class Tensor>
+Tensor& backend_tensor_cast(BackendTensor& t, const char* op, const char* arg) {
+  return const_cast<Tensor&>(backend_tensor_cast<Tensor>(std::as_const(t), op, arg));
+}
 
 // Product of the extents after the first (the row length of an [n, ...] tensor).
 int64_t backend_row_length(const BackendTensor& t);
