@@ -1,6 +1,7 @@
 #include "longctx/core/backend_args.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "longctx/core/error.h"
@@ -9,6 +10,28 @@ namespace longctx {
 
 void fail_foreign_tensor(const BackendTensor& t, const char* backend, const char* op, const char* arg) {
   fail(ErrorCode::kInvalidArgument, op, ": ", arg, " ", t.describe(), " is not a ", backend, " tensor");
+}
+
+namespace {
+
+// The element count of `shape`; nullopt for a negative extent or a count past int64_t.
+std::optional<int64_t> checked_numel(std::span<const int64_t> shape) {
+  int64_t numel = 1;
+  for (int64_t extent : shape)
+    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel)) return std::nullopt;
+  return numel;
+}
+
+}  // namespace
+
+size_t backend_tensor_bytes(std::span<const int64_t> shape, DType dtype, const char* backend, const char* op) {
+  const size_t elem = dtype_size(dtype);  // rejects an invalid dtype value
+  const std::optional<int64_t> numel = checked_numel(shape);
+  if (!numel) fail(ErrorCode::kInvalidArgument, backend, "::", op, ": invalid shape ", format_shape(shape));
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(size_t(*numel), elem, &bytes))
+    fail(ErrorCode::kOutOfMemory, backend, "::", op, ": ", *numel, " elements overflow the address space");
+  return bytes;
 }
 
 int64_t backend_row_length(const BackendTensor& t) {
@@ -104,14 +127,12 @@ std::span<const int> scale_fields(GgmlType type) {
 void check_host_weight(const HostWeight& w) {
   const GgmlTypeInfo& info = ggml_type_info(w.type);
   const auto shape = [&] { return info.name + format_shape(w.shape); };
-  int64_t numel = 1;
-  for (int64_t extent : w.shape)
-    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel))
-      fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': invalid shape ", shape());
+  const std::optional<int64_t> numel = checked_numel(w.shape);
+  if (!numel) fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': invalid shape ", shape());
   if (w.shape.empty() || w.shape.back() % info.block_elems != 0)
     fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": ", info.name,
          " rows must be whole blocks of ", info.block_elems, " values");
-  const std::optional<uint64_t> bytes = ggml_bytes(w.type, numel);
+  const std::optional<uint64_t> bytes = ggml_bytes(w.type, *numel);
   if (!bytes || *bytes != w.bytes.size())
     fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), " needs ", bytes ? *bytes : 0,
          " bytes, got ", w.bytes.size());

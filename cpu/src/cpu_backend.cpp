@@ -113,19 +113,7 @@ bool CpuBackend::bf16_native() const { return impl_->matmul->bf16_native(); }
 bool CpuBackend::quant_prefill_bf16() const { return impl_->matmul->quant_prefill_bf16(); }
 
 std::unique_ptr<BackendTensor> CpuBackend::alloc(std::vector<int64_t> shape, DType dtype) {
-  const size_t elem = dtype_size(dtype);  // rejects an invalid dtype value
-  int64_t numel = 1;
-  for (int64_t extent : shape) {
-    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel)) {
-      std::string text;
-      for (int64_t e : shape) text += (text.empty() ? "" : ", ") + std::to_string(e);
-      fail(ErrorCode::kInvalidArgument, "CpuBackend::alloc: invalid shape [", text, "]");
-    }
-  }
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(size_t(numel), elem, &bytes)) {
-    fail(ErrorCode::kOutOfMemory, "CpuBackend::alloc: ", numel, " elements overflow the address space");
-  }
+  const size_t bytes = backend_tensor_bytes(shape, dtype, "CpuBackend", "alloc");
   return std::make_unique<CpuTensor>(ggml_type_of(dtype), std::move(shape), bytes, impl_->account, "alloc");
 }
 

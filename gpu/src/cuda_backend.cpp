@@ -159,22 +159,10 @@ CudaBackend::~CudaBackend() {
 }
 
 std::unique_ptr<BackendTensor> CudaBackend::make_tensor(DType dtype, std::vector<int64_t> shape, const char* what) {
-  const size_t elem = dtype_size(dtype);  // rejects an invalid dtype value
-  int64_t numel = 1;
-  for (int64_t extent : shape) {
-    if (extent < 0 || __builtin_mul_overflow(numel, extent, &numel)) {
-      std::string text;
-      for (int64_t e : shape) text += (text.empty() ? "" : ", ") + std::to_string(e);
-      fail(ErrorCode::kInvalidArgument, "CudaBackend::", what, ": invalid shape [", text, "]");
-    }
-  }
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(size_t(numel), elem, &bytes))
-    fail(ErrorCode::kOutOfMemory, "CudaBackend::", what, ": ", numel, " elements overflow the address space");
+  const size_t bytes = backend_tensor_bytes(shape, dtype, "CudaBackend", what);
   activate(context_);
-  std::string label = str_cat("CudaBackend::", what, ": ", dtype_name(dtype), "[");
-  for (size_t d = 0; d < shape.size(); ++d) label += str_cat(d > 0 ? ", " : "", shape[d]);
-  PoolBlock block = context_.device_pool->alloc(bytes, label + "]");
+  PoolBlock block =
+      context_.device_pool->alloc(bytes, str_cat("CudaBackend::", what, ": ", dtype_name(dtype), format_shape(shape)));
   return std::make_unique<CudaTensor>(dtype, std::move(shape), std::move(block));
 }
 

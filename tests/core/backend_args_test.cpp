@@ -137,6 +137,26 @@ TEST(BackendArgs, TensorCastKeepsOwnTensorsAndNamesAForeignOne) {
             "embed: table f32[2, 3] is not a ShapeBackend tensor");
 }
 
+TEST(BackendArgs, TensorBytesNamesTheCallOfABadShape) {
+  EXPECT_EQ(backend_tensor_bytes(std::vector<int64_t>{3, 5}, DType::kBF16, "CpuBackend", "alloc"), 30u);
+  EXPECT_EQ(backend_tensor_bytes({}, DType::kF32, "CpuBackend", "alloc"), 4u);  // a scalar
+  EXPECT_EQ(backend_tensor_bytes(std::vector<int64_t>{4, 0}, DType::kF32, "CpuBackend", "alloc"), 0u);
+  EXPECT_EQ(rejection([] { backend_tensor_bytes(std::vector<int64_t>{3, -1}, DType::kF32, "CpuBackend", "alloc"); }),
+            "CpuBackend::alloc: invalid shape [3, -1]");
+  EXPECT_EQ(rejection([] {
+              backend_tensor_bytes(std::vector<int64_t>{int64_t(1) << 62, 8}, DType::kF32, "CudaBackend", "load_weight");
+            }),
+            "CudaBackend::load_weight: invalid shape [4611686018427387904, 8]");
+  // 2^62 elements fit int64_t, their bytes do not fit size_t.
+  try {
+    backend_tensor_bytes(std::vector<int64_t>{int64_t(1) << 62}, DType::kF32, "CpuBackend", "alloc");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_STREQ(e.what(), "CpuBackend::alloc: 4611686018427387904 elements overflow the address space");
+  }
+}
+
 TEST(BackendArgs, FormatShapeListsTheExtents) {
   EXPECT_EQ(format_shape(std::vector<int64_t>{}), "[]");
   EXPECT_EQ(format_shape(std::vector<int64_t>{4096, 8, -1}), "[4096, 8, -1]");

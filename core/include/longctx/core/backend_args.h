@@ -5,6 +5,7 @@
 // then calls these, then adds limits of its own (cuBLAS's 32-bit sizes, say).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -28,6 +29,13 @@ template <class Tensor>
 Tensor& backend_tensor_cast(BackendTensor& t, const char* op, const char* arg) {
   return const_cast<Tensor&>(backend_tensor_cast<Tensor>(std::as_const(t), op, arg));
 }
+
+// The bytes of a new tensor of `shape` and `dtype` (alloc, or a weight a
+// backend converts): Error(kInvalidArgument) "CpuBackend::alloc: invalid
+// shape [3, -1]" for a negative extent or an element count past int64_t,
+// Error(kOutOfMemory) when the bytes overflow size_t; `backend` and `op`
+// name the call.
+size_t backend_tensor_bytes(std::span<const int64_t> shape, DType dtype, const char* backend, const char* op);
 
 // Product of the extents after the first (the row length of an [n, ...] tensor).
 int64_t backend_row_length(const BackendTensor& t);
