@@ -59,14 +59,17 @@ void check_download_args(const BackendTensor& src, const MutableTensorView& dst)
          " (dtype and element count must be equal)");
 }
 
+std::string describe_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
+                                 const BackendTensor& y) {
+  return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
+                 bias != nullptr ? ", bias " + bias->describe() : std::string());
+}
+
 MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
                              const BackendTensor& y) {
   check_backend_dtype(x, DType::kF32, "matmul", "x");
   check_backend_dtype(y, DType::kF32, "matmul", "y");
-  const auto shapes = [&] {
-    return str_cat("x ", x.describe(), ", w ", w.describe(), ", y ", y.describe(),
-                   bias != nullptr ? ", bias " + bias->describe() : std::string());
-  };
+  const auto shapes = [&] { return describe_matmul_args(x, w, bias, y); };
   if (x.shape().size() < 2 || y.shape().size() < 2 || w.shape().size() != 2)
     fail(ErrorCode::kInvalidArgument, "matmul: need x [n, in...], w [out, in], y [n, out...]; got ", shapes());
   const MatmulDims dims{x.shape()[0], backend_row_length(x), backend_row_length(y)};

@@ -224,8 +224,7 @@ void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const B
   const MatmulDims dims = check_matmul_args(x, w, bias, y);
   const int64_t n = dims.n, in = dims.in, out = dims.out;
   if (n > INT_MAX || in > INT_MAX || out > INT_MAX)
-    fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: x ", x.describe(), ", w ", w.describe(), ", y ",
-         y.describe(), bias != nullptr ? ", bias " + bias->describe() : std::string());
+    fail(ErrorCode::kUnsupported, "matmul: cuBLAS takes 32-bit sizes: ", describe_matmul_args(x, w, bias, y));
   if (n == 0 || out == 0) return;
   activate(context_);
   float* yp = static_cast<float*>(yt.data());

@@ -57,6 +57,8 @@ TEST(BackendArgs, MatmulAcceptsMatchingShapesAndNamesEachMistake) {
   EXPECT_EQ(d.n, 3);
   EXPECT_EQ(d.in, 8);
   EXPECT_EQ(d.out, 5);
+  EXPECT_EQ(describe_matmul_args(x, w, &bias, y), "x f32[3, 8], w bf16[5, 8], y f32[3, 5], bias f32[5]");
+  EXPECT_EQ(describe_matmul_args(x, w, nullptr, y), "x f32[3, 8], w bf16[5, 8], y f32[3, 5]");
   const ShapeTensor y_narrow(DType::kF32, {3, 4}, y_data), y_flat(DType::kF32, {5}, y_data);
   EXPECT_NE(rejection([&] { check_matmul_args(x, w, nullptr, y_narrow); }).find("shapes do not match"),
             std::string::npos);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "longctx/core/backend.h"
@@ -49,6 +50,10 @@ void check_download_args(const BackendTensor& src, const MutableTensorView& dst)
 struct MatmulDims {
   int64_t n = 0, in = 0, out = 0;
 };
+// "x f32[2, 8], w bf16[5, 8], y f32[2, 5], bias f32[5]" (no bias when null):
+// the matmul arguments as its errors list them.
+std::string describe_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
+                                 const BackendTensor& y);
 // y[n, out] = x[n, in] w[out, in]^T (+ bias[out]): f32 x and y, y not
 // aliasing x (the weight's type is each backend's to check).
 MatmulDims check_matmul_args(const BackendTensor& x, const BackendTensor& w, const BackendTensor* bias,
