@@ -292,7 +292,8 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
       heads = policy::RetrievalHeads(1, s.kv_heads);
       for (int kv : s.needle_heads) heads.set(0, kv, true);
     }
-    decode = std::make_unique<policy::DecodePolicy>(config, store, heads);
+    // Scale 0 = 1/sqrt(head_dim), as the references here (dense_probabilities, dense_decode_attention).
+    decode = std::make_unique<policy::DecodePolicy>(config, store, /*attn_scale=*/0.f, heads);
     const double start = now_seconds();
     decode->on_prefill_end(0, make_view(w.window_q.data(), DType::kF32, {s.window, s.q_heads, s.head_dim}));
     prefill_end_ms = 1e3 * (now_seconds() - start);

@@ -92,7 +92,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   const policy::SelectSpec select = policy::SelectSpec::from_config(config, true);
   cpu::Selection selection;
   // The production step: what longctx-chat runs for a layer that re-selects.
-  policy::DecodePolicy decode_policy(config, store);
+  policy::DecodePolicy decode_policy(config, store, 0.f);  // 0: 1/sqrt(head_dim), as the kernels above
 
   // A decode step of one layer finds its KV and representatives cold: the
   // other layers ran since. Evict the caches before every timed run.

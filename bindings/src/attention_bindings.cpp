@@ -135,7 +135,7 @@ struct Policy {
   std::unique_ptr<policy::DecodePolicy> policy;
 };
 
-Policy make_policy(py::handle config, const StoreHandle& store, py::handle retrieval_heads) {
+Policy make_policy(py::handle config, const StoreHandle& store, py::handle retrieval_heads, float scale) {
   const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
   policy::RetrievalHeads heads;
   if (!retrieval_heads.is_none()) {
@@ -152,7 +152,7 @@ Policy make_policy(py::handle config, const StoreHandle& store, py::handle retri
   Policy p{store, nullptr};
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(*store.mutex);
-  p.policy = std::make_unique<policy::DecodePolicy>(c, *store.store, std::move(heads));
+  p.policy = std::make_unique<policy::DecodePolicy>(c, *store.store, scale, std::move(heads));
   return p;
 }
 
@@ -183,8 +183,10 @@ void bind_attention(py::module_& m) {
                      "The decode-time selection policy of a config (select, dense, streaming, h2o; RazorAttention) "
                      "over one store: policy/decode_policy.h.")
       .def(py::init(&make_policy), py::arg("config"), py::arg("store"), py::arg("retrieval_heads") = py::none(),
+           py::arg("scale") = 0.0f,
            "config: Config, path, dict, or None for the store's config. retrieval_heads: optional list of "
-           "(layer, kv_head) pairs (RazorAttention); else config razor.retrieval_heads.")
+           "(layer, kv_head) pairs (RazorAttention); else config razor.retrieval_heads. scale: the model's "
+           "score scale, used by every attention the policy computes (0 = 1/sqrt(head_dim)).")
       .def(
           "on_prefill_end",
           [](Policy& p, int layer, py::handle window_q) {
@@ -221,6 +223,7 @@ void bind_attention(py::module_& m) {
            })
       .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
       .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
+      .def_property_readonly("scale", [](const Policy& p) { return p.policy->attn_scale(); })
       .def_property_readonly("store", [](const Policy& p) { return p.store; });
 }
 

@@ -2,6 +2,7 @@
 #include "longctx/policy/decode_policy.h"
 
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "longctx/core/error.h"
@@ -57,6 +58,23 @@ RetrievalHeads checked_heads(const LongContextConfig& config, const kvstore::KVS
   return heads;
 }
 
+// The attention parameters of every call: the model's scale, checked once here.
+DecodeAttentionParams attention_params(float attn_scale) {
+  if (!std::isfinite(attn_scale) || attn_scale < 0.f)
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy: attn_scale is ", attn_scale,
+         ", must be finite and >= 0 (0 = 1/sqrt(head_dim))");
+  DecodeAttentionParams params;
+  params.scale = attn_scale;
+  return params;
+}
+
+// H2O's budget from the config, its probabilities at the model's scale.
+H2OParams h2o_params(const LongContextConfig& config, float attn_scale) {
+  H2OParams params = H2OParams::from_config(config);
+  params.scale = attn_scale;
+  return params;
+}
+
 int64_t attended_tokens(const Selection& selection) {
   int64_t total = 0;
   for (size_t h = 0; h < selection.spans.size(); ++h) total += selection.tokens(static_cast<int>(h));
@@ -65,9 +83,11 @@ int64_t attended_tokens(const Selection& selection) {
 
 }  // namespace
 
-DecodePolicy::DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, RetrievalHeads heads)
+DecodePolicy::DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, float attn_scale,
+                           RetrievalHeads heads)
     : config_(config),
       store_(store),
+      attention_(attention_params(attn_scale)),
       heads_(checked_heads(config, store, std::move(heads))),
       schedule_(config),
       cache_(store.layout().shape.n_layers) {
@@ -86,7 +106,7 @@ void DecodePolicy::check_layer(int layer, const char* what) const {
 void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   check_layer(layer, "on_prefill_end");
   if (config_.policy == SelectionPolicy::kH2O) {
-    h2o_[size_t(layer)].emplace(store_.layout().shape.n_kv_heads, H2OParams::from_config(config_));
+    h2o_[size_t(layer)].emplace(store_.layout().shape.n_kv_heads, h2o_params(config_, attention_.scale));
     h2o_[size_t(layer)]->init_from_prefill(store_, layer, window_q);
     return;
   }
@@ -96,6 +116,7 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   params.pool_kernel = config_.preselect.pool_kernel;
   params.pool = config_.preselect.pool == PoolType::kMax ? Reduce::kMax : Reduce::kMean;
   params.gqa_reduce = config_.preselect.gqa_reduce;
+  params.scale = attention_.scale;
   const std::vector<float> votes = snapkv_token_votes(store_, layer, window_q, params);
   const int n_kv_heads = store_.layout().shape.n_kv_heads;
   const Partition partition = store_.partition(layer);
@@ -131,23 +152,23 @@ void DecodePolicy::attend_dense(int layer, const TensorView& q, bool include_loc
                                 const MutableTensorView& lse) {
   last_selection_ = select_all(store_, layer, include_local);
   if (include_local)
-    dense_decode_attention(store_, layer, q, DecodeAttentionParams{}, out, lse);
+    dense_decode_attention(store_, layer, q, attention_, out, lse);
   else
-    decode_attention(store_, layer, q, last_selection_, DecodeAttentionParams{}, out, lse);
+    decode_attention(store_, layer, q, last_selection_, attention_, out, lse);
 }
 
 void DecodePolicy::attend(int layer, const TensorView& q, const Selection& selection, bool include_local,
                           const MutableTensorView& out, const MutableTensorView& lse) {
   if (!razor_enabled()) {
     last_selection_ = selection;
-    decode_attention(store_, layer, q, selection, DecodeAttentionParams{}, out, lse);
+    decode_attention(store_, layer, q, selection, attention_, out, lse);
     return;
   }
   auto& comp = razor_[size_t(layer)];
   if (!comp) comp.emplace(store_, layer, heads_, razor_params(config_));
   comp->update(store_);
   last_selection_ = razor_selection(store_, layer, selection, heads_, *comp, include_local);
-  razor_decode_attention(store_, layer, q, selection, heads_, *comp, RazorDecodeParams{{}, include_local}, out,
+  razor_decode_attention(store_, layer, q, selection, heads_, *comp, RazorDecodeParams{attention_, include_local}, out,
                          lse);
 }
 
@@ -166,14 +187,14 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
       break;
     case SelectionPolicy::kStreaming:
       last_selection_ = streaming_selection(store_, layer, include_local);
-      decode_attention(store_, layer, q, last_selection_, DecodeAttentionParams{}, out, lse);
+      decode_attention(store_, layer, q, last_selection_, attention_, out, lse);
       break;
     case SelectionPolicy::kH2O: {
       if (!include_local)
         fail(ErrorCode::kInvalidArgument, "DecodePolicy::decode: policy h2o attends its recent tokens on the CPU; "
              "include_local must be true (layer ", layer, ")");
       auto& state = h2o_[size_t(layer)];
-      if (!state) state.emplace(store_.layout().shape.n_kv_heads, H2OParams::from_config(config_));
+      if (!state) state.emplace(store_.layout().shape.n_kv_heads, h2o_params(config_, attention_.scale));
       // step() attends the kept set plus the tokens it has not seen yet, then evicts.
       last_selection_ = extend_with_new_tokens(state->selection(), state->n_seen(), store_.n_tokens(layer));
       state->step(store_, layer, q, out, lse);

@@ -67,7 +67,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   topology_ = topology;
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
   store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
-  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
+  policy_ = new_policy();
   DeviceAttention* device = backend_.device_attention();
   if (device && device_path_applies(config_, model_.spec)) {
     const TransformerSpec& s = model_.spec;
@@ -93,6 +93,10 @@ void Sequence::claim_device() {
 }
 
 Sequence::~Sequence() = default;
+
+std::unique_ptr<policy::DecodePolicy> Sequence::new_policy() {
+  return std::make_unique<policy::DecodePolicy>(config_, *store_, model_.spec.attn_scale);
+}
 
 void Sequence::check_usable(const char* what) const {
   if (broken_)
@@ -306,7 +310,7 @@ void Sequence::sync_with_store() {
     if (store_->n_tokens(layer) != n)
       fail(ErrorCode::kInvalidArgument, "Sequence::sync_with_store: layer ", layer, " holds ",
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
-  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
+  policy_ = new_policy();
   if (device_) {
     claim_device();
     broken_ = true;  // until every layer's ring holds the store's last tokens
@@ -323,7 +327,7 @@ void Sequence::reset() {
     device_->clear();
     device_epoch_ = device_->epoch();
   }
-  policy_ = std::make_unique<policy::DecodePolicy>(config_, *store_);
+  policy_ = new_policy();
   n_past_ = 0;
   decode_idx_ = 0;
   broken_ = false;

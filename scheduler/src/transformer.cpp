@@ -1,6 +1,7 @@
 // Transformer: checks of the hyperparameters and of every weight's shape.
 #include "longctx/scheduler/transformer.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,8 +53,8 @@ void TransformerSpec::validate() const {
     fail(ErrorCode::kInvalidArgument, "TransformerSpec: rope.freq_factors has ", rope.freq_factors.size(),
          " values, expected n_rot / 2 = ", rope.n_rot / 2);
   if (!(rms_eps > 0.0f)) fail(ErrorCode::kInvalidArgument, "TransformerSpec: rms_eps must be > 0, got ", rms_eps);
-  if (!(attn_scale >= 0.0f))
-    fail(ErrorCode::kInvalidArgument, "TransformerSpec: attn_scale must be >= 0, got ", attn_scale);
+  if (!(attn_scale >= 0.0f) || std::isinf(attn_scale))
+    fail(ErrorCode::kInvalidArgument, "TransformerSpec: attn_scale must be finite and >= 0, got ", attn_scale);
 }
 
 void Transformer::validate() const {

@@ -1,7 +1,8 @@
 // DecodePolicy (policy/decode_policy.h): each config.policy attends the tokens
 // its spec names, checked against token sets written out in the test and
 // against the attention over those tokens (same kernel: bit-identical; dense
-// comparison: fp32 tolerance), on small random f32 stores.
+// comparison: fp32 tolerance), on small random f32 stores; and the model's
+// attention scale reaching every policy.
 #include "longctx/policy/decode_policy.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +31,8 @@ namespace {
 
 using namespace cpu;  // Selection, TokenSpan and the kernels the policies build on
 using cpu::testing::topology;
+
+constexpr float kHeadDimScale = 0.f;  // attn_scale 0: 1/sqrt(head_dim)
 
 // A small f32 config: block 8, 8 sinks, local window 16, every layer selecting.
 LongContextConfig small_config() {
@@ -137,7 +140,7 @@ TEST(DecodePolicy, DenseIsDenseDecodeAttention) {
   for (const int64_t n : {1, 7, 8, 23, 100, 161}) {
     SCOPED_TRACE(n);
     Fixture f(config, {2, 2, 16}, n, uint32_t(n));
-    DecodePolicy policy(config, f.store());
+    DecodePolicy policy(config, f.store(), kHeadDimScale);
     for (int layer = 0; layer < 2; ++layer) {
       const std::vector<float> q = f.random_q();
       Result want{std::vector<float>(size_t(f.n_q_heads() * 16)), std::vector<float>(size_t(f.n_q_heads()))};
@@ -170,7 +173,7 @@ TEST(DecodePolicy, SelectEverythingEqualsDense) {
     for (const int64_t n : {3, 40, 97, 300}) {
       SCOPED_TRACE(::testing::Message() << head_select_mode_name(mode) << " n=" << n);
       Fixture f(config, {3, 2, 16}, n, uint32_t(7 * n));
-      DecodePolicy policy(config, f.store());
+      DecodePolicy policy(config, f.store(), kHeadDimScale);
       for (int layer = 0; layer < 3; ++layer) {
         const std::vector<float> q = f.random_q();
         const Result got = run_policy(policy, f, layer, 0, q, true);
@@ -200,7 +203,7 @@ TEST(DecodePolicy, ReuseFollowsTheSchedule) {
   config.second_select_num = 2;
   const int n_layers = 6;
   Fixture f(config, {n_layers, 2, 16}, 120, 11);
-  DecodePolicy policy(config, f.store());
+  DecodePolicy policy(config, f.store(), kHeadDimScale);
 
   struct Made {
     std::vector<TokenSet> tokens;  // [kv head]
@@ -262,7 +265,7 @@ TEST(DecodePolicy, PreselectedSetAsIs) {
       config.second_select_num = second;
       config.head_select_mode = mode;
       Fixture f(config, {2, 2, 16}, 128, uint32_t(second * 5 + int(mode)));
-      DecodePolicy policy(config, f.store());
+      DecodePolicy policy(config, f.store(), kHeadDimScale);
       std::vector<std::vector<std::vector<int64_t>>> preselected(2);
       for (int layer = 0; layer < 2; ++layer) {
         const std::vector<float> window = f.random_window(8);
@@ -315,7 +318,7 @@ TEST(DecodePolicy, PreselectFeedsDynamicRepresentatives) {
   const TensorView wq = make_view(window.data(), DType::kF32, {8, f.n_q_heads(), 16});
   const size_t record_bytes = f.store().layout().record_bytes;
   std::vector<std::byte> before(f.store().rep_record(0, 1, 3), f.store().rep_record(0, 1, 3) + record_bytes);
-  DecodePolicy policy(config, f.store());
+  DecodePolicy policy(config, f.store(), kHeadDimScale);
   policy.on_prefill_end(0, wq);
   feed_dynamic(twin.store(), 0, snapkv_token_votes(twin.store(), 0, wq, SnapKVParams{}));
   for (int h = 0; h < 2; ++h)
@@ -331,7 +334,7 @@ TEST(DecodePolicy, StreamingAttendsSinksAndRecent) {
   for (const int64_t n : {5, 24, 25, 100}) {
     SCOPED_TRACE(n);
     Fixture f(config, {2, 2, 16}, n, uint32_t(3 * n));
-    DecodePolicy policy(config, f.store());
+    DecodePolicy policy(config, f.store(), kHeadDimScale);
     for (const bool include_local : {true, false}) {
       Selection want;
       std::vector<TokenSpan> spans;
@@ -357,7 +360,7 @@ TEST(DecodePolicy, H2ORespectsItsBudget) {
   config.h2o.budget_tokens = 24;
   config.h2o.heavy_ratio = 0.5;
   Fixture f(config, {2, 2, 16}, 60, 5);
-  DecodePolicy policy(config, f.store());
+  DecodePolicy policy(config, f.store(), kHeadDimScale);
   std::vector<H2OState> reference(2, H2OState(2, H2OParams::from_config(config)));
   for (int layer = 0; layer < 2; ++layer) {
     const std::vector<float> window = f.random_window(8);
@@ -392,19 +395,19 @@ TEST(DecodePolicy, RazorAllRetrievalEqualsSelect) {
   config.razor.buffer_min = 16;
   config.razor.sinks = 4;
   Fixture f(config, {3, 2, 16}, 150, 9);
-  DecodePolicy plain(config, f.store());
-  DecodePolicy razor(config, f.store(), RetrievalHeads::all(3, 2));
+  DecodePolicy plain(config, f.store(), kHeadDimScale);
+  DecodePolicy razor(config, f.store(), kHeadDimScale, RetrievalHeads::all(3, 2));
   RetrievalHeads mixed(3, 2);
   mixed.set(1, 0, true);
-  DecodePolicy compressed(config, f.store(), mixed);
+  DecodePolicy compressed(config, f.store(), kHeadDimScale, mixed);
   LongContextConfig with_dense = config;
   with_dense.dense_layer_num = 1;
-  DecodePolicy compressed_above_dense(with_dense, f.store(), mixed);
+  DecodePolicy compressed_above_dense(with_dense, f.store(), kHeadDimScale, mixed);
   // The same list from the file razor.retrieval_heads names.
   LongContextConfig from_file = config;
   from_file.razor.retrieval_heads = ::testing::TempDir() + "decode_policy_heads.txt";
   save_retrieval_heads(from_file.razor.retrieval_heads, mixed, "");
-  DecodePolicy compressed_from_file(from_file, f.store());
+  DecodePolicy compressed_from_file(from_file, f.store(), kHeadDimScale);
   EXPECT_FALSE(plain.razor_enabled());
   EXPECT_TRUE(compressed_from_file.razor_enabled());
   EXPECT_TRUE(razor.razor_enabled());
@@ -447,7 +450,7 @@ TEST(DecodePolicy, RejectsAConfigThatDisagreesWithTheStore) {
   Fixture f(config, {2, 2, 16}, 20, 1);
   auto expect_invalid = [&](const LongContextConfig& c, RetrievalHeads heads, const char* key) {
     try {
-      DecodePolicy policy(c, f.store(), std::move(heads));
+      DecodePolicy policy(c, f.store(), kHeadDimScale, std::move(heads));
       ADD_FAILURE() << "no error for " << key;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
@@ -468,10 +471,110 @@ TEST(DecodePolicy, RejectsAConfigThatDisagreesWithTheStore) {
   c.representative_num = 1;
   expect_invalid(c, {}, "representative_type");
   expect_invalid(config, RetrievalHeads::all(3, 2), "retrieval heads");
+  for (const float bad : {-0.25f, INFINITY, NAN}) {
+    try {
+      DecodePolicy policy(config, f.store(), bad);
+      ADD_FAILURE() << "no error for attn_scale " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("attn_scale"), std::string::npos) << e.what();
+    }
+  }
   std::vector<float> q = f.random_q();
-  DecodePolicy policy(config, f.store());
+  DecodePolicy policy(config, f.store(), kHeadDimScale);
   EXPECT_THROW(run_policy(policy, f, 2, 0, q, true), Error);
   EXPECT_THROW(run_policy(policy, f, 0, -1, q, true), Error);
+}
+
+// (9) The model's attention scale reaches every attention a policy computes
+// and the SnapKV and H2O probabilities. With head_dim 16 (default scale 1/4),
+// a policy at scale 1/2 given q attends with the scores (q.k / 2) of a policy
+// at the default scale given 2q: powers of two scale exactly, so the two give
+// the same bits, step after step (H2O's evictions and SnapKV's votes
+// included); the default scale given q gives other numbers.
+TEST(DecodePolicy, ModelScaleReachesEveryPolicy) {
+  struct Case {
+    std::string name;
+    LongContextConfig config;
+    RetrievalHeads heads;
+  };
+  std::vector<Case> cases;
+  auto add = [&](std::string name) -> LongContextConfig& {
+    cases.push_back({std::move(name), small_config(), {}});
+    return cases.back().config;
+  };
+  add("dense").policy = SelectionPolicy::kDense;
+  add("streaming").policy = SelectionPolicy::kStreaming;
+  add("select");  // 3 context blocks of up to 12
+  {
+    LongContextConfig& c = add("select separate ada-kv");
+    c.head_select_mode = HeadSelectMode::kSeparate;
+    c.budget.policy = BudgetConfig::Policy::kAdaptive;
+  }
+  {
+    LongContextConfig& c = add("select preselect dynamic");
+    c.preselect_block = true;
+    c.representative_type = RepresentativeType::kDynamic;
+    c.second_select_num = 2;
+  }
+  {
+    LongContextConfig& c = add("h2o");
+    c.policy = SelectionPolicy::kH2O;
+    c.h2o.budget_tokens = 24;
+    c.h2o.heavy_ratio = 0.5;
+  }
+  {
+    LongContextConfig& c = add("razor");
+    c.razor.buffer_min = 16;
+    c.razor.sinks = 4;
+    cases.back().heads = RetrievalHeads(2, 2);
+    cases.back().heads.set(1, 0, true);
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    // Three stores of the same tokens (DYNAMIC representatives are written by on_prefill_end).
+    Fixture scaled(c.config, {2, 2, 16}, 100, 13), doubled(c.config, {2, 2, 16}, 100, 13),
+        unscaled(c.config, {2, 2, 16}, 100, 13);
+    DecodePolicy at_half(c.config, scaled.store(), 0.5f, c.heads);
+    DecodePolicy at_default(c.config, doubled.store(), kHeadDimScale, c.heads);
+    DecodePolicy at_default_q(c.config, unscaled.store(), kHeadDimScale, c.heads);
+    EXPECT_EQ(at_half.attn_scale(), 0.5f);
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
+    auto random = [&](int64_t n) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& e : x) e = dist(rng);
+      return x;
+    };
+    auto twice = [](std::vector<float> x) {
+      for (float& e : x) e *= 2.f;
+      return x;
+    };
+    const int64_t n_q = scaled.n_q_heads() * 16;
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::vector<float> window = random(8 * n_q);
+      const std::vector<float> window2 = twice(window);
+      at_half.on_prefill_end(layer, make_view(window.data(), DType::kF32, {8, scaled.n_q_heads(), 16}));
+      at_default.on_prefill_end(layer, make_view(window2.data(), DType::kF32, {8, scaled.n_q_heads(), 16}));
+      at_default_q.on_prefill_end(layer, make_view(window.data(), DType::kF32, {8, scaled.n_q_heads(), 16}));
+    }
+    bool differs = false;
+    for (int64_t step = 0; step < 6; ++step) {
+      for (Fixture* f : {&scaled, &doubled, &unscaled}) f->append_all(1);
+      for (int layer = 0; layer < 2; ++layer) {
+        for (const bool include_local : {true, false}) {
+          if (c.config.policy == SelectionPolicy::kH2O && !include_local) continue;
+          SCOPED_TRACE(::testing::Message() << "step " << step << " layer " << layer << " local " << include_local);
+          const std::vector<float> q = random(n_q);
+          const Result got = run_policy(at_half, scaled, layer, step, q, include_local);
+          expect_same_bits(got, run_policy(at_default, doubled, layer, step, twice(q), include_local));
+          EXPECT_EQ(at_half.last_selection().spans, at_default.last_selection().spans);
+          const Result other = run_policy(at_default_q, unscaled, layer, step, q, include_local);
+          differs = differs || got.lse != other.lse;
+        }
+      }
+    }
+    EXPECT_TRUE(differs);
+  }
 }
 
 // Every shipped config builds a policy that prefills and decodes a small store.
@@ -483,7 +586,7 @@ TEST(DecodePolicy, EveryShippedConfigRuns) {
     ++n_configs;
     const LongContextConfig config = load_config_file(entry.path().string(), {"max_seq_len=8192"});
     Fixture f(config, {3, 2, 16}, 200, uint32_t(n_configs));
-    DecodePolicy policy(config, f.store());
+    DecodePolicy policy(config, f.store(), kHeadDimScale);
     for (int layer = 0; layer < 3; ++layer) {
       const int64_t w = std::min<int64_t>(config.preselect.window, 200);
       const std::vector<float> window = f.random_window(w);

@@ -371,7 +371,7 @@ TEST(SelectBlocks, IsWhatDecodePolicyAttends) {
         const std::vector<float> k = random(n_prompt * 3 * 32), val = random(n_prompt * 3 * 32);
         store.append(0, make_view(k.data(), DType::kF32, {n_prompt, 3, 32}),
                      make_view(val.data(), DType::kF32, {n_prompt, 3, 32}));
-        DecodePolicy policy(config, store);
+        DecodePolicy policy(config, store, 0.f);
         std::optional<Preselected> pre;
         if (v.preselect) {
           const std::vector<float> window = random(8 * 6 * 32);

@@ -550,6 +550,16 @@ class DecodePolicyTest(unittest.TestCase):
         self.assertEqual(dense.last_selection(), [[(0, n_tokens)]] * n_kv)
         with self.assertRaisesRegex(lc.Error, "block_size"):
             lc.DecodePolicy(small_config(block_size=32), store)
+        # The model's scale: the same selection, attention at that scale.
+        scaled = lc.DecodePolicy(None, store, scale=0.3)
+        self.assertAlmostEqual(scaled.scale, 0.3, places=7)
+        self.assertEqual(policy.scale, 0.0)
+        out, lse = scaled.decode(0, 0, q)
+        self.assertEqual(scaled.last_selection(), sel)
+        assert_close(self, out, lse, ref_spans(q.astype(np.float64), k.astype(np.float32).astype(np.float64),
+                                               v.astype(np.float32).astype(np.float64), sel, 0.3))
+        with self.assertRaisesRegex(lc.Error, "attn_scale"):
+            lc.DecodePolicy(None, store, scale=-1.0)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 // gives the logits of a Sequence on the CPU backend, for chunked and
 // multi-turn prefill, dense / select / streaming decode, reset, snapshot +
 // sync_with_store, windows larger than the sequence, two sequences taking
-// turns with one device and a device cleared behind a sequence's back; and configurations
+// turns with one device, a device cleared behind a sequence's back, and a
+// model attention scale that is not 1/sqrt(head_dim) (also against the fp64
+// reference); and configurations
 // the device does not run stay on the CPU path bit for bit, without a single
 // device call. Every device-path test also checks the fake's call counts, so
 // it cannot pass by falling back to the CPU.
@@ -36,6 +38,7 @@ using testing::max_abs;
 using testing::random_host_model;
 using testing::random_tokens;
 using testing::reference_logits;
+using testing::streaming_keys;
 using testing::topology;
 using testing::upload_model;
 
@@ -167,6 +170,42 @@ TEST_F(DeviceAttentionTest, DevicePathMatchesTheReference) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << "prefill logit " << i;
   for (size_t i = 0; i < decoded.size(); ++i) ASSERT_NEAR(decoded[i], ref[got.size() + i], tol) << "decode logit " << i;
   EXPECT_EQ(device.attention().calls().decode_merge, 2 * 3);
+}
+
+// A model whose scores are q.k * attn_scale, attn_scale != 1/sqrt(head_dim):
+// the device's prefill and local window and the CPU's sinks + context all
+// score with it, so the LSE merge joins parts of one softmax. Dense decode
+// and StreamingLLM (16 sinks + 32 recent of 100+ tokens) against the
+// reference restricted to their keys; select against the CPU path.
+TEST_F(DeviceAttentionTest, ModelAttentionScaleOnBothSidesOfTheMerge) {
+  TransformerSpec spec = device_spec();
+  spec.attn_scale = 0.25f;  // 1/sqrt(64) = 0.125
+  const HostModel host = random_host_model(spec, 40);
+  const Transformer model = upload_model(host, cpu_);
+  const int64_t n = 110, n_prompt = 100;
+  const std::vector<int32_t> tokens = random_tokens(n, 64, 41);
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + n_prompt);
+  for (SelectionPolicy policy : {SelectionPolicy::kDense, SelectionPolicy::kStreaming}) {
+    const LongContextConfig config = device_config(policy);
+    const std::string what = selection_policy_name(policy);
+    const std::vector<double> ref =
+        policy == SelectionPolicy::kDense
+            ? reference_logits(host, tokens)
+            : reference_logits(host, tokens, streaming_keys(n_prompt, config.initial_len, config.local_windows_len));
+    const double tol = logits_tolerance(spec, n, max_abs(ref), std::ldexp(1.0, -11));
+    FakeDeviceBackend device(cpu_);
+    Sequence seq(device, model, config, &topology());
+    ASSERT_TRUE(seq.uses_device_attention()) << what;
+    std::vector<float> got = prefill_all(seq, prompt);
+    for (int64_t i = n_prompt; i < n; ++i) {
+      const std::vector<float> step = seq.decode(tokens[size_t(i)]);
+      got.insert(got.end(), step.begin(), step.end());
+    }
+    ASSERT_EQ(got.size(), ref.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << what << " logit " << i;
+    EXPECT_EQ(device.attention().calls().decode_merge, 2 * (n - n_prompt)) << what;
+  }
+  compare_paths(host, device_config(SelectionPolicy::kSelect), prompt, random_tokens(6, 64, 42), "select");
 }
 
 TEST_F(DeviceAttentionTest, SparsePoliciesMatchTheCpuPath) {

@@ -2,8 +2,9 @@
 // reference the scheduler and model tests compare longctx's logits with; and
 // the tolerance of an fp32 implementation against it.
 //
-// Written for clarity: every token at once, full causal attention, fp64
-// everywhere. Weights are given as f32 host arrays in the [out, in] layout of
+// Written for clarity: every token at once, causal attention (full, or the
+// keys a sparse decode step keeps), fp64 everywhere. Scores are q.k *
+// spec.attn_scale (0: 1/sqrt(head_dim)). Weights are given as f32 host arrays in the [out, in] layout of
 // scheduler::Transformer. RoPE angles are position * theta^(-2i/n_rot)
 // (divided by freq_factors[i] when given, by `factor` for linear scaling).
 #pragma once
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -167,8 +169,27 @@ inline void rope(std::vector<double>& x, int64_t n, int heads, int head_dim, int
 
 }  // namespace detail
 
-// fp64 logits [n, n_vocab] of every position of `tokens` (positions 0..n-1).
-inline std::vector<double> reference_logits(const HostModel& m, std::span<const int32_t> tokens) {
+// Whether the query at position `query` attends the key at `key` <= query.
+using KeyFilter = std::function<bool(int64_t query, int64_t key)>;
+
+// The keys of StreamingLLM (policy streaming): prompt positions [0,
+// n_prompt) attend every earlier key (prefill); a decode step at position p
+// attends the first initial_len keys and the last `window` of the p + 1 the
+// layer then holds (kvstore::Partition's ranges).
+inline KeyFilter streaming_keys(int64_t n_prompt, int64_t initial_len, int64_t window) {
+  return [=](int64_t query, int64_t key) {
+    if (query < n_prompt) return true;
+    const int64_t n = query + 1;
+    const int64_t initial_end = std::min(initial_len, n);
+    return key < initial_end || key >= std::max(initial_end, n - window);
+  };
+}
+
+// fp64 logits [n, n_vocab] of every position of `tokens` (positions 0..n-1);
+// each query attends the keys up to its position that `attends` keeps (every
+// one when empty).
+inline std::vector<double> reference_logits(const HostModel& m, std::span<const int32_t> tokens,
+                                            const KeyFilter& attends = {}) {
   using namespace detail;
   const scheduler::TransformerSpec& s = m.spec;
   if (s.rope.scaling == RopeScaling::kLlama3) fail(ErrorCode::kUnsupported, "reference: llama3 scaling");
@@ -196,7 +217,7 @@ inline std::vector<double> reference_logits(const HostModel& m, std::span<const 
           const double* kv = &k[size_t((u * s.n_kv_heads + kvh) * hd)];
           double dot = 0.0;
           for (int64_t c = 0; c < hd; ++c) dot += qv[c] * kv[c];
-          p[size_t(u)] = dot * scale;
+          p[size_t(u)] = !attends || attends(t, u) ? dot * scale : -INFINITY;  // exp(-inf) = 0: left out
           mx = std::max(mx, p[size_t(u)]);
         }
         double sum = 0.0;

@@ -2,7 +2,8 @@
 // models: logits of prefill and decode against the fp64 reference forward
 // pass of reference_forward.h, chunked prefill at several chunk sizes, the
 // full-budget sparse decode path against dense, multi-turn prefill, QUOKA
-// prefill with a budget covering the history, and the argument checks.
+// prefill with a budget covering the history, a model attention scale that
+// is not 1/sqrt(head_dim) in every attention, and the argument checks.
 #include "longctx/scheduler/sequence.h"
 
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@ using testing::max_abs;
 using testing::random_host_model;
 using testing::random_tokens;
 using testing::reference_logits;
+using testing::streaming_keys;
 using testing::topology;
 using testing::upload_model;
 
@@ -330,6 +332,68 @@ TEST_F(SequenceTest, QuokaPrefillWithFullBudgetMatchesReference) {
   double diff = 0;
   for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::abs(double(got[i]) - ref[i]));
   EXPECT_GT(diff, logits_tolerance(spec, 120, max_abs(ref)));
+}
+
+// A model whose scores are q.k * attn_scale with attn_scale != 1/sqrt(head_dim)
+// (<arch>.attention.scale): the prompt and every decode step at that scale,
+// against the reference, for dense decode, select / h2o / QUOKA with budgets
+// that keep every key, and StreamingLLM (16 sinks + 32 recent of 100+ tokens)
+// against the reference restricted to its keys.
+TEST_F(SequenceTest, ModelAttentionScaleInPrefillAndDecode) {
+  TransformerSpec spec = small_spec();
+  spec.attn_scale = 0.5f;  // 1/sqrt(16) = 0.25
+  const HostModel host = random_host_model(spec, 41);
+  const Transformer model = upload_model(host, backend_);
+  const int64_t n = 110, n_prompt = 100;
+  const std::vector<int32_t> tokens = random_tokens(n, spec.n_vocab, 42);
+  const LongContextConfig base = small_config(32);
+  const std::vector<double> full = reference_logits(host, tokens);
+  const std::vector<double> streaming =
+      reference_logits(host, tokens, streaming_keys(n_prompt, base.initial_len, base.local_windows_len));
+  const double tol = logits_tolerance(spec, n, max_abs(full));
+
+  // The scale and the streaming budget each move the decode logits far beyond the tolerance.
+  HostModel default_scale = host;
+  default_scale.spec.attn_scale = 0.0f;
+  const std::vector<double> unscaled = reference_logits(default_scale, tokens);
+  double scale_effect = 0, budget_effect = 0;
+  for (size_t i = size_t(n_prompt * spec.n_vocab); i < full.size(); ++i) {
+    scale_effect = std::max(scale_effect, std::abs(full[i] - unscaled[i]));
+    budget_effect = std::max(budget_effect, std::abs(full[i] - streaming[i]));
+  }
+  EXPECT_GT(scale_effect, 100 * tol);
+  EXPECT_GT(budget_effect, 100 * tol);
+
+  struct Case {
+    const char* name;
+    LongContextConfig config;
+    const std::vector<double>& ref;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"dense", base, full});
+  cases.back().config.policy = SelectionPolicy::kDense;
+  cases.push_back({"select, every block", base, full});
+  cases.back().config.second_select_num = 32;
+  cases.back().config.preselect_block = true;  // SnapKV votes at the model's scale
+  cases.back().config.preselect_block_count = 32;
+  cases.push_back({"h2o, nothing evicted", base, full});
+  cases.back().config.policy = SelectionPolicy::kH2O;
+  cases.back().config.h2o.budget_tokens = 512;
+  cases.push_back({"quoka prefill, every key", base, full});
+  cases.back().config.policy = SelectionPolicy::kDense;
+  cases.back().config.quoka.enabled = true;
+  cases.back().config.quoka.b_sa = 512;
+  cases.push_back({"streaming", base, streaming});
+  cases.back().config.policy = SelectionPolicy::kStreaming;
+  for (const Case& c : cases) {
+    Sequence seq(backend_, model, c.config, &topology());
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + n_prompt);
+    expect_rows_near(prefill_all(seq, prompt).all, c.ref, 0, n_prompt, spec.n_vocab, tol,
+                     std::string(c.name) + " prefill");
+    for (int64_t i = n_prompt; i < n; ++i)
+      expect_rows_near(seq.decode(tokens[size_t(i)]), c.ref, i, 1, spec.n_vocab, tol,
+                       std::string(c.name) + " decode at " + std::to_string(i));
+  }
 }
 
 TEST_F(SequenceTest, BadArgumentsLeaveTheSequenceUsable) {

@@ -24,6 +24,7 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
+#include "longctx/cpu/attention.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/policy/h2o.h"
@@ -45,15 +46,20 @@ class DecodePolicy {
   };
 
   // `store` must outlive the policy; it is written only by on_prefill_end
-  // (DYNAMIC representatives fed with the SnapKV votes). `heads`: the
+  // (DYNAMIC representatives fed with the SnapKV votes). attn_scale: the
+  // model's score scale (TransformerSpec::attn_scale; 0 = 1/sqrt(head_dim)),
+  // used by every attention the policy computes and by the SnapKV and H2O
+  // probabilities, so that a part attended here merges by LSE with a part
+  // attended elsewhere at the same scale. `heads`: the
   // retrieval heads for RazorAttention; when empty (default-constructed) and
   // config.razor.retrieval_heads names a file, the file is loaded; when both
   // are empty RazorAttention is off. Throws Error(kConfig) for a config that
   // validate_config rejects, and Error(kInvalidArgument) naming the key when
   // config and store disagree (block_size, kv_type, representative_type,
   // representative_num, initial_len, local_windows_len) or heads' shape is
-  // not the store's.
-  DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, RetrievalHeads heads = {});
+  // not the store's or attn_scale is negative or not finite.
+  DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, float attn_scale,
+               RetrievalHeads heads = {});
 
   // End of prefill of `layer` (every prompt token appended). window_q: f32
   // [w, n_q_heads, head_dim], the queries of the last w prompt tokens
@@ -80,6 +86,7 @@ class DecodePolicy {
   const cpu::Selection& last_selection() const { return last_selection_; }
   bool razor_enabled() const { return heads_.n_layers() > 0; }
   const LongContextConfig& config() const { return config_; }
+  float attn_scale() const { return attention_.scale; }
 
  private:
   void check_layer(int layer, const char* what) const;
@@ -91,6 +98,7 @@ class DecodePolicy {
 
   LongContextConfig config_;
   kvstore::KVStore& store_;
+  cpu::DecodeAttentionParams attention_;  // the model's scale, for every attention call
   RetrievalHeads heads_;  // n_layers() == 0: RazorAttention off
   ReuseSchedule schedule_;
   SelectionCache cache_;

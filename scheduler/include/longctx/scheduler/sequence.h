@@ -18,6 +18,10 @@
 // DecodePolicy::decode attends what config.policy selects (the local window
 // included: there is no device window on the CPU path).
 //
+// Every attention, prefill and decode, CPU and device, scores at the model's
+// scale, model.spec.attn_scale (the policy is built with it, the
+// DeviceAttention configured with it), so partial results merge by LSE.
+//
 // Device path: when backend.device_attention() is non-null, kv_type is f16 or
 // bf16, head_dim is 64, 128 or 256, policy is not h2o (it attends its recent
 // tokens on the CPU) and QUOKA prefill is off (a restricted prefill on the
@@ -159,6 +163,8 @@ class Sequence {
  private:
   struct Workspace;
 
+  // A fresh decode policy over the store, at the model's attention scale.
+  std::unique_ptr<policy::DecodePolicy> new_policy();
   void check_usable(const char* what) const;
   void check_tokens(std::span<const int32_t> tokens, const char* what) const;
   // One layer over the rows of x [n, n_embd] at positions first_pos.., in

@@ -30,7 +30,7 @@ struct TransformerSpec {
   int n_ff = 0;
   int64_t n_vocab = 0;
   float rms_eps = 1e-5f;
-  float attn_scale = 0.0f;  // score scale; 0 = 1/sqrt(head_dim)
+  float attn_scale = 0.0f;  // scores are q.k * attn_scale; 0 = 1/sqrt(head_dim)
   RopeParams rope;
   bool qkv_bias = false;
   int64_t context_length = 0;  // trained context, informational
@@ -40,7 +40,7 @@ struct TransformerSpec {
   kvstore::KVShape kv_shape() const { return {n_layers, n_kv_heads, head_dim}; }
   // Throws Error(kInvalidArgument) naming the field: counts < 1, n_heads not a
   // multiple of n_kv_heads, rope.n_rot odd or > head_dim, rms_eps <= 0,
-  // freq_factors not n_rot/2 values.
+  // freq_factors not n_rot/2 values, attn_scale negative or not finite.
   void validate() const;
 };
 
