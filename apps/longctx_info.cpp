@@ -255,6 +255,10 @@ std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
     std::printf("kv cache:   %llu bytes per token (K and V in f16)\n", static_cast<unsigned long long>(per_token));
   else
     std::printf("kv cache:   unknown (%s)\n", why.c_str());
+  // The score scale the loader takes from the file (model/llama.h); absent: 1/sqrt(head_dim).
+  const std::string scale_key = file.get_string_or("general.architecture", "") + ".attention.scale";
+  if (file.has(scale_key))
+    std::printf("attention:  scores q.k * %g (%s)\n", file.get_float(scale_key), scale_key.c_str());
   return shape;
 }
 

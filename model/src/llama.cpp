@@ -2,6 +2,7 @@
 #include "longctx/model/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
@@ -93,6 +94,13 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
     fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "attention.layer_norm_rms_epsilon' is ", s.rms_eps,
          ", expected a value in (0, 1)");
   s.context_length = static_cast<int64_t>(f.get_uint_or(p + "context_length", 0));
+  if (f.has(p + "attention.scale")) {  // absent: attn_scale 0 = 1/sqrt(head_dim)
+    const double scale = f.get_float(p + "attention.scale");
+    s.attn_scale = static_cast<float>(scale);
+    if (!(s.attn_scale > 0.0f) || std::isinf(s.attn_scale))
+      fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "attention.scale' is ", scale,
+           ", expected a finite f32 value > 0");
+  }
 
   RopeParams& rope = s.rope;
   rope.style = arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;

@@ -83,6 +83,16 @@ TEST_F(GgufInfoTest, ValidFile) {
                            // 2 (K and V) * 32 layers * 8 kv heads * 128 dims * 2 bytes
                            "131072 bytes per token"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in\n" << r.output;
+  EXPECT_EQ(r.output.find("attention:"), std::string::npos) << "no llama.attention.scale, no line\n" << r.output;
+}
+
+TEST_F(GgufInfoTest, AttentionScaleIsShown) {
+  GgufWriter w = llama_like();
+  w.set_f32("llama.attention.scale", 0.0625f);
+  const RunResult r = run(write("scaled.gguf", w.to_bytes()));
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  EXPECT_NE(r.output.find("attention:  scores q.k * 0.0625 (llama.attention.scale)"), std::string::npos) << r.output;
 }
 
 TEST_F(GgufInfoTest, InvalidFilesExitWithOne) {

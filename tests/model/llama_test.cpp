@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -335,6 +336,7 @@ TEST(Llama, SpecDefaultsAndScaling) {
   EXPECT_EQ(s.rms_eps, 1e-5f);
   EXPECT_EQ(s.n_vocab, 10);
   EXPECT_EQ(s.rope.style, RopeStyle::kNormal);
+  EXPECT_EQ(s.attn_scale, 0.0f);  // no llama.attention.scale: 1/sqrt(head_dim)
   m.extra = [](GgufWriter& w) {
     w.set_string("llama.rope.scaling.type", "linear");
     w.set_f32("llama.rope.scaling.factor", 4.0f);
@@ -349,6 +351,21 @@ TEST(Llama, SpecDefaultsAndScaling) {
   old_key.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", 2.0f); };
   EXPECT_EQ(old_key.read().rope.factor, 2.0f);
   EXPECT_EQ(MetaFile("qwen2").read().rope.style, RopeStyle::kNeox);
+
+  MetaFile scaled;
+  scaled.extra = [](GgufWriter& w) { w.set_f32("llama.attention.scale", 0.05f); };
+  EXPECT_EQ(scaled.read().attn_scale, 0.05f);
+}
+
+// attention.scale must be a finite f32 value > 0; the message names the key.
+TEST(Llama, BadAttentionScaleIsRefused) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double bad : {0.0, -0.125, inf, -inf, std::numeric_limits<double>::quiet_NaN(), 1e300}) {
+    SCOPED_TRACE(bad);
+    MetaFile m;
+    m.extra = [bad](GgufWriter& w) { w.set_f64("llama.attention.scale", bad); };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.attention.scale'"), std::string::npos);
+  }
 }
 
 TEST(Llama, SpecErrorsNameTheKey) {

@@ -12,6 +12,9 @@
 // -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with
 // <arch>.rope.scaling.factor (or the older <arch>.rope.scale_linear) ->
 // RopeScaling::kLinear; other scaling types are Error(kUnsupported).
+// Attention scores are q.k * <arch>.attention.scale when the key is present
+// (f32, finite and > 0; Granite's attention multiplier, for one) ->
+// TransformerSpec::attn_scale, else q.k / sqrt(head_dim).
 #pragma once
 
 #include <memory>
@@ -27,7 +30,8 @@ namespace longctx::model {
 // The hyperparameters of a Llama-family GGUF. Throws Error(kUnsupported) for
 // another architecture or RoPE scaling, Error(kCorrupt) naming the key for a
 // missing or inconsistent value (head_count not a multiple of head_count_kv,
-// value_length != key_length, dimension_count odd or > head_dim, ...).
+// value_length != key_length, dimension_count odd or > head_dim,
+// attention.scale not finite and > 0, ...).
 scheduler::TransformerSpec read_llama_spec(const GgufFile& file);
 
 // Checks every tensor the spec needs before loading any: present, a weight
