@@ -1,11 +1,13 @@
 // longctx-make-model: writes one of the standard random-weight test models
 // (tools/include/longctx/tools/test_model.h) as a GGUF file.
 //
-//   longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] --out FILE.gguf
+//   longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] [--attn-scale S] --out FILE.gguf
 //   longctx-make-model --list
 // FORMAT: a weight format of test_model.h (f32 ... q6_k, and llama.cpp's
-// per-tensor mixes q4_k_m, q5_k_m); the preset's when absent.
+// per-tensor mixes q4_k_m, q5_k_m); the preset's when absent. S > 0: scores
+// are q.k * S, written as <arch>.attention.scale (absent: 1/sqrt(head_dim)).
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,9 +20,11 @@ namespace {
 using namespace longctx;
 
 std::string usage() {
-  return "usage: longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] --out FILE.gguf\n"
+  return "usage: longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] [--attn-scale S]\n"
+         "                          --out FILE.gguf\n"
          "       longctx-make-model --list\n"
-         "FORMAT: " + tools::weight_format_names() + "\n";
+         "FORMAT: " + tools::weight_format_names() + "\n"
+         "S: attention score scale > 0, written as <arch>.attention.scale (default: none, 1/sqrt(head_dim))\n";
 }
 
 uint64_t parse_seed(const char* text) {
@@ -32,12 +36,22 @@ uint64_t parse_seed(const char* text) {
   return value;
 }
 
+float parse_attn_scale(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const float value = std::strtof(text, &end);
+  if (*text == '\0' || *end != '\0' || errno == ERANGE || !(value > 0.0f) || std::isinf(value))
+    fail(ErrorCode::kInvalidArgument, "--attn-scale: expected a finite number > 0, got '", text, "'");
+  return value;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     std::string preset, out, weight_type;
     const char* seed = nullptr;
+    const char* attn_scale = nullptr;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       auto value = [&]() -> const char* {
@@ -48,6 +62,7 @@ int main(int argc, char** argv) {
       else if (flag == "--out") out = value();
       else if (flag == "--seed") seed = value();
       else if (flag == "--weight-type") weight_type = value();
+      else if (flag == "--attn-scale") attn_scale = value();
       else if (flag == "--list") {
         for (const auto& list : {tools::standard_test_models(), tools::full_size_models()})
           for (const auto& s : list)
@@ -65,9 +80,11 @@ int main(int argc, char** argv) {
     tools::TestModelSpec spec = tools::test_model_by_name(preset);
     if (seed) spec.seed = parse_seed(seed);
     if (!weight_type.empty()) tools::set_weight_format(spec, weight_type);
+    if (attn_scale) spec.attn_scale = parse_attn_scale(attn_scale);
     tools::make_test_model(spec).write(out);
-    std::printf("wrote %s: test model '%s', seed %llu, %s weights\n", out.c_str(), spec.name.c_str(),
-                static_cast<unsigned long long>(spec.seed), tools::weight_format_name(spec).c_str());
+    std::printf("wrote %s: test model '%s', seed %llu, %s weights%s\n", out.c_str(), spec.name.c_str(),
+                static_cast<unsigned long long>(spec.seed), tools::weight_format_name(spec).c_str(),
+                spec.attn_scale > 0 ? str_cat(", attention scale ", spec.attn_scale).c_str() : "");
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "longctx-make-model: %s: %s\n", error_code_name(e.code()), e.what());

@@ -49,6 +49,7 @@ TransformerSpec documented_spec(const TestModelSpec& t, const GgufFile& file) {
   s.n_ff = t.n_ff;
   s.n_vocab = t.n_vocab;
   s.rms_eps = t.rms_eps;
+  s.attn_scale = t.attn_scale;
   s.qkv_bias = t.qkv_bias;
   s.rope.n_rot = t.head_dim;
   s.rope.theta = t.rope_theta;
@@ -115,11 +116,17 @@ double worst_error(const std::vector<float>& got, const std::vector<double>& wan
   return worst;
 }
 
-// Every preset with its weights widened to f32 (WeightStorage::kF32): the fp32
-// forward pass against the fp64 reference of the same (dequantized) weights.
+// Every preset with its weights widened to f32 (WeightStorage::kF32), and
+// gqa-128 with an attention scale (llama.attention.scale 0.05, not
+// 1/sqrt(128)): the fp32 forward pass against the fp64 reference of the same
+// (dequantized) weights.
 TEST(Llama, GeneratedModelsMatchTheReference) {
   cpu::CpuBackend backend({.weights = WeightStorage::kF32});
-  for (const TestModelSpec& t : tools::standard_test_models()) {
+  std::vector<TestModelSpec> models = tools::standard_test_models();
+  models.push_back(tools::test_model_by_name("gqa-128"));
+  models.back().name = "gqa-128 attention.scale";
+  models.back().attn_scale = 0.05f;
+  for (const TestModelSpec& t : models) {
     if (t.name == "bench") continue;  // 160 MB; same code paths as gqa-128
     SCOPED_TRACE(t.name);
     const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
@@ -136,6 +143,7 @@ TEST(Llama, GeneratedModelsMatchTheReference) {
     EXPECT_EQ(s.n_ff, expected.n_ff);
     EXPECT_EQ(s.n_vocab, expected.n_vocab);
     EXPECT_EQ(s.rms_eps, expected.rms_eps);
+    EXPECT_EQ(s.attn_scale, expected.attn_scale);
     EXPECT_EQ(s.qkv_bias, expected.qkv_bias);
     EXPECT_EQ(s.rope.n_rot, expected.rope.n_rot);
     EXPECT_EQ(s.rope.theta, expected.rope.theta);

@@ -40,6 +40,8 @@ def setUpModule():
     for preset in ("gqa-128", "q8", "f16"):
         run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", preset, "--seed", "4", "--out",
              path(preset + ".gguf")])
+    run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "gqa-128", "--seed", "4", "--attn-scale", "0.05",
+         "--out", path("gqa-128-scale.gguf")])
 
 
 def tearDownModule():
@@ -262,18 +264,26 @@ def tolerance(model, n_tokens):
 
 class ReferenceTest(unittest.TestCase):
     def test_logits_match_the_numpy_reference(self):
-        model_path = path("gqa-128.gguf")
-        want_model = ref.Model.load(model_path)
-        tokens = [int(t) for t in np.random.default_rng(1).integers(0, want_model.w["token_embd.weight"].shape[0], 12)]
-        want = ref.forward(want_model, tokens)
-        m = lc.Model(model_path, {"kv_type": "f32", "policy": "dense", "max_seq_len": 1024,
-                                  "local_windows_len": 64, "initial_len": 4, "block_size": 16})
-        got = [m.prefill(tokens[:8])]
-        got += [m.decode(t) for t in tokens[8:]]
-        rms = np.sqrt(np.mean(want[7:] ** 2, axis=-1))
-        err = np.max(np.abs(np.array(got) - want[7:]), axis=-1) / rms
-        self.assertLess(err.max(), tolerance(want_model, len(tokens)))
-        self.assertEqual(m.n_past, len(tokens))
+        """Prefill and decode; gqa-128-scale's llama.attention.scale (0.05, not
+        1/sqrt(128)) in both, with dense decode and with the select policy
+        (every block selected)."""
+        dense = {"kv_type": "f32", "policy": "dense", "max_seq_len": 1024, "local_windows_len": 64,
+                 "initial_len": 4, "block_size": 16}
+        select = dict(dense, policy="select", dense_layer_num=0, second_select_num=64, local_windows_len=4)
+        for name, config in (("gqa-128", dense), ("gqa-128-scale", dense), ("gqa-128-scale", select)):
+            with self.subTest(model=name, policy=config["policy"]):
+                want_model = ref.Model.load(path(name + ".gguf"))
+                n_vocab = want_model.w["token_embd.weight"].shape[0]
+                tokens = [int(t) for t in np.random.default_rng(1).integers(0, n_vocab, 40)]
+                want = ref.forward(want_model, tokens)
+                m = lc.Model(path(name + ".gguf"), config)
+                self.assertAlmostEqual(m.spec["attn_scale"], 0.05 if name.endswith("scale") else 0.0)
+                got = [m.prefill(tokens[:8])]
+                got += [m.decode(t) for t in tokens[8:]]
+                rms = np.sqrt(np.mean(want[7:] ** 2, axis=-1))
+                err = np.max(np.abs(np.array(got) - want[7:]), axis=-1) / rms
+                self.assertLess(err.max(), tolerance(want_model, len(tokens)))
+                self.assertEqual(m.n_past, len(tokens))
 
     def test_read_gguf_matches_reference_parser(self):
         for preset in ("gqa-128", "q8", "f16"):

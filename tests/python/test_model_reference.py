@@ -1,6 +1,7 @@
 """The NumPy reference forward pass (tools/reference/llama_ref.py) checked on
 its own, the test-model generator (longctx-make-model) checked through it,
-and longctx's logits (longctx-perplexity --dump-logits) compared with it.
+and longctx's logits (longctx-perplexity --dump-logits) compared with it,
+prefilled and, for a model with an attention scale (--attn-scale), decoded.
 
 Runs as a script (ctest: /usr/bin/python3 with LONGCTX_BIN_DIR and
 LONGCTX_SOURCE_DIR set). Exit status 1 on the first failure.
@@ -60,18 +61,21 @@ def test_rope():
 
 
 def test_attention_scalar():
-    """causal_attention against scalar loops over (query, head, key)."""
+    """causal_attention against scalar loops over (query, head, key), at the
+    default scale 1/sqrt(d) and at a given one."""
     rng = np.random.default_rng(2)
     n, n_heads, n_kv, d = 6, 6, 2, 5
     q, k, v = rng.normal(size=(n, n_heads, d)), rng.normal(size=(n, n_kv, d)), rng.normal(size=(n, n_kv, d))
-    got = ref.causal_attention(q, k, v)
-    for i in range(n):
-        for h in range(n_heads):
-            g = h // (n_heads // n_kv)
-            s = [sum(q[i, h, c] * k[j, g, c] for c in range(d)) / math.sqrt(d) for j in range(i + 1)]
-            e = [math.exp(x - max(s)) for x in s]
-            o = [sum(e[j] * v[j, g, c] for j in range(i + 1)) / sum(e) for c in range(d)]
-            check(np.allclose(got[i, h], o, atol=1e-12), f"attention query {i} head {h}")
+    for scale in (None, 0.7):
+        got = ref.causal_attention(q, k, v, scale)
+        for i in range(n):
+            for h in range(n_heads):
+                g = h // (n_heads // n_kv)
+                s = [sum(q[i, h, c] * k[j, g, c] for c in range(d)) * (scale or 1 / math.sqrt(d))
+                     for j in range(i + 1)]
+                e = [math.exp(x - max(s)) for x in s]
+                o = [sum(e[j] * v[j, g, c] for j in range(i + 1)) / sum(e) for c in range(d)]
+                check(np.allclose(got[i, h], o, atol=1e-12), f"attention scale {scale} query {i} head {h}")
 
 
 def random_model(rng, arch="llama", n_heads=4, n_kv=2, d=8, n_embd=12, n_ff=20, n_vocab=30, bias=False):
@@ -269,9 +273,26 @@ def test_generated(tmp):
         check(len(toks) == w["token_embd.weight"].shape[0] and len(set(toks)) == len(toks) and toks[:3] ==
               ["<unk>", "<s>", "</s>"] and toks[3] == "<0x00>" and toks[258] == "<0xFF>", f"{preset}: vocab")
         check("[INST]" in meta["tokenizer.chat_template"], f"{preset}: llama2 chat template")
+    # --attn-scale writes {arch}.attention.scale (absent otherwise), which the reference reads.
+    path = os.path.join(tmp, "gqa-128-scale.gguf")
+    run([maker, "--preset", "gqa-128", "--seed", "7", "--attn-scale", "0.05", "--out", path])
+    paths["gqa-128-scale"] = path
+    check(ref.read_gguf(path)[0]["llama.attention.scale"] == np.float32(0.05), "--attn-scale: llama.attention.scale")
+    check("llama.attention.scale" not in ref.read_gguf(paths["gqa-128"])[0], "no --attn-scale: no key")
+    check(ref.Model.load(path).attn_scale == np.float32(0.05), "the reference reads llama.attention.scale")
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        res = subprocess.run([maker, "--preset", "gqa-128", "--attn-scale", bad, "--out", path + ".bad"],
+                             capture_output=True, text=True)
+        check(res.returncode == 2 and "--attn-scale" in res.stderr and not os.path.exists(path + ".bad"),
+              f"--attn-scale {bad} is refused", res.stderr)
     # Each preset's distinguishing feature must change the logits far beyond
     # the tolerance, or the comparison below could not catch its omission.
     tokens = list(range(3, 103))
+    model = ref.Model.load(paths["gqa-128-scale"])
+    base = ref.forward(model, tokens)
+    model.attn_scale = 1 / math.sqrt(model.head_dim)
+    effect = max_rel_err(ref.forward(model, tokens), base)
+    check(effect > 20 * tolerance(model, len(tokens)), f"attention.scale changes the logits by {effect}")
     model = ref.Model.load(paths["llama3-rope"])
     base = ref.forward(model, tokens)
     model.freq_factors = None
@@ -294,7 +315,9 @@ def compare_with_longctx(paths, tmp):
     ppl = os.path.join(BIN_DIR, "longctx-perplexity")
     check(os.path.exists(ppl), f"longctx-perplexity not built ({ppl}): cannot compare longctx's logits")
     # Dense attention, KV in f32 (the tight comparison) or f16; one config
-    # prefills in chunks of 17 tokens so that chunk boundaries are compared too.
+    # prefills in chunks of 17 tokens so that chunk boundaries are compared too;
+    # the model with an attention scale also decodes the last 40 tokens
+    # (--context: one token per decode step, the policy's attention).
     # Weights widened to f32 (--weights f32): the reference computes with the
     # dequantized weights and exact activations (the native int8 path is
     # compared in tests/model/llama_test.cpp).
@@ -308,23 +331,27 @@ def compare_with_longctx(paths, tmp):
     for preset, path in paths.items():
         model = ref.Model.load(path)
         n_vocab = model.w["token_embd.weight"].shape[0]
-        # Row 0 of every run is the one-token case.
-        runs = [("f32", [1] + list(rng.integers(3, n_vocab, size=16))),
-                ("f32-chunk17", [1] + list(rng.integers(3, n_vocab, size=99)))]
+        # Row 0 of every run is the one-token case. context: tokens prefilled, the rest decoded.
+        runs = [("f32", [1] + list(rng.integers(3, n_vocab, size=16)), None),
+                ("f32-chunk17", [1] + list(rng.integers(3, n_vocab, size=99)), None)]
         if preset == "mha-64":
-            runs.append(("f16", [1] + list(rng.integers(3, n_vocab, size=40))))
-        for config, tokens in runs:
+            runs.append(("f16", [1] + list(rng.integers(3, n_vocab, size=40)), None))
+        if preset == "gqa-128-scale":
+            runs.append(("f32-chunk17", [1] + list(rng.integers(3, n_vocab, size=99)), 60))
+        for config, tokens, context in runs:
             kv_f16 = config == "f16"
             out = os.path.join(tmp, "logits.f32")
             text = ",".join(str(int(t)) for t in tokens)
+            decode = ["--context", str(context)] if context else []
             run([ppl, "--model", path, "--weights", "f32", "--tokens", text, "--config", configs[config],
-                 "--dump-logits", out])
+                 "--dump-logits", out] + decode)
             got = np.fromfile(out, dtype="<f4")
             check(got.size == len(tokens) * n_vocab, f"{preset}: {got.size} logits, want {len(tokens)} x {n_vocab}")
             expect = ref.forward(model, tokens, "f16" if kv_f16 else None)
             err = max_rel_err(got.reshape(len(tokens), n_vocab).astype(np.float64), expect)
             tol = tolerance(model, len(tokens), kv_f16)
-            report.append(f"{preset:12s} {config:12s} n={len(tokens):3d}: "
+            report.append(f"{preset:13s} {config:12s} n={len(tokens):3d}"
+                          f"{f' ({context} prefilled)' if context else '':16s}: "
                           f"max err / rms {err:.2e} (tolerance {tol:.2e})")
             check(err <= tol, f"{preset}: longctx logits differ from the reference: {report[-1]}")
     print("\n".join(report))

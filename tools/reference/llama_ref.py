@@ -12,7 +12,8 @@ writes float32 logits [n_tokens, n_vocab], row-major, no header.
 Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama"
 (RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K weights) and
-"qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1).
+"qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1);
+{arch}.attention.scale (scores q.k * scale instead of q.k / sqrt(head_dim)).
 """
 import argparse
 import math
@@ -230,6 +231,9 @@ class Model:
         # adjacent (2i, 2i+1); Qwen2 keeps the HF layout: pairs (i, i + d/2).
         self.rope_style = "adjacent" if arch == "llama" else "halves"
         self.freq_factors = w.get("rope_freqs.weight")
+        self.attn_scale = meta.get(f"{arch}.attention.scale", 1.0 / math.sqrt(self.head_dim))
+        if not 0 < self.attn_scale < math.inf:
+            raise ValueError(f"{arch}.attention.scale is {self.attn_scale}, expected a finite value > 0")
         if self.n_rot != self.head_dim:
             raise ValueError("partial rotary embedding not supported by the reference")
 
@@ -275,16 +279,19 @@ def softmax(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def causal_attention(q, k, v):
-    """softmax(q k^T / sqrt(d) + causal mask) v per query head, for
-    q [n, n_heads, d], k and v [n, n_kv_heads, d]. GQA: query head h reads kv
-    head h // (n_heads / n_kv_heads) (Ainslie et al. 2023)."""
+def causal_attention(q, k, v, scale=None):
+    """softmax(q k^T * scale + causal mask) v per query head, for
+    q [n, n_heads, d], k and v [n, n_kv_heads, d]; scale None = 1/sqrt(d).
+    GQA: query head h reads kv head h // (n_heads / n_kv_heads) (Ainslie et
+    al. 2023)."""
     n, n_heads, d = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
     group = n_heads // k.shape[1]
     future = np.triu(np.ones((n, n), dtype=bool), k=1)  # key j > query i
     out = np.empty_like(q)
     for h in range(n_heads):
-        scores = q[:, h, :] @ k[:, h // group, :].T / math.sqrt(d)
+        scores = q[:, h, :] @ k[:, h // group, :].T * scale
         scores[future] = -np.inf
         out[:, h, :] = softmax(scores) @ v[:, h // group, :]
     return out
@@ -323,7 +330,7 @@ def forward(model, tokens, kv_round=None):
         k = apply_rope(k, positions, inv_freq, model.rope_style)
         if kv_round == "f16":
             k, v = round_f16(k), round_f16(v)
-        attn = causal_attention(q, k, v).reshape(n, model.n_heads * d)
+        attn = causal_attention(q, k, v, model.attn_scale).reshape(n, model.n_heads * d)
         x = x + linear(attn, w, p + "attn_output")
         # SwiGLU feed-forward (Shazeer 2020): x += W_down (silu(W_gate h) * W_up h).
         h = rms_norm(x, w[p + "ffn_norm.weight"], model.eps)

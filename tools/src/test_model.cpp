@@ -172,6 +172,7 @@ void check_spec(const TestModelSpec& s) {
   if (s.llama3_vocab) need(s.n_vocab == detail::kLlama3VocabSize, "the Llama-3 vocabulary has 128256 tokens");
   else need(s.n_vocab >= detail::kSpmMinVocab, "n_vocab must be at least 259 (3 specials + 256 bytes)");
   need(s.rope_theta > 0 && s.rms_eps > 0, "rope_theta and rms_eps must be positive");
+  need(s.attn_scale >= 0 && std::isfinite(s.attn_scale), "attn_scale must be finite and >= 0");
   need(s.context_length >= 1 && s.context_length <= std::numeric_limits<uint32_t>::max(),
        "context_length must fit a u32");
   if (find_format(s) == nullptr)
@@ -300,6 +301,7 @@ model::GgufWriter make_test_model(const TestModelSpec& s) {
   w.set_u32(a + ".attention.key_length", s.head_dim);
   w.set_u32(a + ".attention.value_length", s.head_dim);
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
+  if (s.attn_scale > 0) w.set_f32(a + ".attention.scale", s.attn_scale);
   w.set_f32(a + ".rope.freq_base", s.rope_theta);
   w.set_u32(a + ".rope.dimension_count", s.head_dim);
   w.set_u32(a + ".vocab_size", s.n_vocab);

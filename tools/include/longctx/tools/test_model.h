@@ -23,7 +23,7 @@
 // attention.head_count, attention.head_count_kv,
 // attention.key_length, attention.value_length (= head_dim),
 // attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
-// vocab_size}, and a tokenizer: by default SentencePiece
+// vocab_size, and attention.scale when attn_scale > 0}, and a tokenizer: by default SentencePiece
 // (tokenizer.ggml.model = "llama": <unk> <s> </s>, the 256 byte tokens
 // <0x00>..<0xFF>, then scored pieces of English text) with the llama2 chat
 // template; with llama3_vocab Llama-3's byte-level BPE layout (128256 tokens,
@@ -83,6 +83,7 @@ struct TestModelSpec {
   bool k_mix = false;          // llama.cpp's _M mix over weight_type Q4_K or Q5_K: q4_k_m, q5_k_m
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
+  float attn_scale = 0.0f;     // > 0: written as <arch>.attention.scale; 0: absent (1/sqrt(head_dim))
   int64_t context_length = 1 << 20;
   uint64_t seed = 1;
 };
