@@ -5,7 +5,8 @@ the injected model must give the original model's logits over a chunked
 prefill (several chunks and a partial one), greedy decode steps, a second
 prompt continuing the sequence and a new sequence; for GQA groups of 1 and 4,
 with and without q/k/v bias, with the rotary embedding passed in or computed
-by the attention module. uninject restores the same module objects; bad
+by the attention module; and for modules whose `scaling` is not
+head_dim ** -0.5, dense and with the select policy. uninject restores the same module objects; bad
 rules raise ValueError naming the rule and the key; unsupported inputs raise
 clear ValueErrors. The pass-key retrieval through an injected model is in
 test_inject_demo.py.
@@ -137,6 +138,39 @@ def test_select_full_budget_and_rules_file():
     got, _ = trace(model, prompt, cont)
     close(got[0], expect[0], "config path: prefill logits")
     longctx.uninject(model)
+
+
+def test_module_scaling():
+    """Modules whose scaling is Granite-style attention_multiplier, not
+    head_dim ** -0.5: the prefill, every decode step and the second prompt
+    score with it, with dense decode and with the select policy (every block
+    selected); modules of one model with different scalings are refused."""
+    prompt = torch.randint(0, 97, (150,), generator=torch.Generator().manual_seed(9)).tolist()
+    cont = [3, 4, 5]
+    shape = dict(num_attention_heads=8, num_key_value_heads=2, hidden_size=128)  # head_dim 16: default 0.25
+    model = tiny_llama.random_model(seed=11, attention_multiplier=0.6, **shape)
+    expect, expect_tokens = trace(model, prompt, cont)
+    # The scale matters: the same weights at the default scale give other logits.
+    default, _ = trace(tiny_llama.random_model(seed=11, **shape), prompt, cont)
+    check(float((default[1] - expect[1]).abs().max()) > 0.1 * float(expect[1].abs().max()),
+          "scaling 0.6 changes the decode logits")
+    select = longctx.Config.load(DENSE, ["policy=select", "dense_layer_num=0", "second_select_num=64",
+                                         "local_windows_len=16", "representative_type=QUEST"])
+    for name, config in (("dense", DENSE), ("select", select)):
+        longctx.inject(model, [{"match": {"class": "LlamaAttention"},
+                                "replace": {"class": "longctx.torch.SparseAttention", "kwargs": {"config": config}}}])
+        got, tokens = trace(model, prompt, cont)
+        scale = model.model.layers[0].self_attn.session.policy.scale  # f32
+        check(abs(scale - 0.6) < 1e-7, f"{name}: the policy's scale is {scale}")
+        check(tokens == expect_tokens, f"{name}, scaling 0.6: greedy tokens", f"{tokens} != {expect_tokens}")
+        for step, (a, b) in enumerate(zip(got, expect)):
+            close(a, b, f"{name}, scaling 0.6: logits of step {step}")
+        longctx.uninject(model)
+
+    model.model.layers[1].self_attn.scaling = 0.5
+    raises(lambda: longctx.inject(model, [{"match": {"class": "LlamaAttention"}, "replace": ATTN}]), ValueError,
+           "module 1 has scaling 0.5", "0.6")
+    check(isinstance(model.model.layers[0].self_attn, tiny_llama.LlamaAttention), "a refused inject changes nothing")
 
 
 def test_uninject():
@@ -290,8 +324,8 @@ def test_import_without_torch():
 
 def main():
     test_import_without_torch()
-    for test in (test_same_logits, test_select_full_budget_and_rules_file, test_uninject, test_rules_errors,
-                 test_forward_errors, test_older_transformers_return_arity):
+    for test in (test_same_logits, test_select_full_budget_and_rules_file, test_module_scaling, test_uninject,
+                 test_rules_errors, test_forward_errors, test_older_transformers_return_arity):
         test()
     print(f"test_inject: {_env.passed} checks passed")
 

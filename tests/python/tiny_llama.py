@@ -9,7 +9,9 @@ position_embeddings=(cos, sin), attention_mask=None, position_ids=None,
 past_key_value=None, **kwargs) returns (attn_output, attn_weights). RoPE uses
 HF's "halves" layout. With config.rope_in_attention the attention owns a
 rotary_emb and computes (cos, sin) from position_ids (transformers <= 4.45).
-attention_bias puts biases on q/k/v (Qwen2 style).
+attention_bias puts biases on q/k/v (Qwen2 style). attention_multiplier
+(Granite's name) is the attention's `scaling` when given, else
+head_dim ** -0.5.
 
 KVCache is this file's own cache (one tensor pair per layer) for the plain
 model; generate() passes explicit position_ids so that an injected model,
@@ -28,7 +30,7 @@ from torch import nn
 class TinyConfig:
     def __init__(self, vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, head_dim=None, rope_theta=10000.0,
-                 rms_norm_eps=1e-5, attention_bias=False, rope_in_attention=False):
+                 rms_norm_eps=1e-5, attention_bias=False, rope_in_attention=False, attention_multiplier=None):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -40,6 +42,7 @@ class TinyConfig:
         self.rms_norm_eps = rms_norm_eps
         self.attention_bias = attention_bias
         self.rope_in_attention = rope_in_attention
+        self.attention_multiplier = attention_multiplier
         self.attention_dropout = 0.0
 
 
@@ -108,7 +111,7 @@ class LlamaAttention(nn.Module):
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = config.attention_multiplier or self.head_dim ** -0.5
         self.is_causal = True
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
@@ -287,7 +290,8 @@ def load_gguf(path, dtype=torch.float32):
                         num_key_value_heads=n_kv, head_dim=head_dim,
                         rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
                         rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
-                        attention_bias="blk.0.attn_q.bias" in w)
+                        attention_bias="blk.0.attn_q.bias" in w,
+                        attention_multiplier=meta.get(f"{arch}.attention.scale"))
     model = LlamaForCausalLM(config)
     permute = arch == "llama"  # qwen2 GGUFs keep HF's layout
 

@@ -18,6 +18,8 @@ so the state_dict keys do not change) and per forward, for one sequence
   - a forward of one token is a decode step: its K/V are appended and
     DecodePolicy.decode attends what the config selects (local window
     included).
+Both score with the module's `scaling` (default head_dim ** -0.5): prefill
+passes it to prefill_attention, the session's DecodePolicy is built with it.
 Positions come from position_ids, else cache_position, else continue the
 store. Position 0 starts a new sequence (the store is cleared); any other
 first position must be the number of tokens the store holds for the layer.
@@ -60,12 +62,14 @@ def _as_config(config):
 
 class Session:
     """What the SparseAttention modules of one model share: the config, the
-    KV store (created on first use: n_layers x n_kv_heads x head_dim), the
-    decode policy and each layer's decode step index."""
+    attention scale, the KV store (created on first use: n_layers x
+    n_kv_heads x head_dim), the decode policy and each layer's decode step
+    index."""
 
-    def __init__(self, config, n_layers):
+    def __init__(self, config, n_layers, scale):
         self.config = _as_config(config)
         self.n_layers = n_layers
+        self.scale = scale
         self.store = None
         self.policy = None
         self.decode_idx = [0] * n_layers
@@ -74,7 +78,7 @@ class Session:
     def ensure_store(self, n_kv_heads, head_dim):
         if self.store is None:
             self.store = _core.KVStore(self.config, self.n_layers, n_kv_heads, head_dim)
-            self.policy = _core.DecodePolicy(self.config, self.store)
+            self.policy = _core.DecodePolicy(self.config, self.store, scale=self.scale)
         elif tuple(self.store.shape) != (self.n_layers, n_kv_heads, head_dim):
             raise ValueError(f"longctx.torch: a module with {n_kv_heads} kv heads of {head_dim} shares the KV "
                              f"store of shape {tuple(self.store.shape)} (n_layers, n_kv_heads, head_dim)")
@@ -87,7 +91,7 @@ class Session:
         """Drops every token and the policy's state."""
         if self.store is not None:
             self.store.clear()
-            self.policy = _core.DecodePolicy(self.config, self.store)
+            self.policy = _core.DecodePolicy(self.config, self.store, scale=self.scale)
         self.decode_idx = [0] * self.n_layers
 
     def release(self):
@@ -163,12 +167,15 @@ class SparseAttention(nn.Module):
     @classmethod
     def longctx_bind(cls, modules):
         """One Session for `modules` (walk order = store layer order)."""
-        config = modules[0].longctx_config
+        config, scale = modules[0].longctx_config, modules[0].scaling
         for i, m in enumerate(modules):
             if m.longctx_config != config:
                 raise ValueError(f"SparseAttention: injected module {i} has a different longctx config than "
                                  "module 0; every injected layer of a model shares one KV store and one config")
-        session = Session(config, len(modules))
+            if m.scaling != scale:
+                raise ValueError(f"SparseAttention: injected module {i} has scaling {m.scaling}, module 0 has "
+                                 f"{scale}; every injected layer of a model shares one decode policy and one scale")
+        session = Session(config, len(modules), scale)
         for i, m in enumerate(modules):
             m.layer_idx = i
             m.__dict__["_session"] = session
@@ -180,7 +187,7 @@ class SparseAttention(nn.Module):
     @property
     def session(self):
         if self._session is None:
-            self.__dict__["_session"] = Session(self.longctx_config, (self.layer_idx or 0) + 1)
+            self.__dict__["_session"] = Session(self.longctx_config, (self.layer_idx or 0) + 1, self.scaling)
             if self.layer_idx is None:
                 self.layer_idx = 0
         return self._session
