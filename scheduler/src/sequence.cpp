@@ -66,10 +66,26 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   }
   topology_ = topology;
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
-  store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
-  policy_ = new_policy();
   DeviceAttention* device = backend_.device_attention();
-  if (device && device_path_applies(config_, model_.spec)) {
+  const bool device_path = device && device_path_applies(config_, model_.spec);
+  // The device path reads a layer's cached K/V back into host staging
+  // (history_k_ / history_v_) for begin_prefill_layer: up to max_seq_len
+  // tokens of K and V, held in the budget before the store's preflight.
+  uint64_t history_bytes = 0;
+  if (device_path) {
+    history_bytes = 2 * uint64_t(config_.max_seq_len) * uint64_t(model_.spec.n_kv_heads) *
+                    uint64_t(model_.spec.head_dim) * dtype_size(config_.kv_type);
+    budget_->reserve(history_bytes, "Sequence: host staging of one layer's K/V for the device path");
+  }
+  try {
+    store_ = std::make_unique<kvstore::KVStore>(model_.spec.kv_shape(), config_, *budget_, *topology_);
+  } catch (const Error& e) {
+    if (history_bytes == 0 || e.code() != ErrorCode::kOutOfMemory) throw;
+    fail(ErrorCode::kOutOfMemory, e.what(), " (", format_bytes(history_bytes),
+         " of it are held for the device path's host staging of one layer's K/V)");
+  }
+  policy_ = new_policy();
+  if (device_path) {
     const TransformerSpec& s = model_.spec;
     DeviceAttention::Shape& shape = device_shape_;
     shape.n_layers = s.n_layers;
@@ -81,7 +97,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     shape.window = config_.local_windows_len;
     shape.initial_len = config_.initial_len;
     shape.scale = s.attn_scale;
-    device_ = device;
+    device_ = device;  // history_bytes stay reserved: the budget is this sequence's own
     claim_device();
   }
 }

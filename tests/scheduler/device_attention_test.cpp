@@ -448,6 +448,33 @@ TEST_F(DeviceAttentionTest, SnapshotLoadThenDecode) {
 
 // Configurations the device does not run stay on the CPU path: no device
 // call at all, and the logits of the CPU backend bit for bit.
+// The device path's host staging of one layer's K/V (max_seq_len tokens of
+// K and V) counts in the DRAM budget: a budget that holds the store alone
+// builds a CPU sequence and refuses a device one, naming the staging.
+TEST_F(DeviceAttentionTest, HistoryStagingCountsInTheBudget) {
+  const HostModel host = random_host_model(device_spec(), 50);
+  const Transformer model = upload_model(host, cpu_);
+  LongContextConfig config = device_config(SelectionPolicy::kSelect);
+  const TransformerSpec s = device_spec();
+  const kvstore::Preflight store = kvstore::preflight(kvstore::StoreLayout::make(s.kv_shape(), config),
+                                                      config.max_seq_len, std::vector<int>(size_t(s.n_kv_heads), 0));
+  const uint64_t staging = 2 * uint64_t(config.max_seq_len) * uint64_t(s.n_kv_heads * s.head_dim) * 2;  // f16
+  config.dram_budget = store.total_bytes + staging / 2;
+  Sequence on_cpu(cpu_, model, config, &topology());
+  FakeDeviceBackend device(cpu_);
+  try {
+    Sequence on_device(device, model, config, &topology());
+    ADD_FAILURE() << "the device sequence fits a budget without its staging";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("host staging of one layer's K/V"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(device.attention().calls().total(), 0);
+  config.dram_budget = store.total_bytes + staging;
+  Sequence fits(device, model, config, &topology());
+  EXPECT_TRUE(fits.uses_device_attention());
+}
+
 TEST_F(DeviceAttentionTest, UnsupportedConfigurationsStayOnTheCpu) {
   struct Case {
     const char* name;
