@@ -359,6 +359,8 @@ int run(const Args& a) {
                selection_policy_name(config.policy), chosen.description.c_str());
 
   scheduler::Sequence seq(backend, model->transformer(), config);
+  if (backend.device_attention() && !seq.uses_device_attention())
+    std::fprintf(stderr, "attention: on the CPU, not the GPU: %s\n", seq.device_declined().c_str());
   const bool interactive = !a.prompt.has_value();
   Chat chat(config, *model, seq, tmpl, interactive);
   install_sigint_handler();

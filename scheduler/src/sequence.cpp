@@ -29,13 +29,17 @@ uint64_t budget_bytes(const LongContextConfig& config) {
   return config.dram_budget != 0 ? config.dram_budget : kvstore::default_dram_budget();
 }
 
-// Whether attention may run on the backend's DeviceAttention (sequence.h):
-// the device kernels' table (f16/bf16 K/V, head_dim 64/128/256), and no
-// policy that needs the local window on the CPU or a restricted prefill.
-bool device_path_applies(const LongContextConfig& config, const TransformerSpec& s) {
-  const bool kv_ok = config.kv_type == DType::kF16 || config.kv_type == DType::kBF16;
-  const bool dim_ok = s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
-  return kv_ok && dim_ok && config.policy != SelectionPolicy::kH2O && !config.quoka.enabled;
+// Why attention may not run on a backend's DeviceAttention (sequence.h), ""
+// when it may: the device kernels' table (f16/bf16 K/V, head_dim 64/128/256),
+// and no policy that needs the local window on the CPU or a restricted prefill.
+std::string device_path_declined(const LongContextConfig& config, const TransformerSpec& s) {
+  if (config.kv_type != DType::kF16 && config.kv_type != DType::kBF16)
+    return str_cat("kv_type ", dtype_name(config.kv_type), " (the device keeps K/V as f16 or bf16)");
+  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
+    return str_cat("head_dim ", s.head_dim, " (the device kernels run 64, 128 and 256)");
+  if (config.policy == SelectionPolicy::kH2O) return "policy h2o (it attends its recent tokens on the CPU)";
+  if (config.quoka.enabled) return "quoka.enabled (QUOKA's restricted prefill runs on the CPU)";
+  return "";
 }
 
 // Rows [row, row + 1) of x [n, d] as a new [1, d] tensor.
@@ -67,7 +71,8 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   topology_ = topology;
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
   DeviceAttention* device = backend_.device_attention();
-  const bool device_path = device && device_path_applies(config_, model_.spec);
+  device_declined_ = device ? device_path_declined(config_, model_.spec) : "the backend has no device attention";
+  const bool device_path = device && device_declined_.empty();
   // The device path reads a layer's cached K/V back into host staging
   // (history_k_ / history_v_) for begin_prefill_layer: up to max_seq_len
   // tokens of K and V, held in the budget before the store's preflight.

@@ -28,7 +28,7 @@ void Sequence::device_begin_layer(int layer) {
   history_k_.resize(std::max<size_t>(1, size_t(n) * n_kv * d));
   history_v_.resize(history_k_.size());
   const int64_t n_blocks = store_->n_blocks(layer);
-  // The device path runs on 2-byte kv types only (device_path_applies).
+  // The device path runs on 2-byte kv types only (device_path_declined).
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_blocks * n_kv), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t i = r.begin(); i < r.end(); ++i) {
       const int h = int(i % n_kv);

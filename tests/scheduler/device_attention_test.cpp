@@ -115,6 +115,7 @@ class DeviceAttentionTest : public ::testing::Test {
     Sequence on_device(*device_, model, config, &topology());
     ASSERT_FALSE(on_cpu.uses_device_attention());
     ASSERT_TRUE(on_device.uses_device_attention()) << what;
+    EXPECT_EQ(on_device.device_declined(), "") << what;
     const int64_t n = int64_t(prompt.size());
     expect_logits_near(prefill_all(on_device, prompt), prefill_all(on_cpu, prompt), n, what + " prefill");
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -477,16 +478,16 @@ TEST_F(DeviceAttentionTest, HistoryStagingCountsInTheBudget) {
 
 TEST_F(DeviceAttentionTest, UnsupportedConfigurationsStayOnTheCpu) {
   struct Case {
-    const char* name;
+    const char* name;  // what the sequence's device_declined() begins with
     TransformerSpec spec;
     LongContextConfig config;
   };
   std::vector<Case> cases;
-  cases.push_back({"h2o", device_spec(), device_config(SelectionPolicy::kH2O)});
-  cases.push_back({"quoka", device_spec(), device_config()});
+  cases.push_back({"policy h2o", device_spec(), device_config(SelectionPolicy::kH2O)});
+  cases.push_back({"quoka.enabled", device_spec(), device_config()});
   cases.back().config.quoka.enabled = true;
   cases.back().config.quoka.b_sa = 256;
-  cases.push_back({"f32 kv", device_spec(), device_config()});
+  cases.push_back({"kv_type f32", device_spec(), device_config()});
   cases.back().config.kv_type = DType::kF32;
   cases.push_back({"head_dim 32", device_spec(), device_config()});
   cases.back().spec.head_dim = 32;
@@ -499,6 +500,8 @@ TEST_F(DeviceAttentionTest, UnsupportedConfigurationsStayOnTheCpu) {
     Sequence on_device(device, model, c.config, &topology());
     Sequence on_cpu(cpu_, model, c.config, &topology());
     EXPECT_FALSE(on_device.uses_device_attention()) << c.name;
+    EXPECT_EQ(on_device.device_declined().rfind(c.name, 0), 0u) << on_device.device_declined();
+    EXPECT_EQ(on_cpu.device_declined(), "the backend has no device attention");
     const std::vector<int32_t> prompt = random_tokens(40, 64, seed++);
     EXPECT_EQ(prefill_all(on_device, prompt), prefill_all(on_cpu, prompt)) << c.name;
     for (int32_t token : {5, 6, 7}) EXPECT_EQ(on_device.decode(token), on_cpu.decode(token)) << c.name;

@@ -60,6 +60,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "longctx/core/backend.h"
@@ -156,6 +157,8 @@ class Sequence {
   const LongContextConfig& config() const { return config_; }
   // True when attention goes through the backend's DeviceAttention (above).
   bool uses_device_attention() const { return device_ != nullptr; }
+  // Why not ("" when it does), e.g. "policy h2o (it attends its recent tokens on the CPU)".
+  const std::string& device_declined() const { return device_declined_; }
   // True while the device's buffers hold this sequence's tokens: it was the
   // last to configure or clear the backend's DeviceAttention (DeviceAttention::epoch).
   bool owns_device() const { return device_ != nullptr && device_->epoch() == device_epoch_; }
@@ -201,6 +204,7 @@ class Sequence {
   std::unique_ptr<policy::DecodePolicy> policy_;
   std::unique_ptr<Workspace> decode_ws_;
   DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
+  std::string device_declined_;         // why device_ is null ("" when it is not)
   DeviceAttention::Shape device_shape_;  // what this sequence configures it with
   uint64_t device_epoch_ = UINT64_MAX;   // the device's epoch when this sequence configured or cleared it
   std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back
