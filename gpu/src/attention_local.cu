@@ -172,10 +172,14 @@ void launch_local(const LocalAttentionParams& p, float scale, cudaStream_t strea
   const size_t split_bytes = size_t(p.n_heads) * (size_t(D) + 1) * sizeof(float);
   const int64_t room = p.workspace ? int64_t(std::min<size_t>(p.workspace_bytes / split_bytes, kLocalMaxSplits)) : 0;
   if (room > 1 && length > kMinPositionsPerSplit) {
-    int device = 0, sms = 0;
-    cuda_check(cudaGetDevice(&device), "local_window_attention: cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-               "local_window_attention: cudaDeviceGetAttribute");
+    static PerDevice<int> multiprocessors;  // asked once per device
+    const int device = current_device("local_window_attention: cudaGetDevice");
+    const int sms = multiprocessors.get(device, [device] {
+      int count = 0;
+      cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+                 "local_window_attention: cudaDeviceGetAttribute");
+      return count;
+    });
     const int64_t blocks = int64_t(p.n_kv_heads) * slices;
     const int64_t wanted = std::max<int64_t>(1, (2 * int64_t(sms) + blocks - 1) / blocks);
     splits = std::min({wanted, room, (length + kMinPositionsPerSplit - 1) / kMinPositionsPerSplit});

@@ -229,8 +229,12 @@ void launch_prefill(const PrefillAttentionParams& p, float scale, cudaStream_t s
   const int64_t tiles = (p.n_q * group + Tr::kRows - 1) / Tr::kRows;  // bounded by the caller
   if (tiles == 0) return;
   auto* kernel = &prefill_kernel<T, D>;
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)),
-             "prefill_attention: cudaFuncSetAttribute (shared memory)");
+  static PerDevice<bool> smem_raised;  // the kernel's shared-memory limit, set once per device
+  smem_raised.get(current_device("prefill_attention: cudaGetDevice"), [kernel] {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)),
+               "prefill_attention: cudaFuncSetAttribute (shared memory)");
+    return true;
+  });
   kernel<<<dim3(unsigned(tiles), unsigned(p.n_kv_heads)), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, group, scale);
   cuda_check(cudaGetLastError(), "prefill_attention launch");
 }

@@ -201,7 +201,9 @@ TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
                       acts.d[size_t(r * (512 / block) + b)] * 0.5 * (1 + 1e-6));
         }
         ASSERT_FLOAT_EQ(acts.d[size_t(r * (512 / block) + b)], amax / 127.f);
-        if (block == 32) ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
+        if (block == 32) {
+          ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
+        }
       }
       for (int64_t g = 0; block == 256 && g < 32; ++g) {
         int sum = 0;
