@@ -14,6 +14,7 @@
 
 #include "core/ggml_test_util.h"
 #include "longctx/core/backend.h"
+#include "longctx/core/cpu_features.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/quant_matmul.h"
 
@@ -98,12 +99,15 @@ TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
   EXPECT_EQ(backend.bytes_in_use(), 0u);
 }
 
-// matmul through the backend equals the kernel's tile on the same quantized
-// activations (every row count, a bias added after), so the threading and
-// the panels change nothing; quant_matmul_test.cpp ties the kernel to fp64.
+// matmul through the backend on the int8 path (forced: QuantPrefill::kAuto
+// sends prefill rows to bf16 tiles on AMX / AVX512-BF16 CPUs) equals the
+// kernel's tile on the same quantized activations (every row count, a bias
+// added after), so the threading and the panels change nothing;
+// quant_matmul_test.cpp ties the kernel to fp64.
 TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   std::mt19937 rng(3);
-  CpuBackend backend;
+  CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
+  EXPECT_FALSE(backend.quant_prefill_bf16());
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t k = 512, n = 300;
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
@@ -169,7 +173,20 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
   }
 }
 
-// The prefill path of AMX machines (QuantPrefill::kBf16Tiles, forced here
+// kAuto takes bf16 tiles exactly where the CPU multiplies bf16 in hardware
+// (AMX, AVX512-BF16) and oneDNN has a kernel for it.
+TEST(CpuBackendQuant, AutoTakesBf16TilesWhereTheCpuMultipliesBf16) {
+  bool tiles_available = true;
+  try {
+    CpuBackend forced(CpuBackendOptions{.quant_prefill = QuantPrefill::kBf16Tiles});
+  } catch (const Error&) {
+    tiles_available = false;
+  }
+  const bool bf16_units = cpu_features().amx_bf16 || cpu_features().avx512bf16;
+  EXPECT_EQ(CpuBackend().quant_prefill_bf16(), tiles_available && bf16_units) << describe_cpu_features(cpu_features());
+}
+
+// The prefill path of AMX / AVX512-BF16 machines (QuantPrefill::kBf16Tiles, forced here
 // where oneDNN has any optimized bf16 kernel): w dequantized and rounded to
 // bf16, x rounded to bf16, products exact in f32, f32 accumulation:
 // gamma_k sum |x w| against fp64 of the rounded values.

@@ -16,8 +16,8 @@
 //   n_heads * head_dim. Quantized w: the rows of x are quantized to int8 per
 //   block and multiplied on the quant_matmul.h kernels (best ISA of the CPU),
 //   split over weight rows with oneTBB, for any n; except that on a CPU with
-//   AMX, more than 4 rows of x go to oneDNN's bf16 kernels (which run on the
-//   AMX tiles) with tiles of w dequantized to bf16 (QuantPrefill). Dense w: up to 4 rows
+//   AMX or AVX512-BF16, more than 4 rows of x go to oneDNN's bf16 kernels
+//   (AMX tiles / vdpbf16ps) with tiles of w dequantized to bf16 (QuantPrefill). Dense w: up to 4 rows
 //   (decode) go to a Highway kernel that streams w once (f32 x; f16 / bf16 w
 //   widened exactly). More rows go to oneDNN; bf16 weights there: where
 //   oneDNN has bf16 kernels for the CPU (AVX-512), x is rounded to bf16 and
@@ -52,7 +52,7 @@ enum class Bf16Matmul : uint8_t {
 
 // How a quantized-weight matmul of more than 4 rows (prefill) computes.
 enum class QuantPrefill : uint8_t {
-  kAuto,       // kBf16Tiles where the CPU has AMX and oneDNN a bf16 kernel for it, else kInt8
+  kAuto,       // kBf16Tiles where the CPU has AMX or AVX512-BF16 and oneDNN a bf16 kernel for it, else kInt8
   kInt8,       // the int8 kernels of quant_matmul.h
   kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
                // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)
