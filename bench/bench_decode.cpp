@@ -154,7 +154,12 @@ Record decode_record(const DecodeArgs& a, BenchModel& m, int64_t context, bool s
   return r;
 }
 
-Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, double fma_gflops, double int8_gops) {
+// The compute peaks measured in the run (0 = not on this CPU).
+struct Peaks {
+  double fma_gflops, int8_gops, bf16_gflops;
+};
+
+Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, const Peaks& peaks) {
   LongContextConfig config = config_for(a, std::max<int64_t>(n_tokens, kInitial + kLocal + kBlock), false);
   scheduler::Sequence seq(m.backend, m.transformer(), config);
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
@@ -169,9 +174,12 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, doub
   r.set("quant_prefill", m.cpu.quant_prefill_bf16() ? "bf16 tiles" : "int8");
   r.set("tokens", n_tokens).set("attention", "dense").set("kv_type", dtype_name(a.kv_type));
   r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
-  r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", mm.flops / mm.seconds / 1e9);
-  r.set("fma_gflops", fma_gflops).set("of_fma_peak", mm.flops / mm.seconds / 1e9 / fma_gflops);
-  r.set("int8_gops", int8_gops).set("of_int8_peak", int8_gops > 0 ? mm.flops / mm.seconds / 1e9 / int8_gops : 0.0);
+  const double gflops = mm.flops / mm.seconds / 1e9;
+  const auto of = [&](double peak) { return peak > 0 ? gflops / peak : 0.0; };
+  r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", gflops);
+  r.set("fma_gflops", peaks.fma_gflops).set("of_fma_peak", of(peaks.fma_gflops));
+  r.set("int8_gops", peaks.int8_gops).set("of_int8_peak", of(peaks.int8_gops));
+  r.set("bf16_gflops", peaks.bf16_gflops).set("of_bf16_peak", of(peaks.bf16_gflops));
   r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }
@@ -252,18 +260,18 @@ int run_decode(const std::vector<std::string>& args) {
 
 int run_prefill(const std::vector<std::string>& args) {
   const DecodeArgs a = parse_args("prefill", args);
-  const double fma_gflops = measure_fma_gflops(tbb::info::default_concurrency());
-  const double int8_gops = measure_int8_gops(tbb::info::default_concurrency());
+  const int threads = tbb::info::default_concurrency();
+  const Peaks peaks{measure_fma_gflops(threads), measure_int8_gops(threads), measure_bf16_gflops(threads)};
   BenchModel m(a);
   std::vector<Record> records;
-  for (int64_t n : a.prefill_tokens) emit(records, prefill_record(a, m, n, fma_gflops, int8_gops));
+  for (int64_t n : a.prefill_tokens) emit(records, prefill_record(a, m, n, peaks));
   print_model_line(m, a);
-  std::printf("dense attention, chunk %lld; fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (%s; measured in this "
-              "run); peak RSS %.2f GiB\n",
-              static_cast<long long>(a.chunk_size), fma_gflops, int8_gops, cpu::quant_isa_name(cpu::best_quant_isa()),
-              double(peak_resident_bytes()) / double(1 << 30));
+  std::printf("dense attention, chunk %lld; fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (%s), bf16 (vdpbf16ps) "
+              "peak %.0f GFLOP/s (measured in this run; 0 = not on this CPU); peak RSS %.2f GiB\n",
+              static_cast<long long>(a.chunk_size), peaks.fma_gflops, peaks.int8_gops,
+              cpu::quant_isa_name(cpu::best_quant_isa()), peaks.bf16_gflops, double(peak_resident_bytes()) / double(1 << 30));
   print_table(records, {"tokens", "seconds", "tokens_per_s", "matmul_share", "matmul_gflops", "of_fma_peak",
-                        "of_int8_peak", "rss_gib"});
+                        "of_int8_peak", "of_bf16_peak", "rss_gib"});
   return 0;
 }
 

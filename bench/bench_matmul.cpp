@@ -107,10 +107,11 @@ int run_matmul(const std::vector<std::string>& args) {
   const double read_gbps = measure_read_gbps(size_t(1) << 30, threads, 5);
   const double fma_gflops = measure_fma_gflops(threads);
   const double int8_gops = measure_int8_gops(threads);
+  const double bf16_gflops = measure_bf16_gflops(threads);
   {
     Record r;
     r.set("bench", "matmul").set("kernel", "peaks").set("threads", threads).set("read_gbps", read_gbps);
-    r.set("fma_gflops", fma_gflops).set("int8_gops", int8_gops);
+    r.set("fma_gflops", fma_gflops).set("int8_gops", int8_gops).set("bf16_gflops", bf16_gflops);
     r.set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
     std::printf("%s\n", r.json().c_str());
   }
@@ -141,7 +142,9 @@ int run_matmul(const std::vector<std::string>& args) {
     r.set("rows", m).set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
     r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
     r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
-    if (!dtype_of(type) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    const bool on_tiles = &be != &backend;
+    if (!dtype_of(type) && !on_tiles && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    if (on_tiles && bf16_gflops > 0) r.set("of_bf16_peak", gflops / bf16_gflops);
     std::printf("%s\n", r.json().c_str());
     std::fflush(stdout);
     records.push_back(r);
@@ -156,9 +159,11 @@ int run_matmul(const std::vector<std::string>& args) {
       }
     }
   std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s; read bandwidth "
-              "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s (measured in this run)\n",
-              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops, int8_gops);
-  print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak"});
+              "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s, bf16 (vdpbf16ps) peak %.0f GFLOP/s "
+              "(measured in this run; 0 = not on this CPU)\n",
+              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops, int8_gops, bf16_gflops);
+  print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
+                        "of_bf16_peak"});
   return 0;
 }
 

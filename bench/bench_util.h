@@ -71,4 +71,9 @@ double measure_fma_gflops(int threads);
 // vpmaddwd, or vpdpbusd with VNNI); 0 where they run the generic kernels.
 double measure_int8_gops(int threads);
 
+// bf16 dot-product throughput (vdpbf16ps, 2 FLOP per product; peak_bf16.cpp)
+// of `threads` threads: the roofline of oneDNN's bf16 matmul on AVX512-BF16
+// CPUs without AMX; 0 where the CPU has no AVX512-BF16.
+double measure_bf16_gflops(int threads);
+
 }  // namespace longctx::bench
