@@ -23,7 +23,7 @@ ChosenBackend choose_backend(const ModelConfig& model) {
       return {gpu::make_cuda_backend({}), "cuda (" + d.name + ", device " + std::to_string(d.index) + ")"};
     }
     if (choice == "cuda") fail(ErrorCode::kUnsupported, "model.backend is cuda but there is no CUDA device: ", why_none);
-    return {cpu_backend(), "cpu (no GPU: " + why_none + ")"};
+    return {cpu_backend(), "cpu (" + why_none + ", using the CPU)"};
   }
   return {cpu_backend(), "cpu"};
 }

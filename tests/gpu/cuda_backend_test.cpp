@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numbers>
 #include <random>
 #include <string>
@@ -33,6 +34,9 @@ TEST(CudaBackendAvailability, MakeThrowsUnsupportedNamingTheReasonWithoutDevice)
     EXPECT_NE(message.find(why), std::string::npos) << message << " does not name the reason: " << why;
     if (!built_with_cuda()) {
       EXPECT_NE(message.find("built without CUDA"), std::string::npos) << message;
+    } else if (!std::filesystem::exists("/proc/driver/nvidia/version")) {
+      // No driver loaded: say so, not the runtime's "driver version is insufficient".
+      EXPECT_EQ(why, "no NVIDIA driver/GPU found");
     }
     return;
   }

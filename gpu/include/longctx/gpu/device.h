@@ -21,8 +21,8 @@ struct DeviceInfo {
 bool built_with_cuda();
 
 // The usable CUDA devices; empty when there are none. `why_none` (optional)
-// receives the reason when the list is empty ("built without CUDA",
-// "cudaGetDeviceCount: no CUDA-capable device is detected", ...).
+// receives the reason when the list is empty ("built without CUDA ...",
+// "no NVIDIA driver/GPU found", a driver older than the runtime, ...).
 std::vector<DeviceInfo> list_devices(std::string* why_none = nullptr);
 
 }  // namespace longctx::gpu
