@@ -228,6 +228,12 @@ def test_rules_errors():
     bad([{"match": {"name": "x"}, "replace": {"class": ATTN["class"], "kwargs": {"config": "no-such.yaml"}}}],
         "rule 0", "replace.kwargs.config", "no-such.yaml")
     bad([{"match": {"name": "^nothing$"}, "replace": ATTN}], "no module of the model matched")
+    # The near miss is named: the name matches, the class does not (and the other way round).
+    bad([{"match": {"name": r"^model\.layers\.\d+\.self_attn$", "class": "MistralAttention"}, "replace": ATTN}],
+        "no module of the model matched", "rule 0", "'model.layers.0.self_attn' matches match.name",
+        "is not 'MistralAttention'")
+    bad([{"match": {"name": "^attn$", "class": "LlamaMLP"}, "replace": ATTN}],
+        "rule 0", "'model.layers.0.mlp' (LlamaMLP) matches match.class but not match.name '^attn$'")
     raises(lambda: longctx.inject(model, [ok], config="no-such-config.yaml"), ValueError, "no-such-config.yaml")
     # A rule that matches a module SparseAttention cannot wrap (an MLP), after one that worked.
     bad([ok, {"match": {"class": "LlamaMLP"}, "replace": ATTN}], "rule 1", "model.layers.0.mlp", "q_proj")
@@ -322,10 +328,22 @@ def test_import_without_torch():
     check(p.returncode == 0 and p.stdout.strip() == "no torch", "import longctx without torch", p.stdout + p.stderr)
 
 
+def test_readme_shows_the_shipped_rules():
+    """The README's rule snippet is configs/inject/llama.yaml without its comments."""
+    with open(os.path.join(_env.SOURCE_DIR, "configs", "inject", "llama.yaml")) as f:
+        shipped = [line for line in f.read().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    with open(os.path.join(_env.SOURCE_DIR, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("```yaml\n", readme.index("`longctx.inject(model, rules)`")) + len("```yaml\n")
+    snippet = readme[start:readme.index("```", start)].splitlines()
+    check(snippet == shipped, "README's inject rules = configs/inject/llama.yaml", f"{snippet}\n{shipped}")
+
+
 def main():
     test_import_without_torch()
     for test in (test_same_logits, test_select_full_budget_and_rules_file, test_module_scaling, test_uninject,
-                 test_rules_errors, test_forward_errors, test_older_transformers_return_arity):
+                 test_rules_errors, test_forward_errors, test_older_transformers_return_arity,
+                 test_readme_shows_the_shipped_rules):
         test()
     print(f"test_inject: {_env.passed} checks passed")
 

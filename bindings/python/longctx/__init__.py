@@ -5,7 +5,7 @@ The native part lives in longctx._core, built by CMake into
 it is re-exported here (Config, KVStore, DecodePolicy, Model,
 prefill_attention, read_gguf_tensors, ...). longctx.inject / uninject swap
 attention modules of a PyTorch model for longctx.torch.SparseAttention
-(rules in YAML, configs/inject-llama.yaml). `import longctx` does not import
+(rules in YAML, configs/inject/llama.yaml). `import longctx` does not import
 torch; `import longctx.torch` does.
 """
 from . import _core

@@ -1,5 +1,5 @@
 """longctx.inject / longctx.uninject: swap modules of a PyTorch model for
-longctx ones, chosen by rules (configs/inject-llama.yaml):
+longctx ones, chosen by rules (configs/inject/llama.yaml):
 
     - match: {name: "^model\\.layers\\.\\d+\\.self_attn$", class: LlamaAttention}
       replace: {class: longctx.torch.SparseAttention, kwargs: {config: demo.yaml}}
@@ -33,15 +33,29 @@ class _Rule:
     def __init__(self, where, name_re, cls_name, factory, kwargs):
         self.where, self.name_re, self.cls_name, self.factory, self.kwargs = where, name_re, cls_name, factory, kwargs
 
+    def _name_ok(self, qualname):
+        return self.name_re is None or self.name_re.search(qualname) is not None
+
+    def _class_ok(self, module):
+        if self.cls_name is None:
+            return True
+        mro = type(module).__mro__
+        return self.cls_name in ({c.__name__ for c in mro} | {f"{c.__module__}.{c.__qualname__}" for c in mro})
+
     def matches(self, qualname, module):
-        if self.name_re is not None and not self.name_re.search(qualname):
-            return False
-        if self.cls_name is not None:
-            names = {c.__name__ for c in type(module).__mro__} | {
-                f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
-            if self.cls_name not in names:
-                return False
-        return True
+        return self._name_ok(qualname) and self._class_ok(module)
+
+    def near_miss(self, qualname, module):
+        """Why a module this rule half matches (its name or its class, not both) is not
+        replaced; None when it matches neither or both."""
+        name_ok, class_ok = self._name_ok(qualname), self._class_ok(module)
+        if name_ok == class_ok:
+            return None
+        if name_ok:
+            return (f"{self.where}: '{qualname}' matches match.name but its class {type(module).__name__} "
+                    f"is not '{self.cls_name}' (nor a base of it)")
+        return (f"{self.where}: '{qualname}' ({type(module).__name__}) matches match.class but not "
+                f"match.name '{self.name_re.pattern}'")
 
 
 def _import_class(path, where):
@@ -185,8 +199,11 @@ def inject(model, rules=None, config=None):
     found = []
     _walk(model, "", compiled, found)
     if not found:
+        near = next((why for qualname, module in model.named_modules() if qualname
+                     for why in (r.near_miss(qualname, module) for r in compiled) if why), None)
         raise ValueError("inject: no module of the model matched the rules (the names are those of "
-                         "model.named_modules(), e.g. 'model.layers.0.self_attn')")
+                         "model.named_modules(), e.g. 'model.layers.0.self_attn')"
+                         + (f"; nearest: {near}" if near else ""))
     done = []
     try:
         for parent, attr, child, name, rule in found:

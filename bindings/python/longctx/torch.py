@@ -2,7 +2,7 @@
 Face-style attention module whose K/V live in a longctx KV store.
 
     import longctx, longctx.torch
-    longctx.inject(model, "configs/inject-llama.yaml")   # or SparseAttention(attn, config)
+    longctx.inject(model, "configs/inject/llama.yaml")   # or SparseAttention(attn, config)
 
 The module keeps the original q/k/v/o projections (the same Linear objects,
 so the state_dict keys do not change) and per forward, for one sequence
