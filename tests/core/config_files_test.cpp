@@ -110,7 +110,7 @@ TEST(ConfigFiles, ShippedConfigsSayWhatTheyReproduce) {
   EXPECT_TRUE(snapkv.preselect_block);
   EXPECT_EQ(snapkv.block_size, 1);
 
-  const LongContextConfig small = load_config_file(config_path("test-small.yaml"));
+  const LongContextConfig small = load_config_file(std::string(LONGCTX_SOURCE_DIR) + "/tests/configs/small.yaml");
   EXPECT_EQ(small.max_seq_len, 8192);
   EXPECT_EQ(small.block_size, 16);
   EXPECT_EQ(small.local_windows_len, 64);

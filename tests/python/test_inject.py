@@ -1,6 +1,6 @@
 """longctx.inject on a small Llama-style PyTorch model (tiny_llama.py).
 
-With full attention (configs/test-inject-dense.yaml: dense decode, f32 KV)
+With full attention (tests/configs/inject-dense.yaml: dense decode, f32 KV)
 the injected model must give the original model's logits over a chunked
 prefill (several chunks and a partial one), greedy decode steps, a second
 prompt continuing the sequence and a new sequence; for GQA groups of 1 and 4,
@@ -28,7 +28,7 @@ import _env
 import tiny_llama
 from _env import SOURCE_DIR, check
 
-DENSE = os.path.join(SOURCE_DIR, "configs", "test-inject-dense.yaml")
+DENSE = os.path.join(SOURCE_DIR, "tests", "configs", "inject-dense.yaml")
 RULES = os.path.join(SOURCE_DIR, "configs", "inject", "llama.yaml")
 ATTN = {"class": "longctx.torch.SparseAttention", "kwargs": {"config": DENSE}}
 
