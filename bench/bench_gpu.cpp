@@ -57,7 +57,7 @@ constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 
 std::string join(const std::vector<int64_t>& values) {
   std::string s;
-  for (int64_t v : values) s += (s.empty() ? "" : ",") + std::to_string(v);
+  for (int64_t v : values) s.append(s.empty() ? "" : ",").append(std::to_string(v));
   return s;
 }
 
@@ -227,7 +227,7 @@ int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
       std::printf("%s\n", line.c_str());
       if (!json_field(line, "skipped").empty()) continue;
       for (const Record& r : prefill) {
-        if (r.get("dtype") != "\"" + json_field(line, "dtype") + "\"" || r.get("history") != json_field(line, "history"))
+        if (r.get("dtype") != str_cat('"', json_field(line, "dtype"), '"') || r.get("history") != json_field(line, "history"))
           continue;
         const double ours = std::strtod(r.get("tflops").c_str(), nullptr);
         const double theirs = std::strtod(json_field(line, "tflops").c_str(), nullptr);

@@ -63,12 +63,12 @@ void dict_yaml(const py::dict& d, const std::string& prefix, int indent, std::st
                                    prefix.empty() ? "" : " in section '" + prefix + "'"));
     const std::string key = k.cast<std::string>();
     const std::string path = prefix.empty() ? key : prefix + "." + key;
-    out += std::string(size_t(indent), ' ') + quoted(key) + ":";
+    out.append(size_t(indent), ' ').append(quoted(key)).append(":");
     if (py::isinstance<py::dict>(v)) {
       out += "\n";
       dict_yaml(v.cast<py::dict>(), path, indent + 2, out);
     } else {
-      out += " " + scalar_yaml(v, path) + "\n";
+      out.append(" ").append(scalar_yaml(v, path)).append("\n");
     }
   }
 }
