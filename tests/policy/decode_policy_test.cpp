@@ -408,6 +408,7 @@ TEST(DecodePolicy, RazorAllRetrievalEqualsSelect) {
   from_file.razor.retrieval_heads = ::testing::TempDir() + "decode_policy_heads.txt";
   save_retrieval_heads(from_file.razor.retrieval_heads, mixed, "");
   DecodePolicy compressed_from_file(from_file, f.store(), kHeadDimScale);
+  std::filesystem::remove(from_file.razor.retrieval_heads);  // read at construction
   EXPECT_FALSE(plain.razor_enabled());
   EXPECT_TRUE(compressed_from_file.razor_enabled());
   EXPECT_TRUE(razor.razor_enabled());

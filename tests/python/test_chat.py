@@ -45,7 +45,12 @@ def expect_error(result, pattern, what):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="longctx-chat-test-")
+    with tempfile.TemporaryDirectory(prefix="longctx-chat-test-") as tmp:  # removed after the run
+        run_all(tmp)
+    print(f"test_chat: {_env.passed} checks passed")
+
+
+def run_all(tmp):
     demo = os.path.join(tmp, "demo.gguf")
     doc = os.path.join(tmp, "doc.txt")
     meta = os.path.join(tmp, "doc.json")
@@ -159,7 +164,6 @@ def main():
     expect_error(chat("--model", demo, "--bogus"), r"unknown argument '--bogus'", "unknown argument")
     leftovers = [f for f in os.listdir(tmp) if f.startswith(".") or "tmp" in f]
     check(not leftovers, "no temporary files left behind", str(leftovers))
-    print(f"test_chat: {_env.passed} checks passed")
 
 
 if __name__ == "__main__":
