@@ -461,6 +461,12 @@ std::vector<std::string> split(const std::string& list) {
 
 }  // namespace
 
+std::string accuracy_policy_names() {
+  std::string names;
+  for (const Policy& p : all_policies()) names.append(names.empty() ? "" : ", ").append(p.name);
+  return names + " (decode workloads); quoka, quoka-mean, sinks+recent (prefill workload)";
+}
+
 int run_accuracy(const std::vector<std::string>& args) {
   AccuracyArgs a;
   int chunk = 64;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "bench_util.h"
@@ -176,7 +177,12 @@ int run_kernels(const std::vector<std::string>& args) {
     } else if (args[i] == "--reps") a.reps = std::stoi(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
     else if (args[i] == "--split") a.split_tokens = std::stoll(next());
-    else if (args[i] == "--dtype") a.dtypes = {parse_dtype(next()).value_or(DType::kF16)};
+    else if (args[i] == "--dtype") {
+      const std::string& name = next();
+      const std::optional<DType> t = parse_dtype(name);
+      if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must be f16, bf16 or f32, got '", name, "'");
+      a.dtypes = {*t};
+    }
     else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
     else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
   }

@@ -1,19 +1,18 @@
 // longctx-bench: the benchmark harness. Each subcommand prints one JSON line
-// per measurement, then a human table.
-//
-//   longctx-bench kvstore [--tokens 4096] [--layers 32] [--kv-heads 8] [--head-dim 128] [--reps 5] [--quick]
-//   longctx-bench kernels [--contexts 4096,32768] [--dtype f16] [--budget 4096] [--reps 5] [--quick]
-//   longctx-bench matmul [--types q4_k,...] [--shapes NxK,...] [--rows 1,4,512] [--reps 5] [--quick]
-//   longctx-bench gpu [--histories 32768,131072] [--windows 4096,...,65536] [--reps 5] [--quick] (bench_gpu.cpp)
+// per measurement, then a human table. `longctx-bench --help` lists the
+// subcommands, `longctx-bench SUBCOMMAND --help` its options (usage.cpp).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "usage.h"
 
 namespace longctx::bench {
 int run_kvstore(const std::vector<std::string>& args);
@@ -45,24 +44,28 @@ int run_e2e_script(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage =
-      "usage: longctx-bench SUBCOMMAND [options]\n"
-      "  kvstore   KV store append throughput vs memcpy bandwidth\n"
-      "  kernels   CPU decode kernels (dense, score, select, sparse) vs read bandwidth\n"
-      "  accuracy  selection policies x budgets x contexts: recall, output error, time per step\n"
-      "  decode    a model (--model FILE.gguf, or a generated one): decode tokens/s at depth, dense vs sparse,\n"
-      "            weight GB/s, RSS\n"
-      "  prefill   a model: prefill tokens/s, matmul GFLOP/s vs the measured FMA peak\n"
-      "  matmul    CPU matmul per weight type (GGUF quantized, f16, f32): GB/s for decode rows, GFLOP/s for prefill\n"
-      "  gpu       GPU attention kernels (TFLOP/s, GB/s vs D2D copy, vs torch SDPA) and GPU prefill tokens/s\n"
-      "  e2e       demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot\n"
-      "            (runs tools/bench_e2e.py with /usr/bin/python3; see its --help)\n";
+  const std::string overview = longctx::bench::usage_overview();
   if (argc < 2) {
-    std::fputs(usage, stderr);
+    std::fputs(overview.c_str(), stderr);
     return 2;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h") {
+    std::fputs(overview.c_str(), stdout);
+    return 0;
+  }
+  const bool help = std::find(args.begin(), args.end(), "--help") != args.end() ||
+                    std::find(args.begin(), args.end(), "-h") != args.end();
+  if (help && command != "e2e") {  // e2e's script prints its own
+    const std::optional<std::string> text = longctx::bench::usage_of(command);
+    if (!text) {
+      std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), overview.c_str());
+      return 2;
+    }
+    std::fputs(text->c_str(), stdout);
+    return 0;
+  }
   try {
     if (command == "kvstore") return longctx::bench::run_kvstore(args);
     if (command == "kernels") return longctx::bench::run_kernels(args);
@@ -72,7 +75,7 @@ int main(int argc, char** argv) {
     if (command == "prefill") return longctx::bench::run_prefill(args);
     if (command == "gpu") return longctx::bench::run_gpu(args);
     if (command == "e2e") return run_e2e_script(args);
-    std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), usage);
+    std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), overview.c_str());
     return 2;
   } catch (const longctx::Error& e) {
     std::fprintf(stderr, "longctx-bench: %s: %s\n", longctx::error_code_name(e.code()), e.what());

@@ -113,12 +113,14 @@ def has_cairo():
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin-dir", default=os.path.join(here, "..", "build", "bin"))
-    ap.add_argument("--config", default=os.path.join(here, "..", "configs", "demo.yaml"))
+    ap.add_argument("--bin-dir", default=os.path.join(here, "..", "build", "bin"),
+                    help="folder of longctx-chat, longctx-make-demo and longctx-make-haystack (longctx-bench passes its own)")
+    ap.add_argument("--config", default=os.path.join(here, "..", "configs", "demo.yaml"),
+                    help="the longctx config every run starts from (default: configs/demo.yaml)")
     ap.add_argument("--contexts", default="32K,128K", help="comma-separated, e.g. 32K,128K,1M")
     ap.add_argument("--depths", type=int, default=20, help="key depths per context, evenly from 0 to 1")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help="seed of the haystacks and their keys")
     ap.add_argument("--jsonl", help="also write the JSON lines here")
     ap.add_argument("--plot", help="PNG chart of decode tokens/s and accuracy vs context")
     args = ap.parse_args()

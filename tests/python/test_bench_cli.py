@@ -1,0 +1,43 @@
+"""longctx-bench's command line: --help for the harness and for each
+subcommand prints the options and exits 0; bad arguments exit non-zero with
+the argument named. Runs no benchmark. Run by ctest (LONGCTX_BIN_DIR set) or
+by hand. Exit status 1 on the first failure."""
+import os
+
+import _env
+from _env import check, run
+
+BENCH = os.path.join(_env.BIN_DIR, "longctx-bench")
+SUBCOMMANDS = ["kvstore", "kernels", "accuracy", "decode", "prefill", "matmul", "gpu", "e2e"]
+
+
+def main():
+    for flag in ("--help", "-h"):
+        rc, out, err = run([BENCH, flag])
+        check(rc == 0, f"longctx-bench {flag} exits 0", err)
+        for sub in SUBCOMMANDS:
+            check(f"  {sub} " in out, f"longctx-bench {flag} lists {sub}", out)
+    for sub in SUBCOMMANDS:
+        rc, out, err = run([BENCH, sub, "--help"], timeout=60)
+        check(rc == 0, f"longctx-bench {sub} --help exits 0", out + err)
+        check(out.startswith("usage: "), f"{sub} --help prints a usage line", out)
+        check("--" in out, f"{sub} --help lists options", out)
+    rc, out, _ = run([BENCH, "accuracy", "--help"])
+    for name in ("quest", "adakv-sep", "razor", "h2o", "streaming", "quoka", "needle", "multiquery", "prefill"):
+        check(name in out, f"accuracy --help names '{name}'", out)
+    rc, out, _ = run([BENCH, "e2e", "--help"], timeout=60)
+    for option in ("--bin-dir", "--config", "--seed", "--contexts"):
+        check(option in out, f"e2e --help describes {option}", out)
+    rc, out, err = run([BENCH])
+    check(rc == 2 and "usage:" in err, "no subcommand: usage on stderr, exit 2", err)
+    rc, out, err = run([BENCH, "nosuch", "--help"])
+    check(rc == 2 and "unknown subcommand 'nosuch'" in err, "unknown subcommand named", err)
+    rc, out, err = run([BENCH, "kernels", "--dtype", "f8"])
+    check(rc == 1 and "--dtype" in err and "'f8'" in err, "kernels --dtype f8 refused, naming it", err)
+    rc, out, err = run([BENCH, "accuracy", "--policies", "questt"])
+    check(rc == 1 and "unknown policy 'questt'" in err, "unknown policy named", err)
+    print(f"test_bench_cli: {_env.passed} checks passed")
+
+
+if __name__ == "__main__":
+    main()
