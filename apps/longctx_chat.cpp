@@ -54,8 +54,9 @@ constexpr const char* kUsage =
     "\n"
     "The answer streams to stdout; prefill progress and, after each answer, a stats line\n"
     "(prefill and decode tokens/s, KV memory, share of the cache attended per decode\n"
-    "step) go to stderr. Ctrl-C stops the current answer (the chat goes on); twice, or\n"
-    "during a prefill, quits. Errors print a message and exit with status 1.\n";
+    "step) go to stderr. Ctrl-C stops the current answer (the chat goes on); twice in a\n"
+    "row (at the prompt too), or during a prefill, quits with status 130. Errors print\n"
+    "a message and exit with status 1.\n";
 
 struct Args {
   std::string config_path, model_path, prompt_file, save_kv, load_kv;
@@ -308,7 +309,8 @@ class Chat {
 };
 
 // One line of stdin without its newline; nullopt at end of input. A Ctrl-C at
-// the prompt gives an empty line.
+// the prompt gives an empty line and stays pending, so that a second one
+// quits (on_sigint); a line read clears it.
 std::optional<std::string> read_line() {
   char* buf = nullptr;
   size_t cap = 0;
@@ -316,12 +318,12 @@ std::optional<std::string> read_line() {
   const ssize_t n = getline(&buf, &cap, stdin);
   std::optional<std::string> line;
   if (n >= 0) {
+    g_interrupted.store(false);
     line = std::string(buf, size_t(n));
     while (!line->empty() && (line->back() == '\n' || line->back() == '\r')) line->pop_back();
   } else if (errno == EINTR) {
     clearerr(stdin);
-    g_interrupted.store(false);
-    std::fputc('\n', stdout);
+    std::fputs("\n(Ctrl-C again to quit, or type a question)\n", stderr);
     line = std::string();
   }
   std::free(buf);

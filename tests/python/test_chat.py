@@ -11,8 +11,10 @@ LONGCTX_SOURCE_DIR set). Exit status 1 on the first failure.
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
+import time
 
 import _env
 from _env import BIN_DIR, SOURCE_DIR, check, run
@@ -36,6 +38,33 @@ def stats(stderr):
         out.append({"answer": int(m[1]), "reason": m[2], "prefill": int(m[3]), "decode": int(m[5]),
                     "n_past": int(m[8]), "attended": float(m[9])})
     return out
+
+
+def ctrl_c_twice_at_the_prompt(base):
+    """Interactive chat waiting at the prompt: one Ctrl-C keeps it (and says how
+    to quit), a second one quits with status 130."""
+    p = subprocess.Popen([CHAT, "--config", CONFIG, "--set", "max_seq_len=8192", *base],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The prefill's stats go to stderr; then it reads stdin. Wait for the
+        # answer to a first question so the prompt is surely waiting.
+        p.stdin.write(QUESTION + "\n")
+        p.stdin.flush()
+        answer = p.stdout.readline()
+        check(answer.strip() != "", "interactive chat answers before the Ctrl-C test", answer)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        check(p.poll() is None, "one Ctrl-C at the prompt keeps the chat")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read()
+        check(rc == 130, "a second Ctrl-C at the prompt quits with status 130", f"rc={rc}\n{err}")
+        check("Ctrl-C again to quit" in err, "the first Ctrl-C says how to quit", err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def expect_error(result, pattern, what):
@@ -162,6 +191,7 @@ def run_all(tmp):
     # configs/demo.yaml names build/demo.gguf; clear it to get the "no model" error.
     expect_error(chat("--set", "model.path=", "--prompt", "x"), r"no model", "no model given")
     expect_error(chat("--model", demo, "--bogus"), r"unknown argument '--bogus'", "unknown argument")
+    ctrl_c_twice_at_the_prompt(base)
     leftovers = [f for f in os.listdir(tmp) if f.startswith(".") or "tmp" in f]
     check(not leftovers, "no temporary files left behind", str(leftovers))
 
