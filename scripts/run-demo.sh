@@ -8,7 +8,8 @@
 #   bash scripts/run-demo.sh --tokens 131072       # 128K
 #   bash scripts/run-demo.sh --tokens 131072 --set quoka.enabled=true   # sparse prefill
 #
-# Arguments after --tokens N go to longctx-chat. Needs the build in build/.
+# Arguments after --tokens N go to longctx-chat. Binaries from build/bin and
+# files into build/ unless LONGCTX_BIN_DIR / LONGCTX_DEMO_DIR say otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens=32768
@@ -16,13 +17,15 @@ if [ "${1:-}" = "--tokens" ]; then
   tokens="$2"
   shift 2
 fi
-bin=build/bin
-"$bin/longctx-make-demo" --out build/demo.gguf
-"$bin/longctx-make-haystack" --tokens "$tokens" --no-question --out build/haystack.txt --json build/haystack.json
-answer="$("$bin/longctx-chat" --config configs/demo.yaml --prompt-file build/haystack.txt \
+bin="${LONGCTX_BIN_DIR:-build/bin}"
+out="${LONGCTX_DEMO_DIR:-build}"
+mkdir -p "$out"
+"$bin/longctx-make-demo" --out "$out/demo.gguf"
+"$bin/longctx-make-haystack" --tokens "$tokens" --no-question --out "$out/haystack.txt" --json "$out/haystack.json"
+answer="$("$bin/longctx-chat" --config configs/demo.yaml --model "$out/demo.gguf" --prompt-file "$out/haystack.txt" \
   --prompt "What is the pass key?" "$@")"
-key="$(sed -n 's/.*"key": *"\([^"]*\)".*/\1/p' build/haystack.json)"
-depth="$(sed -n 's/.*"depth": *\([0-9.]*\).*/\1/p' build/haystack.json)"
+key="$(sed -n 's/.*"key": *"\([^"]*\)".*/\1/p' "$out/haystack.json")"
+depth="$(sed -n 's/.*"depth": *\([0-9.]*\).*/\1/p' "$out/haystack.json")"
 answer="$(echo "$answer" | tr -d '[:space:]')"
 if [ "$answer" = "$key" ]; then
   echo "pass key: the answer $answer is the key hidden at depth $depth of $tokens tokens: correct"
