@@ -244,7 +244,7 @@ Model::Model(GgufFile gguf, Tokenizer tokenizer, scheduler::Transformer transfor
 
 std::unique_ptr<Model> Model::open(const std::string& path, Backend& backend) {
   GgufFile gguf = GgufFile::open(path);
-  Tokenizer tokenizer(vocab_from_gguf(gguf));
+  Tokenizer tokenizer = tokenizer_from_gguf(gguf);
   scheduler::Transformer transformer = load_llama(gguf, backend);
   // Real models may pad the embedding beyond the vocabulary, never the reverse.
   if (tokenizer.n_vocab() > transformer.spec.n_vocab)

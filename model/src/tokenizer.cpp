@@ -181,7 +181,7 @@ void Tokenizer::Impl::build_tables() {
     const detail::Merge m{int32_t(rank), lookup(joined, rank, merge)};
     tables.merges.emplace(detail::pair_key(left_id, right_id), m);
   }
-  tables.ignore_merges = vocab.pre == PreTokenizer::kLlama3;
+  tables.ignore_merges = pre_tokenizer_info(vocab.pre).ignore_merges;
   regex = std::make_unique<detail::PreTokenizerRegex>(vocab.pre);
 }
 

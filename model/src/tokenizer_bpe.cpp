@@ -1,11 +1,7 @@
-// Byte-level BPE (tokenizer.ggml.model = gpt2): the pre-tokenizer regex
-// splits a fragment into words (PCRE2 with Unicode properties); each word's
-// bytes become the GPT-2 byte-to-unicode characters' tokens, and the adjacent
-// pair with the lowest merge rank is merged, again and again (ties: the
-// leftmost pair).
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
+// Byte-level BPE (tokenizer.ggml.model = gpt2): the pre-tokenizer
+// (pre_tokenizer.cpp) splits a fragment into words; each word's bytes become
+// the GPT-2 byte-to-unicode characters' tokens, and the adjacent pair with the
+// lowest merge rank is merged, again and again (ties: the leftmost pair).
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,22 +13,6 @@
 namespace longctx::model {
 namespace detail {
 namespace {
-
-// The patterns of the Hugging Face tokenizers (tokenizer.json "Split" regex).
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-constexpr const char* kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-const char* pattern_of(PreTokenizer pre) {
-  switch (pre) {
-    case PreTokenizer::kGpt2: return kGpt2Pattern;
-    case PreTokenizer::kLlama3: return kLlama3Pattern;
-    case PreTokenizer::kQwen2: return kQwen2Pattern;
-  }
-  fail(ErrorCode::kInvalidArgument, "tokenizer: unknown pre-tokenizer ", int(pre));
-}
 
 std::string utf8_of(uint32_t cp) {
   std::string s;
@@ -83,64 +63,6 @@ const ByteUnicode& byte_unicode() {
   return table;
 }
 
-struct PreTokenizerRegex::Code {
-  pcre2_code* code = nullptr;
-  bool jit = false;
-  ~Code() { pcre2_code_free(code); }
-};
-
-PreTokenizerRegex::PreTokenizerRegex(PreTokenizer pre) : code_(std::make_unique<Code>()) {
-  const char* pattern = pattern_of(pre);
-  int error = 0;
-  PCRE2_SIZE error_offset = 0;
-  // UCP: \s, \p{L} and \p{N} follow Unicode; MATCH_INVALID_UTF: bytes that are
-  // not UTF-8 never match and are left for split() to pass through.
-  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &error_offset, nullptr);
-  if (code_->code == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error, message, sizeof(message));
-    fail(ErrorCode::kInternal, "tokenizer: pre-tokenizer pattern does not compile at offset ", error_offset, ": ",
-         reinterpret_cast<const char*>(message));
-  }
-  code_->jit = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE) == 0;  // optional speed-up
-}
-
-PreTokenizerRegex::~PreTokenizerRegex() = default;
-
-void PreTokenizerRegex::split(std::string_view text, const std::function<void(std::string_view)>& piece) const {
-  using MatchData = std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)>;
-  const MatchData data(pcre2_match_data_create_from_pattern(code_->code, nullptr), &pcre2_match_data_free);
-  if (!data) fail(ErrorCode::kOutOfMemory, "tokenizer: cannot allocate PCRE2 match data");
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  uint32_t options = 0;
-  size_t pos = 0, gap = 0;  // [gap, match start) is text no match covered
-  while (pos < text.size()) {
-    int rc = pcre2_match(code_->code, subject, text.size(), pos, options, data.get(), nullptr);
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && options == 0) {  // the interpreter has no such limit
-      options = PCRE2_NO_JIT;
-      continue;
-    }
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof(message));
-      fail(ErrorCode::kInternal, "tokenizer: pre-tokenizer match failed at byte ", pos, ": ",
-           reinterpret_cast<const char*>(message));
-    }
-    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
-    const size_t begin = ovector[0], end = ovector[1];
-    if (end <= begin) {  // the patterns match no empty string; be safe anyway
-      pos = begin + 1;
-      continue;
-    }
-    if (begin > gap) piece(text.substr(gap, begin - gap));
-    piece(text.substr(begin, end - begin));
-    pos = gap = end;
-  }
-  if (gap < text.size()) piece(text.substr(gap));
-}
-
 void bpe_encode_word(const Vocab& vocab, const Tables& tables, std::string_view word, std::vector<int32_t>& out) {
   if (word.empty()) return;
   if (tables.ignore_merges) {
@@ -189,11 +111,5 @@ void bpe_encode_word(const Vocab& vocab, const Tables& tables, std::string_view 
 }
 
 }  // namespace detail
-
-std::vector<std::string> pre_tokenize(PreTokenizer pre, std::string_view text) {
-  std::vector<std::string> pieces;
-  detail::PreTokenizerRegex(pre).split(text, [&](std::string_view piece) { pieces.emplace_back(piece); });
-  return pieces;
-}
 
 }  // namespace longctx::model

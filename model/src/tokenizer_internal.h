@@ -1,5 +1,5 @@
 // Shared pieces of the tokenizer sources (tokenizer.cpp, tokenizer_spm.cpp,
-// tokenizer_bpe.cpp): the lookup tables built from a Vocab and the two merge
+// tokenizer_bpe.cpp, pre_tokenizer.cpp): the lookup tables built from a Vocab and the two merge
 // algorithms. Not a public header.
 #pragma once
 
@@ -59,22 +59,23 @@ inline uint64_t pair_key(int32_t left, int32_t right) {
   return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
 }
 
-// A compiled pre-tokenizer pattern (PCRE2). Thread-safe: matching allocates
-// its own match data.
+// The compiled regexes of a pre-tokenizer type (PCRE2; pre_tokenizer.cpp).
+// Thread-safe: matching allocates its own match data.
 class PreTokenizerRegex {
  public:
   explicit PreTokenizerRegex(PreTokenizer pre);
   ~PreTokenizerRegex();
   PreTokenizerRegex(const PreTokenizerRegex&) = delete;
   PreTokenizerRegex& operator=(const PreTokenizerRegex&) = delete;
-  // Splits `text` into consecutive pieces that cover it exactly: the matches
-  // of the pattern, and any bytes no match covers (invalid UTF-8) as pieces
-  // of their own.
+  // Splits `text` into consecutive pieces that cover it exactly: the first
+  // regex splits the text into its matches and the text between them, each
+  // next regex splits those pieces again; text no match covers (invalid
+  // UTF-8, say) stays a piece of its own.
   void split(std::string_view text, const std::function<void(std::string_view)>& piece) const;
 
  private:
   struct Code;
-  std::unique_ptr<Code> code_;
+  std::vector<std::unique_ptr<Code>> codes_;  // at least one
 };
 
 // Lookup tables of a validated vocabulary.
@@ -85,7 +86,7 @@ struct Tables {
   // SPM: the <0xXX> byte tokens; BPE: the token of each byte's character.
   std::array<int32_t, 256> byte_token{};
   std::unordered_map<uint64_t, Merge> merges;  // BPE
-  bool ignore_merges = false;                   // BPE: a word that is a token is not split (Llama-3)
+  bool ignore_merges = false;                   // BPE: a word that is a token is not split (Llama-3, Tekken)
 };
 
 // Appends the ids of one SPM text fragment (already space-replaced) to `out`.

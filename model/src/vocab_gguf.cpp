@@ -1,9 +1,10 @@
-// vocab_from_gguf: the tokenizer.ggml.* metadata of a GGUF file as a Vocab,
-// validated (by building a Tokenizer from it) before it is returned, so that
-// every error names the file and the key.
+// tokenizer_from_gguf / vocab_from_gguf: the tokenizer.ggml.* metadata of a
+// GGUF file as a Vocab, validated by building a Tokenizer from it, so that
+// every error names the file and the key. Only tokenizer.* keys are read.
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "longctx/core/error.h"
@@ -21,9 +22,8 @@ int32_t special_id(const GgufFile& file, const char* key, size_t n_vocab) {
   return int32_t(id);
 }
 
-}  // namespace
-
-Vocab vocab_from_gguf(const GgufFile& file) {
+// The tokenizer.* keys as a Vocab, before the Tokenizer's own checks.
+Vocab read_vocab(const GgufFile& file) {
   Vocab v;
   const std::string model = file.get_string("tokenizer.ggml.model");
   if (model == "llama") {
@@ -35,13 +35,12 @@ Vocab vocab_from_gguf(const GgufFile& file) {
          "' is not supported (llama, gpt2)");
   }
   if (v.kind == TokenizerKind::kBpe) {
-    const std::string pre = file.get_string_or("tokenizer.ggml.pre", "default");
-    if (pre == "default" || pre == "gpt2") v.pre = PreTokenizer::kGpt2;
-    else if (pre == "llama-bpe" || pre == "llama3") v.pre = PreTokenizer::kLlama3;
-    else if (pre == "qwen2") v.pre = PreTokenizer::kQwen2;
-    else
-      fail(ErrorCode::kUnsupported, file.name(), ": tokenizer.ggml.pre '", pre,
-           "' is not supported (default, gpt2, llama-bpe, llama3, qwen2)");
+    const std::string pre = file.get_string_or("tokenizer.ggml.pre", "");
+    try {
+      v.pre = parse_pre_tokenizer(pre);
+    } catch (const Error& e) {
+      fail(e.code(), file.name(), ": ", e.what());
+    }
   }
 
   for (const std::string_view token : file.get_string_array("tokenizer.ggml.tokens")) v.tokens.emplace_back(token);
@@ -74,19 +73,28 @@ Vocab vocab_from_gguf(const GgufFile& file) {
   v.eot = special_id(file, "tokenizer.ggml.eot_token_id", n);
   v.unk = special_id(file, "tokenizer.ggml.unknown_token_id", n);
   v.pad = special_id(file, "tokenizer.ggml.padding_token_id", n);
-  // Defaults as in llama.cpp: SPM and Llama-3 add BOS, other BPE models do not.
-  const bool bos_default = v.kind == TokenizerKind::kSpm || v.pre == PreTokenizer::kLlama3;
+  // Defaults as in llama.cpp: SPM, Llama-3, Tekken and Chameleon add BOS, other BPE models do not.
+  const bool bos_default = v.kind == TokenizerKind::kSpm || pre_tokenizer_info(v.pre).add_bos;
   v.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", bos_default);
   v.add_eos = file.get_bool_or("tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", v.kind == TokenizerKind::kSpm);
   v.chat_template = file.get_string_or("tokenizer.chat_template", "");
+  return v;
+}
 
+}  // namespace
+
+Tokenizer tokenizer_from_gguf(const GgufFile& file) {
+  Vocab v = read_vocab(file);
   try {
-    const Tokenizer check(v);  // every remaining rule (merges, byte tokens, ...)
+    return Tokenizer(std::move(v));  // every remaining rule (merges, byte tokens, ...)
   } catch (const Error& e) {
     fail(e.code(), file.name(), ": ", e.what());
   }
-  return v;
 }
+
+Vocab vocab_from_gguf(const GgufFile& file) { return tokenizer_from_gguf(file).vocab(); }
+
+Tokenizer open_tokenizer(const std::string& path) { return tokenizer_from_gguf(GgufFile::open(path)); }
 
 }  // namespace longctx::model

@@ -118,9 +118,62 @@ TEST(TokenizerBpe, PreTokenizerLlama3AndQwen2) {
   EXPECT_EQ(pre_tokenize(PreTokenizer::kQwen2, "1234567 abc"), (Words{"1", "2", "3", "4", "5", "6", "7", " abc"}));
 }
 
+// The types that run several regexes in turn, each splitting the pieces of
+// the one before, derived by hand from llama.cpp's lists.
+TEST(TokenizerBpe, PreTokenizerSequences) {
+  // Falcon: punctuation runs, then GPT-2, then runs of three ASCII digits.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kFalcon, "Hello, world!!! 12345"),
+            (Words{"Hello", ",", " world", "!!!", " ", "123", "45"}));
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kGpt2, "Hello, world!!! 12345"),
+            (Words{"Hello", ",", " world", "!!!", " 12345"}));
+  // Default: punctuation (and $+<=>^~|), GPT-2, digit runs, three digits.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kDefault, "a+b 12345"), (Words{"a", "+", "b", " ", "123", "45"}));
+  // StarCoder, Refact, Command-R, ...: each digit alone, then GPT-2.
+  for (const PreTokenizer pre : {PreTokenizer::kStarcoder, PreTokenizer::kRefact, PreTokenizer::kCommandR})
+    EXPECT_EQ(pre_tokenize(pre, "abc 123"), (Words{"abc", " ", "1", "2", "3"}));
+  // DeepSeek LLM: newlines alone; letters of cased scripts with one space
+  // before; ASCII punctuation (whose range holds the letters too); CJK runs;
+  // digit runs. The spaces before digits are left on their own.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kDeepseekLlm, "Hello, world!\n  12 \xE4\xB8\xAD\xE6\x96\x87"),
+            (Words{"Hello", ",", " world", "!", "\n", "  ", "12", " ", "\xE4\xB8\xAD\xE6\x96\x87"}));
+  // DeepSeek Coder: one digit at a time.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kDeepseekCoder, "x=42;"), (Words{"x", "=", "4", "2", ";"}));
+  // BLOOM: everything up to a space or a listed punctuation mark.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kBloom, "Hello, world... ok?"),
+            (Words{"Hello", ",", " world", "...", " ok", "?"}));
+  // Tekken: a word breaks before an upper-case letter that follows lower case.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kTekken, "HelloWorld ABC"), (Words{"Hello", "World", " ABC"}));
+  // Chameleon: image tokens whole, runs of two spaces, digits and marks alone;
+  // a later regex splits what an earlier one matched (a sentinel's digits and
+  // marks: special tokens are matched before pre-tokenization anyway).
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kChameleon, "IMGIMGABZ  x1!"), (Words{"IMGIMGABZ", "  ", "x", "1", "!"}));
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kChameleon, "<sentinel:12>"),
+            (Words{"<", "sentinel", ":", "1", "2", ">"}));
+}
+
+TEST(TokenizerBpe, PreTokenizerNames) {
+  for (int i = 0; i < kPreTokenizerCount; ++i) {
+    const auto pre = PreTokenizer(i);
+    EXPECT_EQ(parse_pre_tokenizer(pre_tokenizer_info(pre).name), pre) << pre_tokenizer_info(pre).name;
+  }
+  EXPECT_EQ(parse_pre_tokenizer(""), PreTokenizer::kDefault);
+  EXPECT_EQ(parse_pre_tokenizer("deepseek-r1-qwen"), PreTokenizer::kQwen2);
+  EXPECT_EQ(parse_pre_tokenizer("falcon3"), PreTokenizer::kLlama3);
+  EXPECT_EQ(parse_pre_tokenizer("phi-2"), PreTokenizer::kGpt2);
+  EXPECT_EQ(pre_tokenizer_names().size(), 42u);  // llama.cpp b4747's list
+  try {
+    parse_pre_tokenizer("gpt2");
+    ADD_FAILURE() << "accepted gpt2";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'gpt2'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TokenizerBpe, PreTokenizerCoversEveryByte) {
   std::mt19937 rng(5);
-  for (const PreTokenizer pre : {PreTokenizer::kGpt2, PreTokenizer::kLlama3, PreTokenizer::kQwen2}) {
+  for (int type = 0; type < kPreTokenizerCount; ++type) {
+    const auto pre = PreTokenizer(type);
     for (int t = 0; t < 200; ++t) {
       std::string s;
       const int len = int(rng() % 40);

@@ -85,9 +85,7 @@ inline TokenizerFixture load_tokenizer_fixture_file(const std::string& path) {
     if (key == "kind") {
       v.kind = w.at(1) == "spm" ? TokenizerKind::kSpm : TokenizerKind::kBpe;
     } else if (key == "pre") {
-      v.pre = w.at(1) == "qwen2"       ? PreTokenizer::kQwen2
-              : w.at(1) == "llama-bpe" ? PreTokenizer::kLlama3
-                                       : PreTokenizer::kGpt2;
+      v.pre = parse_pre_tokenizer(w.at(1));
     } else if (key == "n_vocab") {
       n_vocab = std::stoll(w.at(1));
       v.tokens.resize(size_t(n_vocab));

@@ -28,9 +28,7 @@ std::vector<uint8_t> gguf_of(const Vocab& v, const std::set<std::string>& skip =
   if (want("tokenizer.ggml.model"))
     w.set_string("tokenizer.ggml.model", v.kind == TokenizerKind::kSpm ? "llama" : "gpt2");
   if (v.kind == TokenizerKind::kBpe && want("tokenizer.ggml.pre"))
-    w.set_string("tokenizer.ggml.pre", v.pre == PreTokenizer::kLlama3 ? "llama-bpe"
-                                       : v.pre == PreTokenizer::kQwen2 ? "qwen2"
-                                                                        : "gpt2");
+    w.set_string("tokenizer.ggml.pre", pre_tokenizer_info(v.pre).name);
   if (want("tokenizer.ggml.tokens")) w.set_string_array("tokenizer.ggml.tokens", v.tokens);
   if (!v.scores.empty() && want("tokenizer.ggml.scores")) w.set_f32_array("tokenizer.ggml.scores", v.scores);
   if (!v.types.empty() && want("tokenizer.ggml.token_type")) {
@@ -143,17 +141,18 @@ TEST(VocabFromGguf, Defaults) {
   bpe_in.merges.clear();
   const Vocab bpe = read_back(gguf_of(bpe_in, all));
   EXPECT_EQ(bpe.kind, TokenizerKind::kBpe);
-  EXPECT_EQ(bpe.pre, PreTokenizer::kGpt2);
+  EXPECT_EQ(bpe.pre, PreTokenizer::kDefault);  // absent: llama.cpp's "default"
   EXPECT_FALSE(bpe.add_bos);
   EXPECT_FALSE(bpe.add_space_prefix);
-  // Llama-3 adds BOS unless the file says otherwise; the pre-tokenizer names.
-  for (const auto& [name, pre] : std::vector<std::pair<std::string, PreTokenizer>>{
-           {"llama-bpe", PreTokenizer::kLlama3}, {"llama3", PreTokenizer::kLlama3}, {"qwen2", PreTokenizer::kQwen2},
-           {"default", PreTokenizer::kGpt2}, {"gpt2", PreTokenizer::kGpt2}}) {
-    const Edit set_pre = [&name](GgufWriter& w) { w.set_string("tokenizer.ggml.pre", name); };
+  // Llama-3, Tekken and Chameleon add BOS unless the file says otherwise; every
+  // name llama.cpp b4747 knows reads back as its type.
+  for (const auto& [name, pre] : pre_tokenizer_names()) {
+    const Edit set_pre = [name = std::string(name)](GgufWriter& w) { w.set_string("tokenizer.ggml.pre", name); };
     const Vocab v = read_back(gguf_of(bpe_in, all, set_pre));
     EXPECT_EQ(v.pre, pre) << name;
-    EXPECT_EQ(v.add_bos, pre == PreTokenizer::kLlama3) << name;
+    EXPECT_EQ(v.add_bos, pre == PreTokenizer::kLlama3 || pre == PreTokenizer::kTekken ||
+                             pre == PreTokenizer::kChameleon)
+        << name;
   }
   // Token type 0 ("undefined" in converters) reads as normal.
   const Vocab zero = read_back(gguf_of(small_bpe(), {"tokenizer.ggml.token_type"}, [](GgufWriter& w) {
@@ -183,9 +182,13 @@ TEST(VocabFromGguf, RejectsBadMetadata) {
   expect_rejected(gguf_of(spm, {"tokenizer.ggml.model"},
                           [](GgufWriter& w) { w.set_string("tokenizer.ggml.model", "bert"); }),
                   ErrorCode::kUnsupported, {"vocab.gguf", "tokenizer.ggml.model", "bert"});
-  expect_rejected(gguf_of(bpe, {"tokenizer.ggml.pre"},
-                          [](GgufWriter& w) { w.set_string("tokenizer.ggml.pre", "falcon"); }),
-                  ErrorCode::kUnsupported, {"tokenizer.ggml.pre", "falcon"});
+  // llama.cpp never writes "gpt2" (GPT-2 is "gpt-2") and refuses it, as any name it does not know.
+  for (const char* name : {"gpt2", "llama4-bpe", "Qwen2"})
+    expect_rejected(gguf_of(bpe, {"tokenizer.ggml.pre"},
+                            [name](GgufWriter& w) { w.set_string("tokenizer.ggml.pre", name); }),
+                    ErrorCode::kUnsupported, {"vocab.gguf", "tokenizer.ggml.pre", std::string("'") + name + "'"});
+  // An SPM vocabulary's pre-tokenizer is not read (llama.cpp ignores it too).
+  EXPECT_NO_THROW(read_back(gguf_of(spm, {}, [](GgufWriter& w) { w.set_string("tokenizer.ggml.pre", "whatever"); })));
   expect_rejected(gguf_of(spm, {"tokenizer.ggml.model"}, set_u32("tokenizer.ggml.model", 1)), corrupt,
                   {"tokenizer.ggml.model"});
   expect_rejected(gguf_of(spm, {"tokenizer.ggml.tokens"}), corrupt, {"tokenizer.ggml.tokens"});

@@ -1,10 +1,10 @@
 // Tokenizers read from GGUF metadata (tokenizer.ggml.*): SentencePiece-style
 // ("llama": score-driven merges over UTF-8 characters, "▁" for spaces, byte
-// fallback to <0xXX> tokens) and byte-level BPE ("gpt2": a pre-tokenizer
-// regex, GPT-2 byte-to-unicode mapping, rank-ordered merges; the Llama-3 and
-// Qwen2 pre-tokenizer patterns, PCRE2 for the Unicode classes). Special
-// (control / user-defined) tokens are matched whole in the text when asked.
-// Chat templates for llama2, llama3, chatml (Qwen2) and InternLM2.
+// fallback to <0xXX> tokens) and byte-level BPE ("gpt2": pre-tokenizer
+// regexes, GPT-2 byte-to-unicode mapping, rank-ordered merges; every
+// pre-tokenizer llama.cpp b4747 names, PCRE2 for the Unicode classes).
+// Special (control / user-defined) tokens are matched whole in the text when
+// asked. Chat templates for llama2, llama3, chatml (Qwen2) and InternLM2.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace longctx::model {
@@ -19,16 +20,40 @@ namespace longctx::model {
 class GgufFile;
 
 enum class TokenizerKind : uint8_t { kSpm, kBpe };
-// Pre-tokenizer of a BPE vocabulary (tokenizer.ggml.pre): "llama-bpe" /
-// "llama3" -> kLlama3, "qwen2" -> kQwen2, absent or "default" / "gpt2" -> kGpt2.
-enum class PreTokenizer : uint8_t { kGpt2, kLlama3, kQwen2 };
+// Pre-tokenizer of a BPE vocabulary (tokenizer.ggml.pre): one per rule set of
+// llama.cpp b4747 (its LLAMA_VOCAB_PRE_TYPE_*), each with the split regexes
+// llama.cpp runs for it. Where a type has several regexes they run in turn:
+// each splits the pieces of the one before. The names of the file map to a
+// type by parse_pre_tokenizer(); several names share one type (gpt-2, phi-2,
+// roberta-bpe, ... -> kGpt2). The tokenizer does not depend on the model's
+// architecture: any type goes with any architecture.
+enum class PreTokenizer : uint8_t {
+  kGpt2, kLlama3, kQwen2,  // first: tests walk these three by number
+  kDefault, kDeepseekLlm, kDeepseekCoder, kDeepseekV3, kFalcon, kMpt, kStarcoder, kRefact, kCommandR, kStablelm2,
+  kOlmo, kDbrx, kSmaug, kPoro, kChatglm4, kViking, kJais, kTekken, kSmollm, kCodeshell, kBloom, kGpt3Finnish,
+  kExaone, kChameleon, kMinerva,
+};
+inline constexpr int kPreTokenizerCount = int(PreTokenizer::kMinerva) + 1;
+
+// What a pre-tokenizer type means besides its regexes (llama.cpp's flags).
+struct PreTokenizerInfo {
+  const char* name;    // the type's main name, as llama.cpp's converter writes it
+  bool ignore_merges;  // a word that is a token is taken whole (Llama-3, Tekken)
+  bool add_bos;        // BOS added when tokenizer.ggml.add_bos_token is absent
+};
+const PreTokenizerInfo& pre_tokenizer_info(PreTokenizer pre);
+// The type of a tokenizer.ggml.pre value, as llama.cpp b4747 reads it ("" is
+// absent: kDefault). An unknown name throws Error(kUnsupported) naming it.
+PreTokenizer parse_pre_tokenizer(std::string_view name);
+// Every name parse_pre_tokenizer accepts, with its type, in llama.cpp's order.
+std::vector<std::pair<std::string_view, PreTokenizer>> pre_tokenizer_names();
 
 // tokenizer.ggml.token_type values.
 enum class TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
 struct Vocab {
   TokenizerKind kind = TokenizerKind::kSpm;
-  PreTokenizer pre = PreTokenizer::kGpt2;
+  PreTokenizer pre = PreTokenizer::kGpt2;  // BPE only
   std::vector<std::string> tokens;
   std::vector<float> scores;          // SPM merge priorities (empty: all 0)
   std::vector<TokenType> types;       // empty: all normal
@@ -46,8 +71,10 @@ struct Vocab {
 // Throws Error(kCorrupt) naming the key: arrays of different lengths, a
 // special token id outside [0, n_vocab), a merge naming unknown tokens, an
 // unknown tokenizer model or pre-tokenizer (Error(kUnsupported)). Absent
-// flags default as in llama.cpp: add_bos_token true for llama and Llama-3,
-// false for other gpt2 vocabularies; add_space_prefix true for llama.
+// flags default as in llama.cpp: add_bos_token true for llama and for the
+// BPE types whose PreTokenizerInfo says so (Llama-3, Tekken, Chameleon),
+// false for other gpt2 vocabularies; add_space_prefix true for llama. An SPM
+// vocabulary's tokenizer.ggml.pre is not read (llama.cpp ignores it too).
 Vocab vocab_from_gguf(const GgufFile& file);
 
 class Tokenizer {
@@ -88,9 +115,16 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The words the pre-tokenizer regex splits `text` into (BPE), in order; they
-// concatenate to `text` (bytes no match covers, such as invalid UTF-8, form
-// words of their own). For tests and debugging: compiles the pattern per call.
+// The tokenizer of a GGUF file from its tokenizer.* keys alone, by
+// vocab_from_gguf's rules: a vocabulary-only GGUF (no tensors) will do, and
+// general.architecture is not read. Errors name the file and the key.
+Tokenizer tokenizer_from_gguf(const GgufFile& file);
+// Opens and validates the GGUF at `path`, then tokenizer_from_gguf.
+Tokenizer open_tokenizer(const std::string& path);
+
+// The words the pre-tokenizer regexes split `text` into (BPE), in order; they
+// concatenate to `text` (text no match covers, such as invalid UTF-8, forms
+// words of its own). For tests and debugging: compiles the patterns per call.
 std::vector<std::string> pre_tokenize(PreTokenizer pre, std::string_view text);
 
 enum class ChatTemplate : uint8_t { kRaw, kLlama2, kLlama3, kChatml, kInternLM2 };
