@@ -1,10 +1,13 @@
 // longctx-info: what this machine offers longctx (CPU features, SIMD target,
 // NUMA nodes, GPUs), and, given a config and a model shape, whether the KV
-// store fits the DRAM budget; given a GGUF file, validates it and prints its
-// metadata, tensors, tokenizer and KV bytes per token.
+// store fits the DRAM budget; given a GGUF file, validates it, builds its
+// tokenizer and prints its metadata, tensors, tokenizer and KV bytes per
+// token; with --tokenize, prints the token ids of a text (a vocabulary-only
+// GGUF will do: only the tokenizer.* keys are read).
 //
 //   longctx-info
 //   longctx-info MODEL.gguf [--config FILE.yaml]   (the model gives the shape)
+//   longctx-info MODEL.gguf --tokenize TEXT [--no-bos] [--no-special]
 //   longctx-info --config configs/default.yaml [--layers 32 --kv-heads 8 --head-dim 128] [--set key=value]...
 //   longctx-info --config-reference
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/model/gguf.h"
+#include "longctx/model/tokenizer.h"
 
 namespace {
 
@@ -32,6 +36,9 @@ using namespace longctx;
 constexpr const char* kUsage =
     "usage: longctx-info [--config FILE.yaml [--layers N] [--kv-heads N] [--head-dim N] [--set KEY=VALUE]...]\n"
     "       longctx-info MODEL.gguf [--config FILE.yaml [--set KEY=VALUE]...]\n"
+    "       longctx-info MODEL.gguf --tokenize TEXT [--no-bos] [--no-special]\n"
+    "           prints the token ids of TEXT, space-separated: BOS (and EOS) where the vocabulary adds\n"
+    "           them unless --no-bos; control-token text such as <s> becomes its id unless --no-special\n"
     "       longctx-info --config-reference\n";
 
 struct Args {
@@ -40,6 +47,8 @@ struct Args {
   std::vector<std::string> overrides;
   kvstore::KVShape shape{32, 8, 128};  // Llama-3-8B-like attention
   bool reference = false;
+  std::optional<std::string> tokenize;  // --tokenize TEXT
+  bool add_bos = true, parse_special = true;
 };
 
 int parse_int(const std::string& flag, const char* text) {
@@ -64,12 +73,19 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--kv-heads") args.shape.n_kv_heads = parse_int(flag, value());
     else if (flag == "--head-dim") args.shape.head_dim = parse_int(flag, value());
     else if (flag == "--config-reference") args.reference = true;
+    else if (flag == "--tokenize") args.tokenize = value();
+    else if (flag == "--no-bos") args.add_bos = false;
+    else if (flag == "--no-special") args.parse_special = false;
     else if (!flag.empty() && flag[0] != '-' && args.gguf_path.empty()) args.gguf_path = flag;
     else if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else fail(ErrorCode::kInvalidArgument, "unknown argument '", flag, "'\n", kUsage);
   }
+  if ((args.tokenize || !args.add_bos || !args.parse_special) && args.gguf_path.empty())
+    fail(ErrorCode::kInvalidArgument, "--tokenize, --no-bos and --no-special need a GGUF file\n", kUsage);
+  if ((!args.add_bos || !args.parse_special) && !args.tokenize)
+    fail(ErrorCode::kInvalidArgument, "--no-bos and --no-special go with --tokenize\n", kUsage);
   return args;
 }
 
@@ -195,8 +211,26 @@ std::optional<kvstore::KVShape> model_kv_shape(const model::GgufFile& file, std:
   return kvstore::KVShape{static_cast<int>(layers), static_cast<int>(kv_heads), static_cast<int>(k_len)};
 }
 
+// The tokenizer line of the report: what tokenizer_from_gguf built.
+std::string describe_tokenizer(const model::GgufFile& file, const model::Tokenizer& tok) {
+  const model::Vocab& v = tok.vocab();
+  std::string out = str_cat(v.kind == model::TokenizerKind::kSpm ? "llama" : "gpt2", ", vocabulary of ",
+                            tok.n_vocab(), " tokens");
+  if (v.kind == model::TokenizerKind::kBpe) {
+    const std::string name = file.get_string_or("tokenizer.ggml.pre", "");
+    const char* type = model::pre_tokenizer_info(v.pre).name;
+    if (name.empty()) out += str_cat(", pre-tokenizer ", type, " (tokenizer.ggml.pre absent)");
+    else if (name == type) out += str_cat(", pre-tokenizer ", name);
+    else out += str_cat(", pre-tokenizer ", name, " (the ", type, " rules)");
+  }
+  out += v.add_bos && v.bos >= 0 ? str_cat(", BOS ", v.bos, " added") : std::string(", no BOS added");
+  return out;
+}
+
 // Prints the report; returns the model's attention shape when it is known.
-std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
+// `tokenizer` is what the file's tokenizer.* keys built, or null when they
+// could not build one.
+std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file, const model::Tokenizer* tokenizer) {
   std::printf("file:       %s (%s, GGUF v%u, alignment %llu)\n", file.name().c_str(),
               format_bytes(file.file_size()).c_str(), file.version(),
               static_cast<unsigned long long>(file.alignment()));
@@ -238,15 +272,8 @@ std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file) {
                 static_cast<unsigned long long>(t.n_bytes));
   }
 
-  const std::string tokenizer = file.get_string_or("tokenizer.ggml.model", "");
-  const model::GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-  std::string vocab = "no tokenizer.ggml.tokens";
-  if (tokens != nullptr && tokens->type == model::GgufType::kArray && tokens->array_type == model::GgufType::kString)
-    vocab = str_cat("vocabulary of ", tokens->array_count, " tokens");
-  else if (tokens != nullptr)
-    vocab = "tokenizer.ggml.tokens is not an array of strings";
-  std::printf("tokenizer:  %s, %s\n", tokenizer.empty() ? "none (no tokenizer.ggml.model)" : tokenizer.c_str(),
-              vocab.c_str());
+  std::printf("tokenizer:  %s\n",
+              tokenizer != nullptr ? describe_tokenizer(file, *tokenizer).c_str() : "cannot be built (below)");
 
   std::string why;
   uint64_t per_token = 0;
@@ -297,7 +324,27 @@ int main(int argc, char** argv) {
     const auto topology = kvstore::NumaTopology::detect();
     if (!args.gguf_path.empty()) {
       const model::GgufFile file = model::GgufFile::open(args.gguf_path);
-      const auto shape = print_gguf(file);
+      if (args.tokenize) {
+        const model::Tokenizer tok = model::tokenizer_from_gguf(file);
+        std::string line;
+        for (const int32_t id : tok.encode(*args.tokenize, args.add_bos, args.parse_special)) {
+          if (!line.empty()) line += ' ';
+          line += std::to_string(id);
+        }
+        std::printf("%s\n", line.c_str());
+        return 0;
+      }
+      // The report first, then why the tokenizer could not be built (exit 1:
+      // no model of this file would load).
+      std::optional<model::Tokenizer> tok;
+      std::optional<Error> tokenizer_error;
+      try {
+        tok.emplace(model::tokenizer_from_gguf(file));
+      } catch (const Error& e) {
+        tokenizer_error = e;
+      }
+      const auto shape = print_gguf(file, tok ? &*tok : nullptr);
+      if (tokenizer_error) throw *tokenizer_error;
       if (args.config_path.empty()) return 0;
       if (!shape) fail(ErrorCode::kUnsupported, args.gguf_path, ": the model's attention shape is unknown");
       Args with_shape = args;

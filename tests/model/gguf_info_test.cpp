@@ -1,6 +1,7 @@
 // `longctx-info FILE.gguf` end to end: the report of a valid file, and exit
-// code 1 with a message (never a signal) for invalid ones. Runs the binary
-// built next to this test; skipped when it was not built.
+// code 1 with a message (never a signal) for invalid ones; the tokenizer of a
+// vocabulary-only file and `--tokenize`. Runs the binary built next to this
+// test; skipped when it was not built.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -11,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gguf_test_util.h"
 #include "longctx/model/gguf_writer.h"
@@ -44,9 +47,18 @@ class GgufInfoTest : public ::testing::Test {
     return path;
   }
 
-  RunResult run(const std::string& path) {
+  // `extra`: more arguments, each without a single quote.
+  RunResult run(const std::string& path, const std::vector<std::string>& extra = {}) {
     RunResult r;
-    const std::string command = "'" + binary_.string() + "' '" + path + "' 2>&1";
+    std::vector<std::string> args = {binary_.string(), path};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string command;
+    for (const std::string& arg : args) {
+      command += command.empty() ? "'" : " '";
+      command += arg;
+      command += '\'';
+    }
+    command += " 2>&1";
     FILE* pipe = ::popen(command.c_str(), "r");
     if (pipe == nullptr) return r;
     std::array<char, 4096> buffer;
@@ -79,11 +91,83 @@ TEST_F(GgufInfoTest, ValidFile) {
   ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
   EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
   for (const char* part : {"GGUF v3", "llama.attention.head_count_kv", "[7 x string]", "\"<unk>\"",
-                           "token_embd.weight", "q8_0", "[64, 2]", "136", "gpt2, vocabulary of 7 tokens",
+                           "token_embd.weight", "q8_0", "[64, 2]", "136",
+                           "gpt2, vocabulary of 7 tokens, pre-tokenizer default (tokenizer.ggml.pre absent)",
                            // 2 (K and V) * 32 layers * 8 kv heads * 128 dims * 2 bytes
                            "131072 bytes per token"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "missing '" << part << "' in\n" << r.output;
   EXPECT_EQ(r.output.find("attention:"), std::string::npos) << "no llama.attention.scale, no line\n" << r.output;
+}
+
+// Only tokenizer.* keys, no tensors: byte-level BPE over "a".."d" with merges
+// a+b and ab+c, DeepSeek-R1-Qwen's pre-tokenizer name.
+GgufWriter vocab_only(const std::string& model = "gpt2", const std::string& pre = "deepseek-r1-qwen",
+                      const std::vector<std::string>& merges = {"a b", "ab c"}) {
+  GgufWriter w;
+  w.set_string("tokenizer.ggml.model", model);
+  w.set_string("tokenizer.ggml.pre", pre);
+  w.set_string_array("tokenizer.ggml.tokens", {"a", "b", "c", "d", "ab", "abc", "<|endoftext|>"});
+  w.set_i32_array("tokenizer.ggml.token_type", {1, 1, 1, 1, 1, 1, 3});
+  w.set_string_array("tokenizer.ggml.merges", merges);
+  w.set_u32("tokenizer.ggml.bos_token_id", 6);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  return w;
+}
+
+TEST_F(GgufInfoTest, VocabularyOnlyFileTokenizes) {
+  const std::string path = write("vocab.gguf", vocab_only().to_bytes());
+  const RunResult report = run(path);
+  ASSERT_TRUE(WIFEXITED(report.status)) << report.output;
+  EXPECT_EQ(WEXITSTATUS(report.status), 0) << report.output;
+  EXPECT_NE(report.output.find("tensors:    0"), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("tokenizer:  gpt2, vocabulary of 7 tokens, pre-tokenizer deepseek-r1-qwen (the qwen2 "
+                               "rules), BOS 6 added"),
+            std::string::npos)
+      << report.output;
+  EXPECT_NE(report.output.find("kv cache:   unknown (no general.architecture)"), std::string::npos) << report.output;
+
+  // Qwen2 rules: "abcd" is one word -> abc + d; BOS first; <|endoftext|> parsed.
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--tokenize", "abcd"}, "6 5 3\n"},
+      {{"--tokenize", "abcd", "--no-bos"}, "5 3\n"},
+      {{"--tokenize", "ab<|endoftext|>", "--no-bos"}, "4 6\n"},
+      {{"--tokenize", "ab<|endoftext|>", "--no-bos", "--no-special"}, ""},  // no tokens for < | ...: an error
+      {{"--tokenize", ""}, "6\n"},
+  };
+  for (const auto& [args, want] : cases) {
+    const RunResult r = run(path, args);
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+    if (want.empty()) {
+      EXPECT_NE(WEXITSTATUS(r.status), 0) << args[1] << "\n" << r.output;
+      EXPECT_NE(r.output.find("no token for byte"), std::string::npos) << r.output;
+    } else {
+      EXPECT_EQ(WEXITSTATUS(r.status), 0) << args[1] << "\n" << r.output;
+      EXPECT_EQ(r.output, want) << args[1];
+    }
+  }
+}
+
+// A tokenizer the loader could not build fails the report, which still shows
+// the metadata, with the reason.
+TEST_F(GgufInfoTest, UnbuildableTokenizerExitsWithOne) {
+  const std::pair<const char*, GgufWriter> cases[] = {
+      {"tokenizer.ggml.pre 'gpt2'", vocab_only("gpt2", "gpt2")},
+      {"names 'zz'", vocab_only("gpt2", "qwen2", {"a b", "zz c"})},
+      {"tokenizer.ggml.model 'bert'", vocab_only("bert")},
+  };
+  for (const auto& [reason, w] : cases) {
+    const std::string path = write("bad.gguf", w.to_bytes());
+    for (const std::vector<std::string>& args : {std::vector<std::string>{}, {"--tokenize", "ab"}}) {
+      const RunResult r = run(path, args);
+      ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+      EXPECT_EQ(WEXITSTATUS(r.status), 1) << reason << "\n" << r.output;
+      EXPECT_NE(r.output.find(reason), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("bad.gguf"), std::string::npos) << r.output;
+      if (args.empty()) {
+        EXPECT_NE(r.output.find("tokenizer:  cannot be built"), std::string::npos) << r.output;
+      }
+    }
+  }
 }
 
 TEST_F(GgufInfoTest, AttentionScaleIsShown) {
