@@ -69,6 +69,7 @@ void bind_config(py::module_& m);
 void bind_store(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_model(py::module_& m);
+void bind_tokenizer(py::module_& m);
 void bind_gguf(py::module_& m);
 
 }  // namespace longctx::bindings

@@ -1,9 +1,10 @@
 // longctx._core: the pybind11 module. It exposes the build and machine report,
 // configs (config_bindings.cpp), tensors through DLPack (dlpack.cpp), the KV
 // store (store_bindings.cpp), the CPU attention engine and decode policies
-// (attention_bindings.cpp), the model runner (model_bindings.cpp) and GGUF
-// files (gguf_bindings.cpp). C++ errors become longctx.Error (a RuntimeError)
-// carrying the C++ message; wrong Python types are TypeError.
+// (attention_bindings.cpp), the model runner (model_bindings.cpp), tokenizers
+// of GGUF files (tokenizer_bindings.cpp) and GGUF files (gguf_bindings.cpp).
+// C++ errors become longctx.Error (a RuntimeError) carrying the C++ message;
+// wrong Python types are TypeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -49,5 +50,6 @@ PYBIND11_MODULE(_core, m) {
   longctx::bindings::bind_store(m);
   longctx::bindings::bind_attention(m);
   longctx::bindings::bind_model(m);
+  longctx::bindings::bind_tokenizer(m);
   longctx::bindings::bind_gguf(m);
 }

@@ -3,8 +3,9 @@ are, check() for the script-style tests (stop at the first failure, count
 the checks passed) and run() for a binary that must not print a sanitizer
 report.
 
-ctest sets LONGCTX_SOURCE_DIR and LONGCTX_BIN_DIR (tests/CMakeLists.txt); run
-by hand, a test finds this checkout and its build/bin. The tests import this
+ctest sets LONGCTX_SOURCE_DIR, LONGCTX_BIN_DIR and LONGCTX_VOCAB_DIR
+(tests/CMakeLists.txt); run by hand, a test finds this checkout, its
+build/bin and ../shared/vocab beside it. The tests import this
 module from their own folder (`import _env`); ctest runs only test_*.py.
 """
 import os
@@ -13,6 +14,8 @@ import sys
 
 SOURCE_DIR = os.environ.get("LONGCTX_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN_DIR = os.environ.get("LONGCTX_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+# llama.cpp's tokenizer test files (CMake's LONGCTX_VOCAB_DIR); tests skip without them.
+VOCAB_DIR = os.environ.get("LONGCTX_VOCAB_DIR", os.path.join(SOURCE_DIR, "..", "shared", "vocab"))
 passed = 0  # checks passed so far
 
 

@@ -2,7 +2,7 @@
 
 The native part lives in longctx._core, built by CMake into
 <build>/python/longctx/ next to a copy of this package; every public name of
-it is re-exported here (Config, KVStore, DecodePolicy, Model,
+it is re-exported here (Config, KVStore, DecodePolicy, Model, Tokenizer,
 prefill_attention, read_gguf_tensors, ...). longctx.inject / uninject swap
 attention modules of a PyTorch model for longctx.torch.SparseAttention
 (rules in YAML, configs/inject/llama.yaml). `import longctx` does not import
