@@ -4,11 +4,19 @@
 // splitting the pieces the one before left; text no match of a regex covers
 // stays a piece of its own, so the pieces always concatenate to the text.
 //
-// The regexes are llama.cpp's, with two differences of form, not of intent:
-// Llama-3 and Qwen2 keep their tokenizer.json spelling "(?i:'s|...)" (llama.cpp
-// spells the case folding out for std::regex), and Tekken keeps its
-// tokenizer.json regex with \p{Lu} / \p{Ll} classes, which llama.cpp can only
-// approximate with lookaheads. Non-ASCII characters are written \x{...}.
+// The regexes are llama.cpp's, matched on the text as it is, as Hugging Face
+// tokenizers match them. Where llama.cpp's std::regex emulation answers
+// otherwise, longctx follows the regex as the model's tokenizer.json writes it:
+// - Tekken keeps its tokenizer.json regex with \p{Lu} / \p{Ll} classes, which
+//   llama.cpp approximates with ASCII lookaheads ("s\u00c9" is one word there,
+//   two here; a combining mark joins the letters here);
+// - Llama-3 and Qwen2 keep "(?i:'s|...)" (Unicode case folding: "'\u017f"
+//   is a contraction too), where llama.cpp spells out '[sS]...;
+// - \p{S} holds '~' (DeepSeek-V3), which llama.cpp's ASCII table leaves out;
+// - non-ASCII whitespace stays itself: llama.cpp turns it into \v before the
+//   regexes without a \p class, so U+3000, which DeepSeek's lists name in two
+//   ranges, never matches those there.
+// Non-ASCII characters are written \x{...}.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 

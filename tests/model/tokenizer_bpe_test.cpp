@@ -143,6 +143,9 @@ TEST(TokenizerBpe, PreTokenizerSequences) {
             (Words{"Hello", ",", " world", "...", " ok", "?"}));
   // Tekken: a word breaks before an upper-case letter that follows lower case.
   EXPECT_EQ(pre_tokenize(PreTokenizer::kTekken, "HelloWorld ABC"), (Words{"Hello", "World", " ABC"}));
+  // By Unicode case, as tokenizer.json says (llama.cpp's ASCII approximation
+  // keeps "s\u00c9" whole): lower-case s, then upper-case \u00c9 starts a word.
+  EXPECT_EQ(pre_tokenize(PreTokenizer::kTekken, "s\xC3\x89t\xC3\xA9"), (Words{"s", "\xC3\x89t\xC3\xA9"}));
   // Chameleon: image tokens whole, runs of two spaces, digits and marks alone;
   // a later regex splits what an earlier one matched (a sentinel's digits and
   // marks: special tokens are matched before pre-tokenization anyway).
