@@ -46,6 +46,9 @@ struct Args {
   std::string gguf_path;
   std::vector<std::string> overrides;
   kvstore::KVShape shape{32, 8, 128};  // Llama-3-8B-like attention
+  // Where the shape comes from, printed beside it: the planned store is only
+  // as real as the model it assumes.
+  std::string shape_source = "assumed, Llama-3-8B's attention: give MODEL.gguf or --layers/--kv-heads/--head-dim";
   bool reference = false;
   std::optional<std::string> tokenize;  // --tokenize TEXT
   bool add_bos = true, parse_special = true;
@@ -67,11 +70,15 @@ Args parse_args(int argc, char** argv) {
       if (i + 1 >= argc) fail(ErrorCode::kInvalidArgument, flag, " needs a value");
       return argv[++i];
     };
+    auto shape_value = [&](int& field) {
+      field = parse_int(flag, value());
+      args.shape_source = "--layers/--kv-heads/--head-dim, the rest Llama-3-8B's";
+    };
     if (flag == "--config") args.config_path = value();
     else if (flag == "--set") args.overrides.push_back(value());
-    else if (flag == "--layers") args.shape.n_layers = parse_int(flag, value());
-    else if (flag == "--kv-heads") args.shape.n_kv_heads = parse_int(flag, value());
-    else if (flag == "--head-dim") args.shape.head_dim = parse_int(flag, value());
+    else if (flag == "--layers") shape_value(args.shape.n_layers);
+    else if (flag == "--kv-heads") shape_value(args.shape.n_kv_heads);
+    else if (flag == "--head-dim") shape_value(args.shape.head_dim);
     else if (flag == "--config-reference") args.reference = true;
     else if (flag == "--tokenize") args.tokenize = value();
     else if (flag == "--no-bos") args.add_bos = false;
@@ -297,8 +304,8 @@ bool print_preflight(const Args& args, const LongContextConfig& config, const kv
   const auto plan = kvstore::preflight(layout, config.max_seq_len, head_nodes);
   const uint64_t budget = config.dram_budget ? config.dram_budget : kvstore::default_dram_budget();
   std::printf("\nconfig %s: valid\n", args.config_path.c_str());
-  std::printf("model:    %d layers x %d kv heads x %d dims\n", args.shape.n_layers, args.shape.n_kv_heads,
-              args.shape.head_dim);
+  std::printf("model:    %d layers x %d kv heads x %d dims (%s)\n", args.shape.n_layers, args.shape.n_kv_heads,
+              args.shape.head_dim, args.shape_source.c_str());
   std::printf("store:    %s\n", plan.describe().c_str());
   const bool fits = plan.total_bytes <= budget;
   std::printf("budget:   %s (%s)\n", format_bytes(budget).c_str(), fits ? "fits" : "does not fit");
@@ -349,6 +356,7 @@ int main(int argc, char** argv) {
       if (!shape) fail(ErrorCode::kUnsupported, args.gguf_path, ": the model's attention shape is unknown");
       Args with_shape = args;
       with_shape.shape = *shape;
+      with_shape.shape_source = "from " + args.gguf_path;
       return print_preflight(with_shape, config, topology) ? 0 : 1;
     }
     print_system(topology);

@@ -179,6 +179,21 @@ TEST_F(GgufInfoTest, AttentionScaleIsShown) {
   EXPECT_NE(r.output.find("attention:  scores q.k * 0.0625 (llama.attention.scale)"), std::string::npos) << r.output;
 }
 
+// The store plan names where its model shape comes from: assumed (no model),
+// the flags, or the GGUF file.
+TEST_F(GgufInfoTest, ConfigPlanSaysWhereTheShapeComesFrom) {
+  const std::string yaml = "block_size: 16\n";
+  const std::string config = write("small.yaml", std::vector<uint8_t>(yaml.begin(), yaml.end()));
+  RunResult r = run("--config", {config});
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_NE(r.output.find("model:    32 layers x 8 kv heads x 128 dims (assumed"), std::string::npos) << r.output;
+  r = run("--config", {config, "--layers", "4"});
+  EXPECT_NE(r.output.find("model:    4 layers x 8 kv heads x 128 dims (--layers"), std::string::npos) << r.output;
+  const std::string model = write("model.gguf", llama_like().to_bytes());
+  r = run(model, {"--config", config});
+  EXPECT_NE(r.output.find("dims (from " + model + ")"), std::string::npos) << r.output;
+}
+
 TEST_F(GgufInfoTest, InvalidFilesExitWithOne) {
   const auto good = llama_like().to_bytes();
   std::vector<std::pair<std::string, std::vector<uint8_t>>> cases;
