@@ -129,6 +129,16 @@ void Tokenizer::Impl::validate() const {
   check_special_id(vocab.pad, "padding_token_id", n);
   if (vocab.kind == TokenizerKind::kBpe && vocab.merges.size() > size_t(std::numeric_limits<int32_t>::max()))
     fail(ErrorCode::kCorrupt, "tokenizer.ggml.merges has ", vocab.merges.size(), " entries");
+  // One id per text, whatever the type (llama.cpp aborts on a repeat): a
+  // repeated text would make encoding pick one id and decoding accept both.
+  detail::TokenMap first_id;
+  first_id.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto [at, inserted] = first_id.emplace(vocab.tokens[i], int32_t(i));
+    if (!inserted)
+      fail(ErrorCode::kCorrupt, "tokenizer.ggml.tokens: token ", i, " '", vocab.tokens[i], "' repeats token ",
+           at->second);
+  }
 }
 
 void Tokenizer::Impl::build_tables() {
@@ -137,7 +147,7 @@ void Tokenizer::Impl::build_tables() {
   for (size_t i = 0; i < n; ++i) {
     const TokenType type = type_of(vocab, i);
     if (type == TokenType::kNormal || type == TokenType::kUserDefined)
-      tables.text_to_id.emplace(vocab.tokens[i], int32_t(i));  // a duplicate keeps the first id
+      tables.text_to_id.emplace(vocab.tokens[i], int32_t(i));  // unique: validate() refuses repeats
   }
   tables.byte_token.fill(-1);
   if (vocab.kind == TokenizerKind::kSpm) {

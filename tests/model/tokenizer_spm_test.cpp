@@ -311,6 +311,12 @@ TEST(TokenizerSpm, RejectsBadVocabularies) {
   v = good;
   v.types[5] = TokenType(7);
   expect_corrupt(v, "tokenizer.ggml.token_type[5]");
+  v = good;  // a repeated text, even of another type (llama.cpp aborts on it): both ids named
+  v.tokens.push_back(v.tokens[1]);
+  v.scores.push_back(0);
+  v.types.push_back(TokenType::kControl);
+  expect_corrupt(v, "tokenizer.ggml.tokens: token " + std::to_string(v.tokens.size() - 1) + " '" + v.tokens[1] +
+                        "' repeats token 1");
   v = good;
   v.types[5] = TokenType(0);
   expect_corrupt(v, "tokenizer.ggml.token_type[5]");
