@@ -27,6 +27,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/model/gguf.h"
+#include "longctx/model/llama.h"
 #include "longctx/model/tokenizer.h"
 
 namespace {
@@ -352,6 +353,16 @@ int main(int argc, char** argv) {
       }
       const auto shape = print_gguf(file, tok ? &*tok : nullptr);
       if (tokenizer_error) throw *tokenizer_error;
+      // The loader's own checks (model/llama.h), after the report: what this
+      // says loads is what longctx-chat loads.
+      if (file.tensors().empty()) {
+        std::printf("loader:     no tensors: a vocabulary-only file (tokenizer only)\n");
+      } else {
+        const scheduler::TransformerSpec spec = model::check_model_file(file, *tok);
+        std::printf("loader:     loads: %s, %d layers, %d q / %d kv heads x %d, n_embd %d, n_ff %d, vocab %lld\n",
+                    spec.arch.c_str(), spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_embd,
+                    spec.n_ff, static_cast<long long>(spec.n_vocab));
+      }
       if (args.config_path.empty()) return 0;
       if (!shape) fail(ErrorCode::kUnsupported, args.gguf_path, ": the model's attention shape is unknown");
       Args with_shape = args;

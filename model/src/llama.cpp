@@ -242,14 +242,21 @@ Model::Model(GgufFile gguf, Tokenizer tokenizer, scheduler::Transformer transfor
       transformer_(std::move(transformer)),
       fingerprint_(std::move(fingerprint)) {}
 
+TransformerSpec check_model_file(const GgufFile& f, const Tokenizer& tokenizer) {
+  TransformerSpec spec = read_llama_spec(f);
+  check_llama_tensors(f, spec);
+  // Real models may pad the embedding beyond the vocabulary, never the reverse.
+  if (tokenizer.n_vocab() > spec.n_vocab)
+    fail(ErrorCode::kCorrupt, f.name(), ": the tokenizer has ", tokenizer.n_vocab(), " tokens but token_embd.weight only ",
+         spec.n_vocab, " rows");
+  return spec;
+}
+
 std::unique_ptr<Model> Model::open(const std::string& path, Backend& backend) {
   GgufFile gguf = GgufFile::open(path);
   Tokenizer tokenizer = tokenizer_from_gguf(gguf);
+  check_model_file(gguf, tokenizer);  // before any weight is loaded
   scheduler::Transformer transformer = load_llama(gguf, backend);
-  // Real models may pad the embedding beyond the vocabulary, never the reverse.
-  if (tokenizer.n_vocab() > transformer.spec.n_vocab)
-    fail(ErrorCode::kCorrupt, gguf.name(), ": the tokenizer has ", tokenizer.n_vocab(),
-         " tokens but token_embd.weight only ", transformer.spec.n_vocab, " rows");
   std::string fingerprint = model_fingerprint(gguf);
   return std::unique_ptr<Model>(
       new Model(std::move(gguf), std::move(tokenizer), std::move(transformer), std::move(fingerprint)));

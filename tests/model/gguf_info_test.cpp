@@ -17,6 +17,7 @@
 
 #include "gguf_test_util.h"
 #include "longctx/model/gguf_writer.h"
+#include "longctx/tools/test_model.h"
 
 namespace longctx::model {
 namespace {
@@ -86,10 +87,15 @@ GgufWriter llama_like() {
   return w;
 }
 
-TEST_F(GgufInfoTest, ValidFile) {
+// llama_like() is a valid GGUF whose model the loader refuses (no
+// feed_forward_length, most tensors missing): the whole report, then the
+// loader's reason, exit 1.
+TEST_F(GgufInfoTest, ReportThenTheLoadersVerdict) {
   const RunResult r = run(write("ok.gguf", llama_like().to_bytes()));
   ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
-  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.output;
+  EXPECT_NE(r.output.find("ok.gguf: missing key 'llama.feed_forward_length'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("loader:"), std::string::npos) << r.output;
   for (const char* part : {"GGUF v3", "llama.attention.head_count_kv", "[7 x string]", "\"<unk>\"",
                            "token_embd.weight", "q8_0", "[64, 2]", "136",
                            "gpt2, vocabulary of 7 tokens, pre-tokenizer default (tokenizer.ggml.pre absent)",
@@ -170,10 +176,20 @@ TEST_F(GgufInfoTest, UnbuildableTokenizerExitsWithOne) {
   }
 }
 
+// A model the loader takes: it says so, with the shape it will run.
+TEST_F(GgufInfoTest, LoadableModelSaysItLoads) {
+  const RunResult r = run(write("mha.gguf", tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes()));
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  EXPECT_NE(r.output.find("loader:     loads: llama, 2 layers, 4 q / 4 kv heads x 64, n_embd 256, n_ff 512, vocab 320"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(GgufInfoTest, AttentionScaleIsShown) {
-  GgufWriter w = llama_like();
-  w.set_f32("llama.attention.scale", 0.0625f);
-  const RunResult r = run(write("scaled.gguf", w.to_bytes()));
+  tools::TestModelSpec spec = tools::test_model_by_name("mha-64");
+  spec.attn_scale = 0.0625f;
+  const RunResult r = run(write("scaled.gguf", tools::make_test_model(spec).to_bytes()));
   ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
   EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
   EXPECT_NE(r.output.find("attention:  scores q.k * 0.0625 (llama.attention.scale)"), std::string::npos) << r.output;
@@ -189,9 +205,10 @@ TEST_F(GgufInfoTest, ConfigPlanSaysWhereTheShapeComesFrom) {
   EXPECT_NE(r.output.find("model:    32 layers x 8 kv heads x 128 dims (assumed"), std::string::npos) << r.output;
   r = run("--config", {config, "--layers", "4"});
   EXPECT_NE(r.output.find("model:    4 layers x 8 kv heads x 128 dims (--layers"), std::string::npos) << r.output;
-  const std::string model = write("model.gguf", llama_like().to_bytes());
+  const std::string model = write("model.gguf", tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes());
   r = run(model, {"--config", config});
-  EXPECT_NE(r.output.find("dims (from " + model + ")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model:    2 layers x 4 kv heads x 64 dims (from " + model + ")"), std::string::npos)
+      << r.output;
 }
 
 TEST_F(GgufInfoTest, InvalidFilesExitWithOne) {

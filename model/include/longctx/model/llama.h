@@ -50,6 +50,14 @@ void check_llama_tensors(const GgufFile& file, scheduler::TransformerSpec& spec)
 // quantized blocks hold a NaN / Inf scale is Error(kCorrupt) naming it.
 scheduler::Transformer load_llama(const GgufFile& file, Backend& backend);
 
+// Everything Model::open checks before it loads a weight: read_llama_spec,
+// check_llama_tensors, and the tokenizer against token_embd.weight (the
+// embedding may pad the vocabulary, never the reverse). longctx-info runs it,
+// so a file it reports loadable is one Model::open loads, except for
+// quantized blocks with a NaN / Inf scale, which only reading every weight
+// finds. Returns the checked spec.
+scheduler::TransformerSpec check_model_file(const GgufFile& file, const Tokenizer& tokenizer);
+
 // A model file opened for inference: the GGUF mapping, its tokenizer and its
 // weights on a backend.
 class Model {
