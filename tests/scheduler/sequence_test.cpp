@@ -118,6 +118,8 @@ TEST_F(SequenceTest, PrefillMatchesReferenceForEveryShape) {
   mha.n_kv_heads = 4;
   TransformerSpec partial_rot = small_spec(false, RopeStyle::kNeox);
   partial_rot.rope.n_rot = 8;
+  TransformerSpec partial_rot_normal = small_spec();  // Llama's pair layout, rope.dimension_count < head_dim
+  partial_rot_normal.rope.n_rot = 6;
   TransformerSpec linear = small_spec();
   linear.rope.scaling = RopeScaling::kLinear;
   linear.rope.factor = 4.0f;
@@ -127,6 +129,7 @@ TEST_F(SequenceTest, PrefillMatchesReferenceForEveryShape) {
       {"gqa", small_spec(), false},      {"mha", mha, false},
       {"bias-neox", small_spec(true, RopeStyle::kNeox), false},
       {"tied", small_spec(), true},      {"partial-rot", partial_rot, false},
+      {"partial-rot-normal", partial_rot_normal, false},
       {"linear", linear, false},         {"freq-factors", factors, false},
   };
   uint32_t seed = 1;
