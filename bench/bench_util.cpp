@@ -31,6 +31,17 @@ std::vector<double> time_runs(int reps, const std::function<void()>& fn) {
   return seconds;
 }
 
+double measure_parallel_rate(int threads, const std::function<double(int thread)>& loop) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  std::vector<double> ops(static_cast<size_t>(threads));
+  auto run = [&] { tbb::parallel_for(0, threads, [&](int t) { ops[size_t(t)] = loop(t); }); };
+  run();
+  const double seconds = median(time_runs(3, run));
+  double total = 0;
+  for (double o : ops) total += o;
+  return total / seconds / 1e9;
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());

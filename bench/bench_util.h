@@ -62,6 +62,11 @@ double measure_read_gbps(size_t bytes, int threads, int reps);
 uint64_t resident_bytes();
 uint64_t peak_resident_bytes();
 
+// The rate of `loop` run on `threads` threads at once (loop(t) returns the
+// operations thread t did): a warm-up, then the median of 3 timed runs, in
+// billions of operations per second. The peak measurements below use it.
+double measure_parallel_rate(int threads, const std::function<double(int thread)>& loop);
+
 // fp32 FMA throughput of `threads` threads on the best vector target
 // (peak_hwy.cpp): the roofline of compute-bound fp32 kernels.
 double measure_fma_gflops(int threads);

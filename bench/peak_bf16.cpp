@@ -4,8 +4,6 @@
 // AVX512-BF16 and no AMX (AMD Zen 4/5). The AMX tile peak is not measured
 // here. The function carries its ISA as a target attribute and runs only
 // where cpu_features() says the CPU has it.
-#include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <vector>
 
@@ -44,17 +42,9 @@ __attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop(int64_t iters, 
 double measure_bf16_gflops(int threads) {
 #if defined(__x86_64__)
   if (!cpu_features().avx512bf16) return 0;
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
   std::vector<float> sinks(static_cast<size_t>(threads));
-  std::vector<double> macs(static_cast<size_t>(threads));
-  auto run = [&] {
-    tbb::parallel_for(0, threads, [&](int t) { macs[size_t(t)] = dpbf16_loop(int64_t(10) << 20, &sinks[size_t(t)]); });
-  };
-  run();
-  const double seconds = median(time_runs(3, run));
-  double total = 0;
-  for (double m : macs) total += m;
-  return 2 * total / seconds / 1e9;
+  // 2 FLOP (multiply, add) per bf16 product.
+  return measure_parallel_rate(threads, [&](int t) { return 2 * dpbf16_loop(int64_t(10) << 20, &sinks[size_t(t)]); });
 #else
   (void)threads;
   return 0;

@@ -1,8 +1,6 @@
 // Peak arithmetic of this CPU measured in the same run as the kernels it
 // bounds: fp32 FMA throughput (Highway, the best vector target), so GEMM
 // rates can be quoted as a share of what the cores can do.
-#include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <vector>
 
@@ -43,19 +41,9 @@ namespace longctx::bench {
 HWY_EXPORT(FmaLoop);
 
 double measure_fma_gflops(int threads) {
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
   std::vector<float> sinks(static_cast<size_t>(threads));
-  std::vector<double> flops(static_cast<size_t>(threads));
-  auto run = [&] {
-    tbb::parallel_for(0, threads, [&](int t) {
-      flops[size_t(t)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(int64_t(20) << 20, &sinks[size_t(t)]);
-    });
-  };
-  run();
-  const double seconds = median(time_runs(3, run));
-  double total = 0;
-  for (double f : flops) total += f;
-  return total / seconds / 1e9;
+  return measure_parallel_rate(
+      threads, [&](int t) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(int64_t(20) << 20, &sinks[size_t(t)]); });
 }
 
 }  // namespace longctx::bench

@@ -4,8 +4,6 @@
 // where the CPU has VNNI, on 256-bit vectors like the kernels. Functions
 // carry their ISA as a target attribute and run only where cpu_features()
 // says the CPU has it.
-#include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <vector>
 
@@ -73,17 +71,9 @@ double measure_int8_gops(int threads) {
     case cpu::QuantIsa::kAvx2: loop = maddubs_loop; break;
     case cpu::QuantIsa::kGeneric: return 0;
   }
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
   std::vector<int> sinks(static_cast<size_t>(threads));
-  std::vector<double> macs(static_cast<size_t>(threads));
-  auto run = [&] {
-    tbb::parallel_for(0, threads, [&](int t) { macs[size_t(t)] = loop(int64_t(10) << 20, &sinks[size_t(t)]); });
-  };
-  run();
-  const double seconds = median(time_runs(3, run));
-  double total = 0;
-  for (double m : macs) total += m;
-  return 2 * total / seconds / 1e9;
+  // 2 operations (multiply, add) per byte product.
+  return measure_parallel_rate(threads, [&](int t) { return 2 * loop(int64_t(10) << 20, &sinks[size_t(t)]); });
 #else
   (void)threads;
   return 0;
