@@ -3,7 +3,12 @@
 // attention, the LSE merge with the GPU part, and the whole sparse step as
 // DecodePolicy::decode runs it — over
 // contexts from 4K to 1M tokens, with the bytes each kernel must read and the
-// achieved GB/s beside the read bandwidth measured in the same run.
+// achieved GB/s beside the read bandwidth measured in the same run. Then
+// prefill attention (cpu::prefill_attention, what a CPU-only prefill runs per
+// layer): one chunk of --prefill-chunk queries over --prefill-histories tokens
+// of history, f16 K/V, in TFLOP/s beside the fp32 FMA and bf16 (vdpbf16ps)
+// peaks measured in the same run (FLOPs = 4 * head_dim * q heads * keys seen,
+// summed over the chunk's queries: QK^T and PV, causal inside the chunk).
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
@@ -20,6 +25,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
+#include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/policy/decode_policy.h"
@@ -38,6 +44,9 @@ struct KernelsArgs {
   int64_t budget_tokens = 4096;
   int reps = 5;
   int64_t split_tokens = 0;  // decode_attention's flash-decoding piece size; 0 = its default
+  std::vector<int64_t> prefill_histories{32768, 131072};  // empty: no prefill rows
+  int64_t prefill_chunk = 4096;
+  int prefill_reps = 1;  // a 4096-query chunk over 128K takes tens of seconds on 2 cores
 };
 
 // Fills `layer` 0 of the store with random keys/values, a chunk at a time so
@@ -157,6 +166,49 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   return records;
 }
 
+// Prefill attention of one chunk over `history` tokens, every thread of the machine.
+Record run_prefill_attention(const KernelsArgs& a, int64_t history, double fma_gflops, double bf16_gflops) {
+  const int64_t n = a.prefill_chunk;
+  LongContextConfig config;
+  config.max_seq_len = history + n;
+  config.block_size = a.block_size;
+  config.kv_type = DType::kF16;
+  const kvstore::KVShape shape{1, a.kv_heads, a.head_dim};
+  const auto topology = kvstore::NumaTopology::detect();  // the store keeps a reference
+  kvstore::MemoryBudget budget(kvstore::default_dram_budget());
+  kvstore::KVStore store(shape, config, budget, topology);
+  fill_store(store, history + n, a.kv_heads, a.head_dim);  // the chunk's own K/V are in the store first
+  const size_t q_size = size_t(n) * a.q_heads * a.head_dim;
+  std::vector<float> q(q_size), out(q_size), lse(size_t(n) * a.q_heads);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i % 100003));
+  const TensorView qv = make_view(q.data(), DType::kF32, {n, a.q_heads, a.head_dim});
+  const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {n, a.q_heads, a.head_dim});
+  const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {n, a.q_heads});
+  const double ms =
+      1e3 * median(time_runs(a.prefill_reps, [&] { cpu::prefill_attention(store, 0, history, qv, 0.f, ov, lv); }));
+  // Query i sees history + i + 1 keys.
+  const double keys_seen = double(n) * double(history) + double(n) * double(n + 1) / 2;
+  const double flops = 4.0 * a.head_dim * a.q_heads * keys_seen;
+  const double gflops = flops / (ms * 1e-3) / 1e9;
+  Record r;
+  r.set("bench", "kernels").set("kernel", "prefill_attention").set("history", history).set("chunk", n);
+  r.set("q_heads", a.q_heads).set("kv_heads", a.kv_heads).set("head_dim", a.head_dim).set("dtype", "f16");
+  r.set("threads", int64_t(tbb::info::default_concurrency())).set("ms", ms).set("tflops", gflops / 1e3);
+  r.set("fma_gflops", fma_gflops).set("of_fma_peak", gflops / fma_gflops);
+  r.set("bf16_gflops", bf16_gflops).set("of_bf16_peak", bf16_gflops > 0 ? gflops / bf16_gflops : 0.0);
+  return r;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& list) {
+  std::vector<int64_t> values;
+  for (size_t pos = 0; pos < list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    if (comma > pos) values.push_back(std::stoll(list.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return values;
+}
+
 }  // namespace
 
 int run_kernels(const std::vector<std::string>& args) {
@@ -166,15 +218,12 @@ int run_kernels(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--contexts") {
-      a.contexts.clear();
-      const std::string list = next();
-      for (size_t pos = 0; pos < list.size();) {
-        const size_t comma = std::min(list.find(',', pos), list.size());
-        a.contexts.push_back(std::stoll(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
-    } else if (args[i] == "--reps") a.reps = std::stoi(next());
+    if (args[i] == "--contexts") a.contexts = parse_int_list(next());
+    else if (args[i] == "--prefill-histories") a.prefill_histories = parse_int_list(next());
+    else if (args[i] == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
+    else if (args[i] == "--prefill-reps") a.prefill_reps = std::stoi(next());
+    else if (args[i] == "--no-prefill") a.prefill_histories.clear();
+    else if (args[i] == "--reps") a.reps = std::stoi(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
     else if (args[i] == "--split") a.split_tokens = std::stoll(next());
     else if (args[i] == "--dtype") {
@@ -183,9 +232,15 @@ int run_kernels(const std::vector<std::string>& args) {
       if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must be f16, bf16 or f32, got '", name, "'");
       a.dtypes = {*t};
     }
-    else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
-    else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
+    else if (args[i] == "--quick") {
+      a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
+      a.prefill_histories = {8192}, a.prefill_chunk = 1024;
+    } else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
   }
+  if (a.prefill_chunk < 1 || a.prefill_reps < 1)
+    fail(ErrorCode::kInvalidArgument, "kernels: --prefill-chunk and --prefill-reps must be >= 1");
+  for (int64_t h : a.prefill_histories)
+    if (h < 0) fail(ErrorCode::kInvalidArgument, "kernels: --prefill-histories must be >= 0, got ", h);
   const int all = tbb::info::default_concurrency();
   std::vector<int> thread_counts{1};
   if (all > 1) thread_counts.push_back(all);
@@ -203,10 +258,25 @@ int run_kernels(const std::vector<std::string>& args) {
           records.push_back(rec);
         }
   }
+  std::vector<Record> prefill;
+  if (!a.prefill_histories.empty()) {
+    const double fma_gflops = measure_fma_gflops(all), bf16_gflops = measure_bf16_gflops(all);
+    for (int64_t history : a.prefill_histories) {
+      prefill.push_back(run_prefill_attention(a, history, fma_gflops, bf16_gflops));
+      std::printf("%s\n", prefill.back().json().c_str());
+      std::fflush(stdout);
+    }
+  }
   std::printf("\nCPU decode step, one layer: %d q heads, %d kv heads, d=%d, block %d, budget %lld tokens\n",
               a.q_heads, a.kv_heads, a.head_dim, a.block_size, static_cast<long long>(a.budget_tokens));
   print_table(records, {"kernel", "context", "dtype", "threads", "ms", "gbps", "of_bandwidth", "dense_over_sparse",
                         "dense_over_step", "select_share"});
+  if (!prefill.empty()) {
+    std::printf("\nCPU prefill attention, one layer, one chunk of %lld queries, f16 K/V, %d threads (peaks measured in "
+                "this run; the AMX tile peak is not measured)\n",
+                static_cast<long long>(a.prefill_chunk), all);
+    print_table(prefill, {"history", "chunk", "ms", "tflops", "of_fma_peak", "of_bf16_peak"});
+  }
   return 0;
 }
 

@@ -24,13 +24,18 @@ const std::array<Usage, 8> kUsages{{
      "  --head-dim N     head dimension (128)\n"
      "  --reps N         repetitions, the median is reported (5)\n"
      "  --quick          4 layers, 3 repetitions\n"},
-    {"kernels", "CPU decode kernels (dense, score, select, sparse, merge, the whole sparse step) vs read bandwidth",
+    {"kernels", "CPU decode kernels (dense, score, select, sparse, merge, the whole sparse step) vs read bandwidth; "
+                "prefill attention TFLOP/s vs the FMA and bf16 peaks",
      "  --contexts LIST  context lengths in tokens (4096,16384,32768,131072,1048576)\n"
      "  --dtype T        KV type: f16, bf16 or f32 (both f16 and bf16)\n"
      "  --budget N       sparse budget in tokens (4096)\n"
      "  --split N        decode attention's flash-decoding piece in tokens (0 = its default)\n"
      "  --reps N         repetitions, the median is reported (5)\n"
-     "  --quick          contexts 4096,32768, f16, 3 repetitions\n"},
+     "  --prefill-histories LIST  prefill attention: history lengths before the chunk (32768,131072)\n"
+     "  --prefill-chunk N queries of the prefill attention chunk (4096)\n"
+     "  --prefill-reps N repetitions of each prefill attention row (1)\n"
+     "  --no-prefill     no prefill attention rows\n"
+     "  --quick          contexts 4096,32768, f16, 3 repetitions; prefill: history 8192, chunk 1024\n"},
     {"accuracy", "selection policies x budgets x contexts: recall, output error, time per step",
      "  --contexts LIST  context lengths in tokens, >= 1024 (16384,131072)\n"
      "  --budgets LIST   token budgets in percent of the context (0.5,1,2,5,10)\n"
