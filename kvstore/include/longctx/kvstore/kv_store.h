@@ -154,6 +154,9 @@ class KVStore {
   // the store.
   KVStore(const KVShape& shape, const LongContextConfig& config, MemoryBudget& budget,
           const NumaTopology& topology);
+  // The store keeps a reference to the topology: a temporary (such as
+  // NumaTopology::detect() written in the call) would dangle.
+  KVStore(const KVShape&, const LongContextConfig&, MemoryBudget&, NumaTopology&&) = delete;
   ~KVStore();
   KVStore(const KVStore&) = delete;
   KVStore& operator=(const KVStore&) = delete;
