@@ -199,16 +199,6 @@ Record run_prefill_attention(const KernelsArgs& a, int64_t history, double fma_g
   return r;
 }
 
-std::vector<int64_t> parse_int_list(const std::string& list) {
-  std::vector<int64_t> values;
-  for (size_t pos = 0; pos < list.size();) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    if (comma > pos) values.push_back(std::stoll(list.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return values;
-}
-
 }  // namespace
 
 int run_kernels(const std::vector<std::string>& args) {
@@ -218,8 +208,8 @@ int run_kernels(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--contexts") a.contexts = parse_int_list(next());
-    else if (args[i] == "--prefill-histories") a.prefill_histories = parse_int_list(next());
+    if (args[i] == "--contexts") a.contexts = parse_list(next());
+    else if (args[i] == "--prefill-histories") a.prefill_histories = parse_list(next());
     else if (args[i] == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
     else if (args[i] == "--prefill-reps") a.prefill_reps = std::stoi(next());
     else if (args[i] == "--no-prefill") a.prefill_histories.clear();
