@@ -172,10 +172,13 @@ void check_llama_tensors(const GgufFile& f, TransformerSpec& s) {
   s.validate();
 }
 
-scheduler::Transformer load_llama(const GgufFile& f, Backend& backend) {
+namespace {
+
+// The weights of `f` onto `backend`, for a spec read_llama_spec and
+// check_llama_tensors have already passed.
+scheduler::Transformer load_checked(const GgufFile& f, TransformerSpec spec, Backend& backend) {
   scheduler::Transformer t;
-  t.spec = read_llama_spec(f);
-  check_llama_tensors(f, t.spec);
+  t.spec = std::move(spec);
   // GGUF dims [in, out] are the row-major [out, in] the Transformer wants.
   // The backend gets the file's bytes in the file's type and stores them as
   // its WeightStorage says; then the mapped pages are let go, so the weights
@@ -218,6 +221,14 @@ scheduler::Transformer load_llama(const GgufFile& f, Backend& backend) {
   return t;
 }
 
+}  // namespace
+
+scheduler::Transformer load_llama(const GgufFile& f, Backend& backend) {
+  TransformerSpec spec = read_llama_spec(f);
+  check_llama_tensors(f, spec);
+  return load_checked(f, std::move(spec), backend);
+}
+
 std::string model_fingerprint(const GgufFile& f) {
   // The tensor table and the first KiB of each tensor: cheap on a 100 GB
   // file and different for any two models one would confuse.
@@ -255,8 +266,8 @@ TransformerSpec check_model_file(const GgufFile& f, const Tokenizer& tokenizer) 
 std::unique_ptr<Model> Model::open(const std::string& path, Backend& backend) {
   GgufFile gguf = GgufFile::open(path);
   Tokenizer tokenizer = tokenizer_from_gguf(gguf);
-  check_model_file(gguf, tokenizer);  // before any weight is loaded
-  scheduler::Transformer transformer = load_llama(gguf, backend);
+  // Every check before any weight is loaded.
+  scheduler::Transformer transformer = load_checked(gguf, check_model_file(gguf, tokenizer), backend);
   std::string fingerprint = model_fingerprint(gguf);
   return std::unique_ptr<Model>(
       new Model(std::move(gguf), std::move(tokenizer), std::move(transformer), std::move(fingerprint)));
