@@ -363,6 +363,8 @@ int run(const Args& a) {
   scheduler::Sequence seq(backend, model->transformer(), config);
   if (backend.device_attention() && !seq.uses_device_attention())
     std::fprintf(stderr, "attention: on the CPU, not the GPU: %s\n", seq.device_declined().c_str());
+  if (!seq.uses_device_attention())
+    std::fprintf(stderr, "prefill attention: %s products on the CPU\n", cpu::prefill_kernel_name(seq.prefill_kernel()));
   const bool interactive = !a.prompt.has_value();
   Chat chat(config, *model, seq, tmpl, interactive);
   install_sigint_handler();

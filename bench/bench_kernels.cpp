@@ -166,8 +166,9 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   return records;
 }
 
-// Prefill attention of one chunk over `history` tokens, every thread of the machine.
-Record run_prefill_attention(const KernelsArgs& a, int64_t history, double fma_gflops, double bf16_gflops) {
+// Prefill attention of one chunk over `history` tokens with `kernel`, every thread of the machine.
+Record run_prefill_attention(const KernelsArgs& a, int64_t history, cpu::PrefillKernel kernel, double fma_gflops,
+                             double bf16_gflops) {
   const int64_t n = a.prefill_chunk;
   LongContextConfig config;
   config.max_seq_len = history + n;
@@ -185,13 +186,15 @@ Record run_prefill_attention(const KernelsArgs& a, int64_t history, double fma_g
   const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {n, a.q_heads, a.head_dim});
   const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {n, a.q_heads});
   const double ms =
-      1e3 * median(time_runs(a.prefill_reps, [&] { cpu::prefill_attention(store, 0, history, qv, 0.f, ov, lv); }));
+      1e3 * median(time_runs(a.prefill_reps,
+                             [&] { cpu::prefill_attention(store, 0, history, qv, 0.f, ov, lv, kernel); }));
   // Query i sees history + i + 1 keys.
   const double keys_seen = double(n) * double(history) + double(n) * double(n + 1) / 2;
   const double flops = 4.0 * a.head_dim * a.q_heads * keys_seen;
   const double gflops = flops / (ms * 1e-3) / 1e9;
   Record r;
-  r.set("bench", "kernels").set("kernel", "prefill_attention").set("history", history).set("chunk", n);
+  r.set("bench", "kernels").set("kernel", "prefill_attention").set("path", cpu::prefill_kernel_name(kernel));
+  r.set("history", history).set("chunk", n);
   r.set("q_heads", a.q_heads).set("kv_heads", a.kv_heads).set("head_dim", a.head_dim).set("dtype", "f16");
   r.set("threads", int64_t(tbb::info::default_concurrency())).set("ms", ms).set("tflops", gflops / 1e3);
   r.set("fma_gflops", fma_gflops).set("of_fma_peak", gflops / fma_gflops);
@@ -252,8 +255,15 @@ int run_kernels(const std::vector<std::string>& args) {
   if (!a.prefill_histories.empty()) {
     const double fma_gflops = measure_fma_gflops(all), bf16_gflops = measure_bf16_gflops(all);
     for (int64_t history : a.prefill_histories) {
-      prefill.push_back(run_prefill_attention(a, history, fma_gflops, bf16_gflops));
-      std::printf("%s\n", prefill.back().json().c_str());
+      const size_t first = prefill.size();
+      for (cpu::PrefillKernel kernel : cpu::supported_prefill_kernels())
+        prefill.push_back(run_prefill_attention(a, history, kernel, fma_gflops, bf16_gflops));
+      // Each path against the f32 one (listed last) at the same history.
+      const double f32_ms = std::stod(prefill.back().get("ms"));
+      for (size_t i = first; i < prefill.size(); ++i) {
+        prefill[i].set("over_f32", f32_ms / std::stod(prefill[i].get("ms")));
+        std::printf("%s\n", prefill[i].json().c_str());
+      }
       std::fflush(stdout);
     }
   }
@@ -265,7 +275,7 @@ int run_kernels(const std::vector<std::string>& args) {
     std::printf("\nCPU prefill attention, one layer, one chunk of %lld queries, f16 K/V, %d threads (peaks measured in "
                 "this run; the AMX tile peak is not measured)\n",
                 static_cast<long long>(a.prefill_chunk), all);
-    print_table(prefill, {"history", "chunk", "ms", "tflops", "of_fma_peak", "of_bf16_peak"});
+    print_table(prefill, {"path", "history", "chunk", "ms", "tflops", "of_fma_peak", "of_bf16_peak", "over_f32"});
   }
   return 0;
 }

@@ -42,14 +42,23 @@ void run_locked(const StoreHandle& h, F&& f) {
   f();
 }
 
+// "auto", "f32" or "bf16" (the config key prefill_kernel's values).
+cpu::PrefillKernel prefill_kernel_arg(const std::string& name) {
+  if (name == "auto") return cpu::prefill_kernel_for(PrefillKernelChoice::kAuto);
+  if (name == "f32") return cpu::prefill_kernel_for(PrefillKernelChoice::kF32);
+  if (name == "bf16") return cpu::prefill_kernel_for(PrefillKernelChoice::kBf16);
+  fail(ErrorCode::kInvalidArgument, "prefill_attention: kernel must be 'auto', 'f32' or 'bf16', got '", name, "'");
+}
+
 py::tuple prefill_attention(const StoreHandle& h, int layer, int64_t first_pos, py::handle q, float scale,
-                            py::handle out, py::handle lse) {
+                            py::handle out, py::handle lse, const std::string& kernel_name) {
+  const cpu::PrefillKernel kernel = prefill_kernel_arg(kernel_name);
   const int d = h.store->layout().shape.head_dim;
   const Arg qa = tensor_arg(q, "q", {"n", "n_q_heads", d}, kF32Only);
   const int64_t n = qa.view.shape[0], heads = qa.view.shape[1];
   Out o = output(out, "out", {n, heads, d});
   Out l = output(lse, "lse", {n, heads});
-  run_locked(h, [&] { cpu::prefill_attention(*h.store, layer, first_pos, qa.cview(), scale, o.view, l.view); });
+  run_locked(h, [&] { cpu::prefill_attention(*h.store, layer, first_pos, qa.cview(), scale, o.view, l.view, kernel); });
   return py::make_tuple(o.object, l.object);
 }
 
@@ -161,9 +170,20 @@ Policy make_policy(py::handle config, const StoreHandle& store, py::handle retri
 void bind_attention(py::module_& m) {
   m.def("prefill_attention", &prefill_attention, py::arg("store"), py::arg("layer"), py::arg("first_pos"),
         py::arg("q"), py::arg("scale") = 0.0f, py::arg("out") = py::none(), py::arg("lse") = py::none(),
+        py::arg("kernel") = "auto",
         "Attention of a chunk's queries q f32 [n, n_q_heads, head_dim] at positions first_pos.. over every "
         "earlier token of `layer` and the chunk causally (its K/V appended first). Returns (out f32 [n, "
-        "n_q_heads, head_dim], lse f32 [n, n_q_heads]); scale 0 = 1/sqrt(head_dim).");
+        "n_q_heads, head_dim], lse f32 [n, n_q_heads]); scale 0 = 1/sqrt(head_dim). kernel: 'f32', 'bf16' "
+        "(q, k, v, p rounded to bf16; AVX512-BF16 CPUs) or 'auto' (bf16 where available), as the config key "
+        "prefill_kernel.");
+  m.def(
+      "prefill_kernels",
+      [] {
+        std::vector<std::string> names;
+        for (cpu::PrefillKernel k : cpu::supported_prefill_kernels()) names.push_back(cpu::prefill_kernel_name(k));
+        return names;
+      },
+      "The prefill attention kernels this CPU runs, best first: ['bf16', 'f32'] or ['f32'].");
   m.def(
       "dense_decode_attention",
       [](const StoreHandle& h, int layer, py::handle q, float scale, py::handle out, py::handle lse) {

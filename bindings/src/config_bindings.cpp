@@ -202,6 +202,8 @@ void bind_config(py::module_& m) {
       .def_property_readonly("head_select_mode",
                              [](const PyConfig& c) { return head_select_mode_name(c.config.head_select_mode); })
       .def_property_readonly("policy", [](const PyConfig& c) { return selection_policy_name(c.config.policy); })
+      .def_property_readonly("prefill_kernel",
+                             [](const PyConfig& c) { return prefill_kernel_choice_name(c.config.prefill_kernel); })
       .def_property_readonly("model_path", [](const PyConfig& c) { return c.config.model.path; })
       .def_property_readonly("chat_template", [](const PyConfig& c) { return c.config.model.chat_template; });
 }

@@ -70,6 +70,15 @@ const char* pool_type_name(PoolType pool) {
   return "invalid";
 }
 
+const char* prefill_kernel_choice_name(PrefillKernelChoice choice) {
+  switch (choice) {
+    case PrefillKernelChoice::kAuto: return "auto";
+    case PrefillKernelChoice::kF32: return "f32";
+    case PrefillKernelChoice::kBf16: return "bf16";
+  }
+  return "invalid";
+}
+
 int64_t h2o_budget_tokens(const LongContextConfig& config) {
   if (config.h2o.budget_tokens > 0) return config.h2o.budget_tokens;
   return int64_t{config.initial_len} + int64_t{config.second_select_num} * config.block_size +

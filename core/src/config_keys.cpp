@@ -392,6 +392,14 @@ const std::vector<Key>& keys() {
                                  "DYNAMIC: combines q.k over the representatives (mean = InfLLM)"));
     k.push_back(numa_key());
     k.push_back(dram_budget_key());
+    k.push_back(enum_key<PrefillKernelChoice>(
+        "prefill_kernel", field(&Config::prefill_kernel),
+        {{"auto", PrefillKernelChoice::kAuto}, {"f32", PrefillKernelChoice::kF32},
+         {"bf16", PrefillKernelChoice::kBf16}},
+        3, prefill_kernel_choice_name,
+        "products of the CPU prefill attention: f32; bf16 = q, k, v and the probabilities rounded to bf16, "
+        "f32 accumulation, twice the f32 rate on AVX512-BF16 (vdpbf16ps; an error where the CPU lacks it); "
+        "auto = bf16 where the CPU has AVX512-BF16, else f32"));
     // preselect
     k.push_back(int_key("preselect.window", field(&Config::preselect, &PreselectConfig::window), 1, kIntMax,
                         "last prompt queries that vote for earlier tokens"));

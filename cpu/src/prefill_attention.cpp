@@ -25,7 +25,12 @@
 // tiles or threads: on one Highway target the output is the same whatever
 // the chunking and thread count.
 //
-// The products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
+// With PrefillKernel::kBf16 the same tiles go through bf16: Q * scale rounded
+// to bf16 once per work item, K^T and V packed from their f32 scratch into
+// bf16 pairs (prefill_attention_bf16.cpp), P rounded to bf16 after the softmax
+// step, both products on vdpbf16ps into the same f32 S and O.
+//
+// The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8
 // heads, d=128, f16, Zen 4: 97 vs 98 GFLOP/s per core, 84% of the FMA peak)
 // and would bring an OpenMP runtime beside TBB.
@@ -39,6 +44,7 @@
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "longctx/core/cpu_features.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/prefill_attention_kernels.h"
@@ -55,35 +61,44 @@ constexpr int64_t kKeyTile = 128;
 // tile's Q and O 128 KiB each (256 rows at d=128), so that with S and the key
 // tile one work item's data (512 KiB at d=128) stays in L2. Larger tiles
 // convert each K/V tile for more rows: 128 rows ran 4% slower (Zen 4).
+// The bf16 kernel takes twice as many rows (its Q is half the bytes, and
+// converting K/V weighs more against its faster products): 512 rows at
+// d=128 ran 4% faster than 256, 1024 another 1% (Zen 4, chunk 4096 over 32K).
 constexpr int64_t kTileFloats = 32768;
 
 size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// A 64-byte aligned f32 buffer that only grows; new memory is zeroed so that
+// A 64-byte aligned buffer that only grows; new memory is zeroed so that
 // padding columns the kernels read but never fill hold finite values.
+template <typename T>
 class Buffer {
  public:
-  float* get(size_t n) {
+  T* get(size_t n) {
     if (n > size_) {
-      data_ = hwy::AllocateAligned<float>(n);
-      std::fill(data_.get(), data_.get() + n, 0.f);
+      data_ = hwy::AllocateAligned<T>(n);
+      std::fill(data_.get(), data_.get() + n, T{0});
       size_ = n;
     }
     return data_.get();
   }
 
  private:
-  hwy::AlignedFreeUniquePtr<float[]> data_;
+  hwy::AlignedFreeUniquePtr<T[]> data_;
   size_t size_ = 0;
 };
 
 // Per-thread working set of one work item.
 struct TileScratch {
-  Buffer q;    // [rows][d]        queries times scale
-  Buffer k_t;  // [d][kKeyTile]    keys of the key tile, channel-major
-  Buffer v;    // [kKeyTile][d_pad] values of the key tile
-  Buffer s;    // [rows][kKeyTile] scores, then probabilities
-  Buffer o;    // [rows][d_pad]    unnormalized output
+  Buffer<float> q;    // [rows][d]        queries times scale
+  Buffer<float> k_t;  // [d][kKeyTile]    keys of the key tile, channel-major
+  Buffer<float> v;    // [kKeyTile][d_pad] values of the key tile
+  Buffer<float> s;    // [rows][kKeyTile] scores, then probabilities
+  Buffer<float> o;    // [rows][d_pad]    unnormalized output
+  // kBf16 only:
+  Buffer<uint16_t> q_bf16;  // [rows][d_even]          q rounded
+  Buffer<uint32_t> k_pairs; // [d_even / 2][kKeyTile]   K^T, pairs of channels
+  Buffer<uint32_t> v_pairs; // [kKeyTile / 2][d_pad]    V, pairs of keys
+  Buffer<uint16_t> p_bf16;  // [rows][kKeyTile]         P rounded
   std::vector<float> m, l;
   std::vector<int> valid;
   std::vector<TokenSpan> keys;  // the work item's key list: history spans + chunk
@@ -98,7 +113,9 @@ struct Problem {
   int group;          // g: query heads per kv head
   int head_dim;
   size_t d_pad;       // head_dim rounded up to kTileAlign
+  size_t d_even;      // head_dim rounded up to 2 (bf16 pairs)
   float scale;
+  PrefillKernel kernel;
   const Selection* history;  // per kv head, spans before first_pos
   TensorView q;
   MutableTensorView out, lse;
@@ -168,6 +185,18 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       for (size_t c = 0; c < d; ++c) dst[c] = src[c] * p.scale;
     }
   }
+  const bool bf16 = p.kernel == PrefillKernel::kBf16;
+  const size_t d_even = p.d_even;
+  uint16_t* q_bf16 = nullptr;
+  uint32_t *k_pairs = nullptr, *v_pairs = nullptr;
+  uint16_t* p_bf16 = nullptr;
+  if (bf16) {
+    q_bf16 = scratch.q_bf16.get(rows * d_even);  // an odd head_dim's last column stays 0
+    for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_even, DType::kBF16, d);
+    k_pairs = scratch.k_pairs.get(d_even / 2 * ld_s);
+    v_pairs = scratch.v_pairs.get(ld_s / 2 * d_pad);
+    p_bf16 = scratch.p_bf16.get(rows * ld_s);
+  }
 
   // Key list: the history spans, then the chunk up to the tile's last query.
   std::vector<TokenSpan>& keys = scratch.keys;
@@ -202,10 +231,23 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       const int64_t pos = p.first_pos + i_begin + int64_t((row0 + r) / size_t(g));
       scratch.valid[r] = int(tile_history + std::clamp<int64_t>(pos - chunk0 + 1, 0, count - tile_history));
     }
-    detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
+    if (bf16) {
+      detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
+      detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
+      detail::gemm_bf16(false, active, cols, d_even / 2, q_bf16 + row0 * d_even, d_even, k_pairs, ld_s, s, ld_s);
+    } else {
+      detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
+    }
     detail::softmax_step(active, cols, scratch.valid.data(), s, ld_s, scratch.m.data() + row0,
                          scratch.l.data() + row0, o + row0 * d_pad, d_pad, d_pad);
-    detail::gemm_f32(true, active, d_pad, size_t(count), s, ld_s, v, d_pad, o + row0 * d_pad, d_pad);
+    if (bf16) {
+      // An odd count's last pair reads P's next column, masked to 0 (cols >= count + 1).
+      const size_t key_pairs = (size_t(count) + 1) / 2;
+      detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
+      detail::gemm_bf16(true, active, d_pad, key_pairs, p_bf16, ld_s, v_pairs, d_pad, o + row0 * d_pad, d_pad);
+    } else {
+      detail::gemm_f32(true, active, d_pad, size_t(count), s, ld_s, v, d_pad, o + row0 * d_pad, d_pad);
+    }
   }
 
   for (size_t r = 0; r < rows; ++r) {
@@ -241,7 +283,10 @@ void check_history(const Selection& history, int n_kv_heads, int64_t first_pos) 
 }
 
 void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, const Selection* history,
-                 const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse) {
+                 const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse,
+                 PrefillKernel kernel) {
+  const std::string unsupported = prefill_kernel_unsupported_reason(kernel);
+  if (!unsupported.empty()) fail(ErrorCode::kUnsupported, "prefill_attention: ", unsupported);
   const kvstore::KVShape& shape = store.layout().shape;
   if (layer < 0 || layer >= shape.n_layers) {
     fail(ErrorCode::kInvalidArgument, "prefill_attention: layer ", layer, " out of range [0, ", shape.n_layers,
@@ -284,8 +329,10 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
   check_inner_contiguous(as_const(lse), "prefill_attention lse");
 
   Problem p{&store, layer, first_pos, n, int(n_q_heads), int(n_q_heads / shape.n_kv_heads), d,
-            round_up(size_t(d), kTileAlign), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, history, q, out, lse};
-  const int64_t tile_positions = std::max<int64_t>(1, kTileFloats / (int64_t(p.group) * d));
+            round_up(size_t(d), kTileAlign), round_up(size_t(d), 2), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale,
+            kernel, history, q, out, lse};
+  const int64_t tile_floats = kernel == PrefillKernel::kBf16 ? 2 * kTileFloats : kTileFloats;
+  const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
 
@@ -301,14 +348,54 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
 
 }  // namespace
 
+const char* prefill_kernel_name(PrefillKernel kernel) {
+  switch (kernel) {
+    case PrefillKernel::kF32: return "f32";
+    case PrefillKernel::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
+  const CpuFeatures& f = cpu_features();
+  if (kernel == PrefillKernel::kBf16 && !(f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c))
+    return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps), which this CPU (" + f.brand + ") lacks";
+  return "";
+}
+
+std::vector<PrefillKernel> supported_prefill_kernels() {
+  std::vector<PrefillKernel> kernels;
+  if (prefill_kernel_unsupported_reason(PrefillKernel::kBf16).empty()) kernels.push_back(PrefillKernel::kBf16);
+  kernels.push_back(PrefillKernel::kF32);
+  return kernels;
+}
+
+PrefillKernel best_prefill_kernel() {
+  static const PrefillKernel best = supported_prefill_kernels().front();
+  return best;
+}
+
+PrefillKernel prefill_kernel_for(PrefillKernelChoice choice) {
+  switch (choice) {
+    case PrefillKernelChoice::kAuto: return best_prefill_kernel();
+    case PrefillKernelChoice::kF32: return PrefillKernel::kF32;
+    case PrefillKernelChoice::kBf16: break;
+  }
+  const std::string unsupported = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
+  if (!unsupported.empty()) fail(ErrorCode::kConfig, "prefill_kernel: bf16: ", unsupported, " (use auto or f32)");
+  return PrefillKernel::kBf16;
+}
+
 void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
-                       float scale, const MutableTensorView& out, const MutableTensorView& lse) {
-  run_prefill(store, layer, first_pos, nullptr, q, scale, out, lse);
+                       float scale, const MutableTensorView& out, const MutableTensorView& lse,
+                       PrefillKernel kernel) {
+  run_prefill(store, layer, first_pos, nullptr, q, scale, out, lse, kernel);
 }
 
 void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const Selection& history,
-                       const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse) {
-  run_prefill(store, layer, first_pos, &history, q, scale, out, lse);
+                       const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse,
+                       PrefillKernel kernel) {
+  run_prefill(store, layer, first_pos, &history, q, scale, out, lse, kernel);
 }
 
 }  // namespace longctx::cpu

@@ -270,9 +270,10 @@ Selection quoka_select_keys(const kvstore::KVStore& store, int layer, int64_t fi
 
 Selection quoka_prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
                                   const QuokaConfig& config, int initial_len, int chunk_size, float scale,
-                                  const MutableTensorView& out, const MutableTensorView& lse) {
+                                  const MutableTensorView& out, const MutableTensorView& lse,
+                                  cpu::PrefillKernel kernel) {
   Selection history = quoka_select_keys(store, layer, first_pos, q, config, initial_len, chunk_size);
-  prefill_attention(store, layer, first_pos, history, q, scale, out, lse);
+  prefill_attention(store, layer, first_pos, history, q, scale, out, lse, kernel);
   return history;
 }
 

@@ -64,6 +64,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     : backend_(backend), model_(model), config_(config) {
   model_.validate();
   validate_config(config_);
+  prefill_kernel_ = cpu::prefill_kernel_for(config_.prefill_kernel);
   if (!topology) {
     owned_topology_ = std::make_unique<kvstore::NumaTopology>(kvstore::NumaTopology::detect());
     topology = owned_topology_.get();
@@ -189,9 +190,9 @@ void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Wor
     const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {n, s.n_heads});
     if (config_.quoka.enabled)
       policy::quoka_prefill_attention(*store_, layer, first_pos, q, config_.quoka, config_.initial_len,
-                                      config_.chunk_size, s.attn_scale, out, lse);
+                                      config_.chunk_size, s.attn_scale, out, lse, prefill_kernel_);
     else
-      cpu::prefill_attention(*store_, layer, first_pos, q, s.attn_scale, out, lse);
+      cpu::prefill_attention(*store_, layer, first_pos, q, s.attn_scale, out, lse, prefill_kernel_);
   }
   if (on_queries) on_queries(static_cast<const float*>(q.data), n);
   if (!b.host_memory()) b.upload(as_const(out), *ws.attn);

@@ -1,8 +1,9 @@
 // prefill_attention against the fp64 reference of reference.h (prefill_ref:
 // each query row is decode attention over keys [0, its position], keys and
-// values as stored), on every Highway target this CPU runs, over randomized
-// shapes; results independent of chunking and thread count; logits near
-// +-1e4 and sink keys of huge norm; argument validation.
+// values as stored), with every kernel this CPU runs (f32 on every Highway
+// target, bf16 where the CPU has AVX512-BF16), over randomized shapes;
+// results independent of chunking and thread count; logits near +-1e4 and
+// sink keys of huge norm; argument validation.
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
@@ -17,6 +18,8 @@
 
 #include "hwy/highway.h"
 #include "longctx/core/config.h"
+#include "longctx/core/cpu_features.h"
+#include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/prefill_attention.h"
@@ -54,7 +57,6 @@ struct PrefillCase {
 
 using testing::append;
 using testing::expect_invalid;
-using testing::ForcedHighwayTarget;
 using testing::normal_values;
 
 // A store of the case's dtype, block size and heads (testing::make_store).
@@ -127,8 +129,41 @@ struct Buffers {
   }
 };
 
-void run_prefill(const kvstore::KVStore& store, int64_t first_pos, Buffers& b, float scale = 0.f) {
-  prefill_attention(store, 1, first_pos, b.q_view(), scale, b.out_view(), b.lse_view());
+// ---- kernels ------------------------------------------------------------------------
+
+// One way to run the kernel: f32 on one Highway target, or bf16 (its softmax
+// step on the best target).
+struct KernelRun {
+  PrefillKernel kernel = PrefillKernel::kF32;
+  int64_t target = 0;  // f32: the Highway target forced
+  std::string name() const {
+    return kernel == PrefillKernel::kF32 ? str_cat("f32 on ", hwy::TargetName(target)) : "bf16";
+  }
+};
+
+// Every kernel and target compiled in and supported by this CPU.
+std::vector<KernelRun> every_kernel_run() {
+  std::vector<KernelRun> runs;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) runs.push_back({PrefillKernel::kF32, target});
+  for (PrefillKernel kernel : supported_prefill_kernels())
+    if (kernel != PrefillKernel::kF32) runs.push_back({kernel, 0});
+  return runs;
+}
+
+// Forces the run's Highway target while it lives (f32 runs).
+class KernelScope {
+ public:
+  explicit KernelScope(const KernelRun& run) {
+    if (run.target != 0) hwy::SetSupportedTargetsForTest(run.target);
+  }
+  ~KernelScope() { hwy::SetSupportedTargetsForTest(0); }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+};
+
+void run_prefill(const kvstore::KVStore& store, int64_t first_pos, Buffers& b, float scale = 0.f,
+                 PrefillKernel kernel = PrefillKernel::kF32) {
+  prefill_attention(store, 1, first_pos, b.q_view(), scale, b.out_view(), b.lse_view(), kernel);
 }
 
 // ---- error budget -------------------------------------------------------------------
@@ -151,41 +186,78 @@ void run_prefill(const kvstore::KVStore& store, int64_t first_pos, Buffers& b, f
 // With integer inputs, scale 1 and logits below 2^24 (exact_logits), every
 // logit, running max and difference of them is exact in f32: e_s = 0 and the
 // 2A term drops.
+//
+// The bf16 kernel is compared with the reference over its rounded inputs
+// (bf16(q * scale), bf16(k), bf16(v): rounded_reference_rows), where its
+// products of bf16 pairs are exact in f32 and the logits carry the same e_s.
+// What remains is P rounded to bf16 for P V (l sums the f32 p): each term
+// p v gains a relative error of at most u_bf16 = 2^-8, the output V u_bf16.
 struct Bounds {
   double out = 0, lse = 0;
 };
 
-Bounds error_bounds(const prefill_ref::Row& ref, int head_dim, int64_t n_keys, bool exact_logits = false) {
+const double kUBf16 = std::ldexp(1.0, -8);  // bf16 unit roundoff (8-bit significand)
+
+Bounds error_bounds(const prefill_ref::Row& ref, int head_dim, int64_t n_keys, bool exact_logits = false,
+                    PrefillKernel kernel = PrefillKernel::kF32) {
   const double A = ref.max_logit_terms, L = double(n_keys);
   const double e_s = exact_logits ? 0.0 : (head_dim + 2) * kU * A;
   const double e_p = 2 * e_s + 110 * kU + ((exact_logits ? 0.0 : 2 * A) + 2 * L) * kU;
+  const double p_rounding = kernel == PrefillKernel::kBf16 ? kUBf16 : 0.0;
   Bounds b;
-  b.out = ref.max_abs_value * (2 * e_p + 8 * L * kU + 2 * kU);
+  b.out = ref.max_abs_value * (2 * e_p + p_rounding + 8 * L * kU + 2 * kU);
   b.lse = e_s + e_p + 4 * L * kU + (std::abs(ref.lse) + 2) * kU;
   return b;
 }
 
-// The reference rows of a chunk, [n][n_q_heads].
+double round_bf16(double x) { return bf16_bits_to_f32(f32_to_bf16_bits(float(x))); }
+
+// A stored head with its keys and values rounded to bf16, as the bf16 kernel reads them.
+prefill_ref::StoredHead rounded_to_bf16(prefill_ref::StoredHead head) {
+  for (double& x : head.k) x = round_bf16(x);
+  for (double& x : head.v) x = round_bf16(x);
+  return head;
+}
+
+// A query as the bf16 kernel multiplies it: q * scale in f32, rounded to bf16.
+std::vector<float> rounded_query(const float* q, int head_dim, float scale) {
+  std::vector<float> rounded(static_cast<size_t>(head_dim));
+  for (int c = 0; c < head_dim; ++c) rounded[size_t(c)] = float(round_bf16(q[c] * scale));
+  return rounded;
+}
+
+// The reference rows of a chunk, [n][n_q_heads], for `kernel`: over the
+// stored values (f32), or over the bf16 kernel's rounded inputs (scale is
+// then the kernel's f32 scale, applied before rounding).
 std::vector<prefill_ref::Row> reference_rows(const kvstore::KVStore& store, int64_t first_pos, const Buffers& b,
-                                             double scale) {
+                                             double scale, PrefillKernel kernel = PrefillKernel::kF32) {
   const int n_kv = store.layout().shape.n_kv_heads;
   const int g = b.n_q_heads / n_kv;
+  const bool bf16 = kernel == PrefillKernel::kBf16;
   std::vector<prefill_ref::StoredHead> heads;
-  for (int h = 0; h < n_kv; ++h) heads.push_back(prefill_ref::stored_head(store, 1, h));
+  for (int h = 0; h < n_kv; ++h) {
+    prefill_ref::StoredHead head = prefill_ref::stored_head(store, 1, h);
+    heads.push_back(bf16 ? rounded_to_bf16(std::move(head)) : std::move(head));
+  }
   std::vector<prefill_ref::Row> rows;
-  for (int64_t i = 0; i < b.n; ++i)
-    for (int h = 0; h < b.n_q_heads; ++h)
-      rows.push_back(prefill_ref::attend_causal(b.q_row(i, h), scale, heads[size_t(h / g)], first_pos + i));
+  for (int64_t i = 0; i < b.n; ++i) {
+    for (int h = 0; h < b.n_q_heads; ++h) {
+      const prefill_ref::StoredHead& head = heads[size_t(h / g)];
+      rows.push_back(bf16 ? prefill_ref::attend_causal(rounded_query(b.q_row(i, h), b.head_dim, float(scale)).data(),
+                                                       1.0, head, first_pos + i)
+                          : prefill_ref::attend_causal(b.q_row(i, h), scale, head, first_pos + i));
+    }
+  }
   return rows;
 }
 
 void expect_matches_reference(const Buffers& b, int64_t first_pos, const std::vector<prefill_ref::Row>& ref,
-                              bool exact_logits = false) {
+                              bool exact_logits = false, PrefillKernel kernel = PrefillKernel::kF32) {
   ASSERT_TRUE(b.padding_untouched()) << "wrote outside the views";
   for (int64_t i = 0; i < b.n; ++i) {
     for (int h = 0; h < b.n_q_heads; ++h) {
       const prefill_ref::Row& r = ref[size_t(i * b.n_q_heads + h)];
-      const Bounds bounds = error_bounds(r, b.head_dim, first_pos + i + 1, exact_logits);
+      const Bounds bounds = error_bounds(r, b.head_dim, first_pos + i + 1, exact_logits, kernel);
       SCOPED_TRACE(str_cat("query ", i, " (position ", first_pos + i, ") head ", h));
       ASSERT_TRUE(std::isfinite(b.lse_at(i, h))) << b.lse_at(i, h);
       ASSERT_NEAR(b.lse_at(i, h), r.lse, bounds.lse);
@@ -197,19 +269,41 @@ void expect_matches_reference(const Buffers& b, int64_t first_pos, const std::ve
   }
 }
 
-// ---- Highway targets ----------------------------------------------------------------
-
-// Every target compiled in and supported by this CPU (AVX3, AVX2, SSE4, ..., scalar).
-std::vector<int64_t> every_target() { return hwy::SupportedAndGeneratedTargets(); }
+// ---- Highway targets and kernels ------------------------------------------------------
 
 TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
-  const std::vector<int64_t> targets = every_target();
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
   auto has = [&](int64_t t) { return std::find(targets.begin(), targets.end(), t) != targets.end(); };
   EXPECT_TRUE(has(HWY_SCALAR) || has(HWY_EMU128));
   for (int64_t t : {HWY_SSE4, HWY_AVX2, HWY_AVX3}) {
     if (hwy::SupportedTargets() & t) {
       EXPECT_TRUE(has(t)) << hwy::TargetName(t);
     }
+  }
+}
+
+// bf16 runs exactly where the CPU has AVX512-BF16, and is then the default.
+TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
+  const CpuFeatures& f = cpu_features();
+  const bool expected = f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+  const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
+  EXPECT_EQ(expected, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
+  EXPECT_EQ(best_prefill_kernel(), kernels.front());
+  if (!expected) {
+    PrefillCase c;
+    std::mt19937 rng(9);
+    auto t = make_store(c, c.n_tokens());
+    fill_random(*t->store, c.n_tokens(), rng);
+    Buffers b(c, rng);
+    try {
+      run_prefill(*t->store, 0, b, 0.f, PrefillKernel::kBf16);
+      ADD_FAILURE() << "the bf16 kernel ran on a CPU without AVX512-BF16";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("AVX512-BF16"), std::string::npos) << e.what();
+    }
+    GTEST_SKIP() << prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   }
 }
 
@@ -253,13 +347,14 @@ TEST(PrefillAttention, RandomShapesOnEveryTargetMatchReference) {
         auto t = make_store(c, c.n_tokens());
         fill_random(*t->store, c.n_tokens(), rng);
         Buffers b(c, rng);
-        const auto ref = reference_rows(*t->store, c.history, b, 1.0 / std::sqrt(double(float(c.head_dim))));
-        for (int64_t target : every_target()) {
-          SCOPED_TRACE(hwy::TargetName(target));
-          const ForcedHighwayTarget forced(target);
+        const float scale = 1.f / std::sqrt(float(c.head_dim));
+        for (const KernelRun& run : every_kernel_run()) {
+          SCOPED_TRACE(run.name());
+          const KernelScope scope(run);
           b.reset_outputs();
-          run_prefill(*t->store, c.history, b);
-          expect_matches_reference(b, c.history, ref);
+          run_prefill(*t->store, c.history, b, 0.f, run.kernel);
+          expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, scale, run.kernel), false,
+                                   run.kernel);
           ++checked;
         }
       }
@@ -280,8 +375,11 @@ TEST(PrefillAttention, ExplicitScaleIsUsed) {
   fill_random(*t->store, c.n_tokens(), rng);
   Buffers b(c, rng);
   const float scale = 0.3f;
-  run_prefill(*t->store, c.history, b, scale);
-  expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, scale));
+  for (PrefillKernel kernel : supported_prefill_kernels()) {
+    SCOPED_TRACE(prefill_kernel_name(kernel));
+    run_prefill(*t->store, c.history, b, scale, kernel);
+    expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, scale, kernel), false, kernel);
+  }
 }
 
 // The prefill of a prompt in chunks, each attended right after its K/V is
@@ -301,37 +399,41 @@ TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
   const std::vector<float> k = normal_values(size_t(c.n) * token_size, rng);
   const std::vector<float> v = normal_values(size_t(c.n) * token_size, rng);
   Buffers whole(c, rng);
-
   auto full = make_store(c, c.n);
   append(*full->store, 1, k.data(), v.data(), c.n);
-  run_prefill(*full->store, 0, whole);
-  expect_matches_reference(whole, 0, reference_rows(*full->store, 0, whole, 1.0 / 8));
 
-  for (int threads : {1, 2}) {
-    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
-    SCOPED_TRACE(str_cat(threads, " threads"));
-    auto chunked = make_store(c, c.n);
-    int64_t first = 0;
-    for (int64_t size : {1, 7, 16, 100, 129, 47}) {
-      append(*chunked->store, 1, &k[size_t(first) * token_size], &v[size_t(first) * token_size], size);
-      PrefillCase chunk_case = c;
-      chunk_case.n = size;
-      Buffers part(chunk_case, rng);
-      for (int64_t i = 0; i < size; ++i)
-        for (int h = 0; h < c.n_q_heads(); ++h)
-          std::copy_n(whole.q_row(first + i, h), c.head_dim, part.q_row(i, h));
-      run_prefill(*chunked->store, first, part);
-      for (int64_t i = 0; i < size; ++i) {
-        for (int h = 0; h < c.n_q_heads(); ++h) {
-          ASSERT_EQ(part.lse_at(i, h), whole.lse_at(first + i, h)) << "position " << first + i << " head " << h;
-          for (int ch = 0; ch < c.head_dim; ++ch)
-            ASSERT_EQ(part.out_row(i, h)[ch], whole.out_row(first + i, h)[ch])
-                << "position " << first + i << " head " << h << " channel " << ch;
+  for (PrefillKernel kernel : supported_prefill_kernels()) {
+    SCOPED_TRACE(prefill_kernel_name(kernel));
+    whole.reset_outputs();
+    run_prefill(*full->store, 0, whole, 0.f, kernel);
+    expect_matches_reference(whole, 0, reference_rows(*full->store, 0, whole, 1.0 / 8, kernel), false, kernel);
+
+    for (int threads : {1, 2}) {
+      const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+      SCOPED_TRACE(str_cat(threads, " threads"));
+      auto chunked = make_store(c, c.n);
+      int64_t first = 0;
+      for (int64_t size : {1, 7, 16, 100, 129, 47}) {
+        append(*chunked->store, 1, &k[size_t(first) * token_size], &v[size_t(first) * token_size], size);
+        PrefillCase chunk_case = c;
+        chunk_case.n = size;
+        Buffers part(chunk_case, rng);
+        for (int64_t i = 0; i < size; ++i)
+          for (int h = 0; h < c.n_q_heads(); ++h)
+            std::copy_n(whole.q_row(first + i, h), c.head_dim, part.q_row(i, h));
+        run_prefill(*chunked->store, first, part, 0.f, kernel);
+        for (int64_t i = 0; i < size; ++i) {
+          for (int h = 0; h < c.n_q_heads(); ++h) {
+            ASSERT_EQ(part.lse_at(i, h), whole.lse_at(first + i, h)) << "position " << first + i << " head " << h;
+            for (int ch = 0; ch < c.head_dim; ++ch)
+              ASSERT_EQ(part.out_row(i, h)[ch], whole.out_row(first + i, h)[ch])
+                  << "position " << first + i << " head " << h << " channel " << ch;
+          }
         }
+        first += size;
       }
-      first += size;
+      ASSERT_EQ(first, c.n);
     }
-    ASSERT_EQ(first, c.n);
   }
 }
 
@@ -366,13 +468,13 @@ TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
         for (int ch = 1; ch < c.head_dim; ++ch) q[ch] = float(small(rng));
       }
     }
-    const auto ref = reference_rows(*t->store, c.history, b, 1.0);
-    for (int64_t target : every_target()) {
-      SCOPED_TRACE(hwy::TargetName(target));
-      const ForcedHighwayTarget forced(target);
+    for (const KernelRun& run : every_kernel_run()) {
+      SCOPED_TRACE(run.name());
+      const KernelScope scope(run);
       b.reset_outputs();
-      run_prefill(*t->store, c.history, b, 1.f);
-      expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
+      run_prefill(*t->store, c.history, b, 1.f, run.kernel);
+      expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
+                               /*exact_logits=*/true, run.kernel);
     }
   }
 }
@@ -410,13 +512,13 @@ TEST(PrefillAttention, HugeNormSinkKeysNeverGiveNaN) {
           for (int ch = 0; ch < c.head_dim; ++ch) b.q_row(i, h)[ch] = sign * float(lean(rng));
         }
       }
-      const auto ref = reference_rows(*t->store, c.history, b, 1.0);
-      for (int64_t target : every_target()) {
-        SCOPED_TRACE(hwy::TargetName(target));
-        const ForcedHighwayTarget forced(target);
+      for (const KernelRun& run : every_kernel_run()) {
+        SCOPED_TRACE(run.name());
+        const KernelScope scope(run);
         b.reset_outputs();
-        run_prefill(*t->store, c.history, b, 1.f);
-        expect_matches_reference(b, c.history, ref, /*exact_logits=*/true);
+        run_prefill(*t->store, c.history, b, 1.f, run.kernel);
+        expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
+                                 /*exact_logits=*/true, run.kernel);
       }
     }
   }
@@ -540,8 +642,9 @@ std::vector<TokenSpan> random_spans(int64_t history, std::mt19937& rng) {
   return spans;
 }
 
-void run_restricted(const kvstore::KVStore& store, int64_t first_pos, const Selection& history, Buffers& b) {
-  prefill_attention(store, 1, first_pos, history, b.q_view(), 0.f, b.out_view(), b.lse_view());
+void run_restricted(const kvstore::KVStore& store, int64_t first_pos, const Selection& history, Buffers& b,
+                    PrefillKernel kernel = PrefillKernel::kF32) {
+  prefill_attention(store, 1, first_pos, history, b.q_view(), 0.f, b.out_view(), b.lse_view(), kernel);
 }
 
 // Each query attends its kv head's spans plus the chunk up to itself.
@@ -568,32 +671,39 @@ TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
         for (int h = 0; h < c.n_kv_heads; ++h) history.spans.push_back(random_spans(c.history, rng));
         if (rep == 1) history.spans[0].clear();  // a head that sees the chunk only
         Buffers b(c, rng);
-        const double scale = 1.0 / std::sqrt(double(float(c.head_dim)));
-        std::vector<prefill_ref::StoredHead> heads;
-        for (int h = 0; h < c.n_kv_heads; ++h) heads.push_back(prefill_ref::stored_head(*t->store, 1, h));
-        std::vector<prefill_ref::Row> ref;
-        std::vector<int64_t> n_keys;
-        for (int64_t i = 0; i < c.n; ++i) {
-          for (int h = 0; h < c.n_q_heads(); ++h) {
-            const int kv = h / c.g;
-            std::vector<int64_t> tokens;
-            for (const TokenSpan& s : history.spans[size_t(kv)])
-              for (int64_t k = s.begin; k < s.end; ++k) tokens.push_back(k);
-            for (int64_t k = c.history; k <= c.history + i; ++k) tokens.push_back(k);
-            ref.push_back(attend_tokens(b.q_row(i, h), scale, heads[size_t(kv)], tokens));
-            n_keys.push_back(int64_t(tokens.size()));
+        const float scale = 1.f / std::sqrt(float(c.head_dim));
+        for (const KernelRun& run : every_kernel_run()) {
+          SCOPED_TRACE(run.name());
+          // The reference over what the kernel reads: stored or bf16-rounded inputs.
+          const bool bf16 = run.kernel == PrefillKernel::kBf16;
+          std::vector<prefill_ref::StoredHead> heads;
+          for (int h = 0; h < c.n_kv_heads; ++h) {
+            prefill_ref::StoredHead head = prefill_ref::stored_head(*t->store, 1, h);
+            heads.push_back(bf16 ? rounded_to_bf16(std::move(head)) : std::move(head));
           }
-        }
-        for (int64_t target : every_target()) {
-          SCOPED_TRACE(hwy::TargetName(target));
-          const ForcedHighwayTarget forced(target);
+          std::vector<prefill_ref::Row> ref;
+          std::vector<int64_t> n_keys;
+          for (int64_t i = 0; i < c.n; ++i) {
+            for (int h = 0; h < c.n_q_heads(); ++h) {
+              const int kv = h / c.g;
+              std::vector<int64_t> tokens;
+              for (const TokenSpan& s : history.spans[size_t(kv)])
+                for (int64_t k = s.begin; k < s.end; ++k) tokens.push_back(k);
+              for (int64_t k = c.history; k <= c.history + i; ++k) tokens.push_back(k);
+              ref.push_back(bf16 ? attend_tokens(rounded_query(b.q_row(i, h), c.head_dim, scale).data(), 1.0,
+                                                 heads[size_t(kv)], tokens)
+                                 : attend_tokens(b.q_row(i, h), scale, heads[size_t(kv)], tokens));
+              n_keys.push_back(int64_t(tokens.size()));
+            }
+          }
+          const KernelScope scope(run);
           b.reset_outputs();
-          run_restricted(*t->store, c.history, history, b);
+          run_restricted(*t->store, c.history, history, b, run.kernel);
           ASSERT_TRUE(b.padding_untouched()) << "wrote outside the views";
           for (int64_t i = 0; i < c.n; ++i) {
             for (int h = 0; h < c.n_q_heads(); ++h) {
               const size_t row = size_t(i * c.n_q_heads() + h);
-              const Bounds bounds = error_bounds(ref[row], c.head_dim, n_keys[row]);
+              const Bounds bounds = error_bounds(ref[row], c.head_dim, n_keys[row], false, run.kernel);
               SCOPED_TRACE(str_cat("query ", i, " head ", h));
               ASSERT_NEAR(b.lse_at(i, h), ref[row].lse, bounds.lse);
               for (int ch = 0; ch < c.head_dim; ++ch)
@@ -624,19 +734,23 @@ TEST(PrefillAttention, FullHistorySpansEqualDenseBitForBit) {
     auto t = make_store(c, c.n_tokens());
     fill_random(*t->store, c.n_tokens(), rng);
     Buffers dense(c, rng), sparse = dense;
-    run_prefill(*t->store, history, dense);
-    Selection whole, pieces;
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      whole.spans.push_back(history > 0 ? std::vector<TokenSpan>{{0, history}} : std::vector<TokenSpan>{});
-      std::vector<TokenSpan> cut;
-      for (int64_t b = 0; b < history; b += 37) cut.push_back({b, std::min(history, b + 37)});
-      pieces.spans.push_back(cut);
-    }
-    for (const Selection* selection : {&whole, &pieces}) {
-      sparse.reset_outputs();
-      run_restricted(*t->store, history, *selection, sparse);
-      ASSERT_EQ(0, std::memcmp(sparse.out.data(), dense.out.data(), dense.out.size() * sizeof(float)));
-      ASSERT_EQ(0, std::memcmp(sparse.lse.data(), dense.lse.data(), dense.lse.size() * sizeof(float)));
+    for (PrefillKernel kernel : supported_prefill_kernels()) {
+      SCOPED_TRACE(prefill_kernel_name(kernel));
+      dense.reset_outputs();
+      run_prefill(*t->store, history, dense, 0.f, kernel);
+      Selection whole, pieces;
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        whole.spans.push_back(history > 0 ? std::vector<TokenSpan>{{0, history}} : std::vector<TokenSpan>{});
+        std::vector<TokenSpan> cut;
+        for (int64_t b = 0; b < history; b += 37) cut.push_back({b, std::min(history, b + 37)});
+        pieces.spans.push_back(cut);
+      }
+      for (const Selection* selection : {&whole, &pieces}) {
+        sparse.reset_outputs();
+        run_restricted(*t->store, history, *selection, sparse, kernel);
+        ASSERT_EQ(0, std::memcmp(sparse.out.data(), dense.out.data(), dense.out.size() * sizeof(float)));
+        ASSERT_EQ(0, std::memcmp(sparse.lse.data(), dense.lse.data(), dense.lse.size() * sizeof(float)));
+      }
     }
   }
 }

@@ -398,6 +398,38 @@ class KVStoreTest(unittest.TestCase):
 
 
 class AttentionTest(unittest.TestCase):
+    def test_bf16_prefill_matches_the_reference_over_its_rounded_inputs(self):
+        """kernel='bf16' rounds q * scale, k, v and the probabilities to bf16:
+        against the fp64 reference over the rounded q, k, v its only extra
+        error is P's rounding, at most 2^-8 max|v| per output."""
+        if "bf16" not in lc.prefill_kernels():
+            with self.assertRaisesRegex(lc.Error, "AVX512-BF16"):
+                lc.prefill_attention(lc.KVStore(small_config(), 2, 1, 64), 1, 0, np.zeros((0, 1, 64), np.float32),
+                                     kernel="bf16")
+            self.skipTest("this CPU has no AVX512-BF16: the bf16 prefill kernel cannot run")
+        rng = np.random.default_rng(12)
+        bf16 = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16).to(torch.float64).numpy()
+        for head_dim, group in ((64, 1), (128, 4), (256, 2)):
+            with self.subTest(head_dim=head_dim, group=group):
+                n_kv = 2
+                store = lc.KVStore(small_config(kv_type="f16"), 2, n_kv, head_dim)
+                first, n = 37, 23
+                k, v = rng.standard_normal((2, first + n, n_kv, head_dim))
+                q = rng.standard_normal((n, n_kv * group, head_dim)).astype(np.float32)
+                store.append(1, k.astype(np.float32), v.astype(np.float32))
+                out, lse = lc.prefill_attention(store, 1, first, q, kernel="bf16")
+                scale = np.float32(1 / np.sqrt(np.float32(head_dim)))
+                kr, vr = bf16(rounded(k, "f16")), bf16(rounded(v, "f16"))
+                ends = first + 1 + np.arange(n)
+                want_out, want_lse, tol_out, tol_lse = ref_attention(bf16(q * scale), kr, vr, ends, 1.0)
+                tol_out = tol_out + 2.0 ** -8 * np.abs(vr).max()
+                assert_close(self, out, lse, (want_out, want_lse, tol_out, tol_lse))
+                # Not the f32 kernel's result: the rounding happened.
+                f32_out, _ = lc.prefill_attention(store, 1, first, q, kernel="f32")
+                self.assertGreater(np.abs(out - f32_out).max(), 0)
+        with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32' or 'bf16', got 'fp8'"):
+            lc.prefill_attention(store, 1, first, q, kernel="fp8")
+
     def test_prefill_and_decode_match_reference(self):
         rng = np.random.default_rng(11)
         for head_dim in (64, 128, 256):
@@ -414,19 +446,20 @@ class AttentionTest(unittest.TestCase):
                                  torch.from_numpy(v[first:].astype(np.float32)))
                     kr, vr = rounded(k, kv_type), rounded(v, kv_type)
                     scale = 1 / np.sqrt(head_dim)
-                    out, lse = lc.prefill_attention(store, 1, first, q)
+                    out, lse = lc.prefill_attention(store, 1, first, q, kernel="f32")
                     self.assertEqual((out.shape, lse.shape, out.dtype), ((n, heads, head_dim), (n, heads), np.float32))
                     assert_close(self, out, lse, ref_attention(q.astype(np.float64), kr, vr, first + 1 + np.arange(n), scale))
                     # An explicit scale, into out= tensors (torch), returned as given.
                     o_t, l_t = torch.empty(n, heads, head_dim), torch.empty(n, heads)
-                    res = lc.prefill_attention(store, 1, first, torch.from_numpy(q), scale=0.5, out=o_t, lse=l_t)
+                    res = lc.prefill_attention(store, 1, first, torch.from_numpy(q), scale=0.5, out=o_t, lse=l_t,
+                                               kernel="f32")
                     self.assertIs(res[0], o_t)
                     self.assertIs(res[1], l_t)
                     assert_close(self, o_t.numpy(), l_t.numpy(),
                                  ref_attention(q.astype(np.float64), kr, vr, first + 1 + np.arange(n), 0.5))
                     # Queries as a strided view (heads outermost in memory): same results.
                     q_heads_first = torch.from_numpy(np.ascontiguousarray(q.transpose(1, 0, 2))).transpose(0, 1)
-                    out_v, lse_v = lc.prefill_attention(store, 1, first, q_heads_first, scale=0.5)
+                    out_v, lse_v = lc.prefill_attention(store, 1, first, q_heads_first, scale=0.5, kernel="f32")
                     np.testing.assert_array_equal(out_v, o_t.numpy())
                     np.testing.assert_array_equal(lse_v, l_t.numpy())
                     # Dense decode of one query over every token.

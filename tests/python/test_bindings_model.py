@@ -268,7 +268,7 @@ class ReferenceTest(unittest.TestCase):
         1/sqrt(128)) in both, with dense decode and with the select policy
         (every block selected)."""
         dense = {"kv_type": "f32", "policy": "dense", "max_seq_len": 1024, "local_windows_len": 64,
-                 "initial_len": 4, "block_size": 16}
+                 "initial_len": 4, "block_size": 16, "prefill_kernel": "f32"}
         select = dict(dense, policy="select", dense_layer_num=0, second_select_num=64, local_windows_len=4)
         for name, config in (("gqa-128", dense), ("gqa-128-scale", dense), ("gqa-128-scale", select)):
             with self.subTest(model=name, policy=config["policy"]):

@@ -126,9 +126,13 @@ def test_select_full_budget_and_rules_file():
                                                                                       "default.yaml")),
           "rules file: its config path is relative to the rules file")
     got, _ = trace(model, prompt, cont)
-    # f16 K/V: relative rounding 2^-11 per element moves the scores by ~1e-3 of their size.
+    # f16 K/V: relative rounding 2^-11 per element moves the scores by ~1e-3 of
+    # their size. Where prefill_kernel auto takes the bf16 kernel, q, k, v and
+    # the probabilities are rounded to 2^-8: eight times that (1.9e-2 measured).
+    bf16 = longctx.prefill_kernels()[0] == "bf16"
     for step, (a, b) in enumerate(zip(got, expect)):
-        close(a, b, f"default.yaml (f16 KV): logits of step {step}", rel=1e-2)
+        close(a, b, f"default.yaml (f16 KV, {'bf16' if bf16 else 'f32'} prefill): logits of step {step}",
+              rel=5e-2 if bf16 else 1e-2)
     check(attn.session.store.kv_type == "f16", "default.yaml: f16 store")
     longctx.uninject(model)
 

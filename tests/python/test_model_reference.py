@@ -314,7 +314,8 @@ def test_generated(tmp):
 def compare_with_longctx(paths, tmp):
     ppl = os.path.join(BIN_DIR, "longctx-perplexity")
     check(os.path.exists(ppl), f"longctx-perplexity not built ({ppl}): cannot compare longctx's logits")
-    # Dense attention, KV in f32 (the tight comparison) or f16; one config
+    # Dense attention in f32 (prefill_kernel: f32; the bf16 kernel is compared
+    # in tests/model/llama_test.cpp), KV in f32 (the tight comparison) or f16; one config
     # prefills in chunks of 17 tokens so that chunk boundaries are compared too;
     # the model with an attention scale also decodes the last 40 tokens
     # (--context: one token per decode step, the policy's attention).
@@ -325,7 +326,8 @@ def compare_with_longctx(paths, tmp):
     for name, keys in configs.items():
         configs[name] = os.path.join(tmp, f"dense-{name}.yaml")
         with open(configs[name], "w") as f:
-            f.write(f"policy: dense\nmax_seq_len: 4096\nlocal_windows_len: 1024\ndram_budget: 256MiB\n{keys}")
+            f.write(f"policy: dense\nmax_seq_len: 4096\nlocal_windows_len: 1024\ndram_budget: 256MiB\n"
+                    f"prefill_kernel: f32\n{keys}")
     rng = np.random.default_rng(5)
     report = []
     for preset, path in paths.items():

@@ -58,9 +58,11 @@ TransformerSpec device_spec() {
   return s;
 }
 
-// f16 store: block 16, 16 sinks, window 32, chunk 32.
+// f16 store: block 16, 16 sinks, window 32, chunk 32; the CPU path's prefill
+// attention in f32, as the device's.
 LongContextConfig device_config(SelectionPolicy policy = SelectionPolicy::kDense) {
   LongContextConfig c;
+  c.prefill_kernel = PrefillKernelChoice::kF32;
   c.chunk_size = 32;
   c.max_seq_len = 512;
   c.block_size = 16;

@@ -23,9 +23,11 @@ inline const kvstore::NumaTopology& topology() {
 
 // Chunk 16, block 16, 16 sinks, window 32, up to 256 tokens in 64 MiB, every
 // layer selecting; second_select_num 16 is every block, so decode attends
-// everything and the logits compare with the dense reference.
+// everything and the logits compare with the dense reference. Prefill
+// attention in f32 (the bf16 kernel has its own tests and tolerance).
 inline LongContextConfig every_block_config(DType kv_type) {
   LongContextConfig c;
+  c.prefill_kernel = PrefillKernelChoice::kF32;
   c.chunk_size = 16;
   c.max_seq_len = 256;
   c.block_size = 16;

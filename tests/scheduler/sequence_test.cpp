@@ -50,9 +50,11 @@ TransformerSpec small_spec(bool bias = false, RopeStyle style = RopeStyle::kNorm
   return s;
 }
 
-// Small f32 store: block 16, 16 sinks, window 32; every layer selecting.
+// Small f32 store: block 16, 16 sinks, window 32; every layer selecting;
+// prefill attention in f32, which the fp64 reference bounds tightly.
 LongContextConfig small_config(int chunk_size = 64) {
   LongContextConfig c;
+  c.prefill_kernel = PrefillKernelChoice::kF32;
   c.chunk_size = chunk_size;
   c.max_seq_len = 512;
   c.block_size = 16;

@@ -296,7 +296,8 @@ class SparseAttention(nn.Module):
                 for s in range(0, n, self.chunk_size):
                     e = min(n, s + self.chunk_size)
                     store.append(layer, kf[s:e], vf[s:e])
-                    _core.prefill_attention(store, layer, p0 + s, qf[s:e], self.scaling, out=out[s:e])
+                    _core.prefill_attention(store, layer, p0 + s, qf[s:e], self.scaling, out=out[s:e],
+                                            kernel=self.longctx_config.prefill_kernel)
                 w = min(session.window, n)
                 session.policy.on_prefill_end(layer, qf[n - w:])
                 session.decode_idx[layer] = 0

@@ -40,6 +40,11 @@ const char* reduce_name(Reduce reduce);
 enum class SelectionPolicy { kSelect, kDense, kStreaming, kH2O };
 const char* selection_policy_name(SelectionPolicy policy);
 
+// The products of the CPU's prefill attention (cpu::PrefillKernel): auto =
+// bf16 where the CPU multiplies bf16 in hardware (AVX512-BF16), else f32.
+enum class PrefillKernelChoice { kAuto, kF32, kBf16 };
+const char* prefill_kernel_choice_name(PrefillKernelChoice choice);
+
 // Pooling of the SnapKV votes along the token axis.
 enum class PoolType { kMax, kAvg };
 const char* pool_type_name(PoolType pool);
@@ -133,6 +138,7 @@ struct LongContextConfig {
   Reduce dynamic_reduce = Reduce::kMax;  // DYNAMIC: max over representatives (mean = InfLLM)
   NumaPolicy numa;
   uint64_t dram_budget = 0;              // bytes for the KV store; 0 = 90% of physical memory
+  PrefillKernelChoice prefill_kernel = PrefillKernelChoice::kAuto;  // CPU prefill attention products
   PreselectConfig preselect;
   BudgetConfig budget;
   RazorConfig razor;

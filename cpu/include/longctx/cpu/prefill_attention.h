@@ -5,21 +5,49 @@
 // style: blocks of queries x blocks of keys, online softmax, fp32 accumulators.
 // A variant restricts the history (the tokens before the chunk) to given
 // spans per kv head, for sparse prefill (QUOKA).
+//
+// Two kernels compute the tiles' products (S = Q K^T and O += P V), picked
+// at run time (PrefillKernel); the online softmax is f32 in both:
+// - kF32: q, k, v and p in f32 on the FMA units (Highway, every CPU).
+// - kBf16: AVX512-BF16's vdpbf16ps (Zen 4/5, Sapphire Rapids and later) at
+//   twice the FMA rate: q * scale, k and v rounded to bf16 (nearest even);
+//   the probabilities exp(s - max) rounded to bf16 after the max is
+//   subtracted, for P V only (the row sums l add the f32 values); products
+//   accumulated in f32. Rounding adds a relative error of about 2^-9 per
+//   operand: logits within 2^-8 sum_c |q_c k_c| * scale of the f32 ones.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
 namespace longctx::cpu {
 
+enum class PrefillKernel : uint8_t { kF32, kBf16 };
+
+const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16"
+// The kernels this CPU runs, best first; kF32 is always last.
+std::vector<PrefillKernel> supported_prefill_kernels();
+// supported_prefill_kernels().front(): kBf16 where the CPU has AVX512-BF16.
+PrefillKernel best_prefill_kernel();
+// Why `kernel` cannot run here (the CPU lacks AVX512-BF16), or "".
+std::string prefill_kernel_unsupported_reason(PrefillKernel kernel);
+// The kernel of the config key prefill_kernel: auto = best_prefill_kernel();
+// one this CPU lacks throws Error(kConfig) naming the key and the reason.
+PrefillKernel prefill_kernel_for(PrefillKernelChoice choice);
+
 // q: f32 [n, n_q_heads, head_dim]; out: f32 [n, n_q_heads, head_dim];
 // lse: f32 [n, n_q_heads]. scale 0 = 1/sqrt(head_dim). Requires
-// first_pos + n <= store.n_tokens(layer).
+// first_pos + n <= store.n_tokens(layer). A kernel this CPU lacks throws
+// Error(kUnsupported) with the reason.
 void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,
-                       float scale, const MutableTensorView& out, const MutableTensorView& lse);
+                       float scale, const MutableTensorView& out, const MutableTensorView& lse,
+                       PrefillKernel kernel = best_prefill_kernel());
 
 // The same with the history restricted: every query of the chunk attends the
 // tokens of history.spans[kv_head] (all before first_pos) plus the chunk's
@@ -31,6 +59,7 @@ void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_p
 // keys are tiled in the order of the concatenated spans, so a row's result
 // depends only on its query and its key list.
 void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const Selection& history,
-                       const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse);
+                       const TensorView& q, float scale, const MutableTensorView& out, const MutableTensorView& lse,
+                       PrefillKernel kernel = best_prefill_kernel());
 
 }  // namespace longctx::cpu

@@ -1,6 +1,9 @@
-// f32 tile kernels of prefill attention (prefill_attention_hwy.cpp), dispatched
-// at run time to the best Highway target of this CPU. Internal to the CPU
-// kernels: prefill attention and QUOKA's scoring GEMM (policy/src/quoka.cpp).
+// Tile kernels of prefill attention. Internal to the CPU kernels: prefill
+// attention and QUOKA's scoring GEMM (policy/src/quoka.cpp).
+// - f32 (prefill_attention_hwy.cpp), dispatched at run time to the best
+//   Highway target of this CPU;
+// - bf16 (prefill_attention_bf16.cpp), AVX512-BF16 only: callers check
+//   PrefillKernel support first.
 //
 // Every matrix is row-major f32 with a leading dimension (ld*) in elements.
 // Column counts and leading dimensions of the outputs must be multiples of
@@ -8,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace longctx::cpu::detail {
 
@@ -30,5 +34,24 @@ void gemm_f32(bool accumulate, size_t rows, size_t cols, size_t depth, const flo
 // Afterwards s holds the unnormalized probabilities P of the tile.
 void softmax_step(size_t rows, size_t cols, const int* valid, float* s, size_t lds, float* m, float* l, float* o,
                   size_t ldo, size_t o_cols);
+
+// ---- bf16 (AVX512-BF16) ----
+
+// C[rows][cols] = A x B, or C += A x B when `accumulate`: A is bf16 row-major
+// [rows][2 * pairs] (lda elements apart), B holds pairs of consecutive rows of
+// the [2 * pairs][cols] matrix as 32-bit words (bf16 of row 2k in the low
+// half), [pairs][cols] (ldb words apart), as pack_bf16_pairs writes it. cols
+// must be a multiple of kTileAlign. Products of bf16 pairs are exact in f32;
+// each element is summed over pairs in order 0, 1, ... whatever rows/cols are.
+void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const uint16_t* a, size_t lda,
+               const uint32_t* b, size_t ldb, float* c, size_t ldc);
+
+// dst[r / 2][j] = (bf16(src[r][j]), bf16(src[r + 1][j])) for even r < rows and
+// j < cols, rounded to nearest even; an odd last row pairs with zeros. cols
+// must be a multiple of kTileAlign.
+void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst, size_t ldd);
+
+// dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
+void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
 
 }  // namespace longctx::cpu::detail

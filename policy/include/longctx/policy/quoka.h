@@ -31,6 +31,7 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
+#include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
 
@@ -51,10 +52,12 @@ cpu::Selection quoka_select_keys(const kvstore::KVStore& store, int layer, int64
 // quoka_select_keys, then prefill_attention restricted to the selected
 // history (the chunk stays complete and causal; its K/V must be in the store:
 // first_pos + n <= n_tokens). out: f32 [n, n_q_heads, head_dim], lse: f32
-// [n, n_q_heads], scale 0 = 1/sqrt(head_dim). Returns the selection used.
+// [n, n_q_heads], scale 0 = 1/sqrt(head_dim), products by `kernel`. Returns
+// the selection used.
 cpu::Selection quoka_prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos,
                                        const TensorView& q, const QuokaConfig& config, int initial_len,
                                        int chunk_size, float scale, const MutableTensorView& out,
-                                       const MutableTensorView& lse);
+                                       const MutableTensorView& lse,
+                                       cpu::PrefillKernel kernel = cpu::best_prefill_kernel());
 
 }  // namespace longctx::policy

@@ -65,6 +65,7 @@
 
 #include "longctx/core/backend.h"
 #include "longctx/core/config.h"
+#include "longctx/cpu/prefill_attention.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
@@ -159,6 +160,8 @@ class Sequence {
   bool uses_device_attention() const { return device_ != nullptr; }
   // Why not ("" when it does), e.g. "policy h2o (it attends its recent tokens on the CPU)".
   const std::string& device_declined() const { return device_declined_; }
+  // The CPU prefill attention kernel the config chose (prefill_kernel).
+  cpu::PrefillKernel prefill_kernel() const { return prefill_kernel_; }
   // True while the device's buffers hold this sequence's tokens: it was the
   // last to configure or clear the backend's DeviceAttention (DeviceAttention::epoch).
   bool owns_device() const { return device_ != nullptr && device_->epoch() == device_epoch_; }
@@ -197,6 +200,7 @@ class Sequence {
   Backend& backend_;
   const Transformer& model_;
   LongContextConfig config_;
+  cpu::PrefillKernel prefill_kernel_ = cpu::PrefillKernel::kF32;  // CPU path's prefill attention (config)
   std::unique_ptr<kvstore::NumaTopology> owned_topology_;
   const kvstore::NumaTopology* topology_ = nullptr;
   std::unique_ptr<kvstore::MemoryBudget> budget_;

@@ -1,0 +1,121 @@
+// bf16 tile kernels of prefill attention (prefill_attention_kernels.h) on
+// AVX512-BF16's vdpbf16ps, which multiplies pairs of bf16 and adds both
+// products to an f32 lane: 32 multiply-adds per instruction where the f32 FMA
+// does 16. Compiled with AVX512-BF16 (cpu/CMakeLists.txt) and reached only
+// through the run-time choice of PrefillKernel.
+//
+// The B operand of vdpbf16ps holds, per f32 lane (one column n), the pair of
+// rows 2k and 2k + 1 of that column: B is packed as [depth / 2][cols] 32-bit
+// pairs (the layout AMX tiles load as well). A row of A is plain row-major
+// bf16, whose consecutive elements are those pairs, broadcast to every lane.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "longctx/cpu/prefill_attention_kernels.h"
+
+namespace longctx::cpu::detail {
+namespace {
+
+constexpr size_t kLanes = 16;  // f32 lanes of a zmm register
+constexpr size_t kMaxRows = 6;
+constexpr size_t kMaxVecs = 4;  // 6 x 4 accumulators + 4 B vectors: 28 of the 32 registers
+
+// C[kRows][kVecs * 16] (+)= A[kRows][2 * pairs] x B[pairs][kVecs * 16] (B packed in pairs).
+template <size_t kRows, size_t kVecs>
+inline void micro_kernel(bool accumulate, size_t pairs, const uint16_t* a, size_t lda, const uint32_t* b,
+                         size_t ldb, float* c, size_t ldc) {
+  __m512 acc[kRows][kVecs];
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t v = 0; v < kVecs; ++v)
+      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+  for (size_t k = 0; k < pairs; ++k) {
+    __m512bh b_pairs[kVecs];
+    for (size_t v = 0; v < kVecs; ++v) b_pairs[v] = (__m512bh)_mm512_loadu_si512(b + k * ldb + v * kLanes);
+    for (size_t r = 0; r < kRows; ++r) {
+      int32_t a_pair;
+      std::memcpy(&a_pair, a + r * lda + 2 * k, sizeof(a_pair));
+      const __m512bh a_rk = (__m512bh)_mm512_set1_epi32(a_pair);
+      for (size_t v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_rk, b_pairs[v]);
+    }
+  }
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t v = 0; v < kVecs; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// micro_kernel<kRows, vecs> for a run-time vecs in [1, kMaxVecs].
+template <size_t kRows, size_t kVecs = kMaxVecs>
+inline void micro_kernel_vecs(size_t vecs, bool accumulate, size_t pairs, const uint16_t* a, size_t lda,
+                              const uint32_t* b, size_t ldb, float* c, size_t ldc) {
+  if constexpr (kVecs > 1) {
+    if (vecs < kVecs) return micro_kernel_vecs<kRows, kVecs - 1>(vecs, accumulate, pairs, a, lda, b, ldb, c, ldc);
+  }
+  micro_kernel<kRows, kVecs>(accumulate, pairs, a, lda, b, ldb, c, ldc);
+}
+
+// The same for a run-time rows in [1, kMaxRows].
+template <size_t kRows = kMaxRows>
+inline void micro_kernel_rows(size_t rows, size_t vecs, bool accumulate, size_t pairs, const uint16_t* a,
+                              size_t lda, const uint32_t* b, size_t ldb, float* c, size_t ldc) {
+  if constexpr (kRows > 1) {
+    if (rows < kRows) return micro_kernel_rows<kRows - 1>(rows, vecs, accumulate, pairs, a, lda, b, ldb, c, ldc);
+  }
+  micro_kernel_vecs<kRows>(vecs, accumulate, pairs, a, lda, b, ldb, c, ldc);
+}
+
+// 16 f32 -> 16 bf16, rounded to nearest even.
+inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+
+}  // namespace
+
+void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const uint16_t* a, size_t lda,
+               const uint32_t* b, size_t ldb, float* c, size_t ldc) {
+  // Panels of kMaxVecs vectors of columns (B's panel stays in L1 while every
+  // row group of A passes over it), then groups of kMaxRows rows.
+  for (size_t col = 0; col < cols; col += kMaxVecs * kLanes) {
+    const size_t vecs = std::min(kMaxVecs, (cols - col) / kLanes);
+    for (size_t row = 0; row < rows; row += kMaxRows) {
+      micro_kernel_rows(std::min(kMaxRows, rows - row), vecs, accumulate, pairs, a + row * lda, lda, b + col, ldb,
+                        c + row * ldc + col, ldc);
+    }
+  }
+}
+
+void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst, size_t ldd) {
+  // Interleaves the words of two 32-element halves: indices 0..31 pick from
+  // the first source, 32..63 from the second.
+  alignas(64) uint16_t lo_idx[32], hi_idx[32];
+  for (uint16_t i = 0; i < 16; ++i) {
+    lo_idx[2 * i] = i, lo_idx[2 * i + 1] = uint16_t(32 + i);
+    hi_idx[2 * i] = uint16_t(16 + i), hi_idx[2 * i + 1] = uint16_t(48 + i);
+  }
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (size_t r = 0; r < rows; r += 2) {
+    const float* even = src + r * lds;
+    const float* odd = r + 1 < rows ? even + lds : nullptr;  // a missing odd row packs as zeros
+    uint32_t* out = dst + (r / 2) * ldd;
+    for (size_t j = 0; j < cols; j += 2 * kLanes) {
+      if (j + kLanes == cols) {  // a last half vector: 16 columns
+        const __m512i e = _mm512_castsi256_si512(to_bf16(_mm512_loadu_ps(even + j)));
+        const __m512i o = _mm512_castsi256_si512(odd ? to_bf16(_mm512_loadu_ps(odd + j)) : _mm256_setzero_si256());
+        _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, lo, o));
+        break;
+      }
+      const __m512i e = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(even + j + kLanes), _mm512_loadu_ps(even + j));
+      const __m512i o = odd ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(odd + j + kLanes), _mm512_loadu_ps(odd + j))
+                            : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, lo, o));
+      _mm512_storeu_si512(out + j + kLanes, _mm512_permutex2var_epi16(e, hi, o));
+    }
+  }
+}
+
+void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd) {
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t j = 0; j < cols; j += kLanes)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * ldd + j), to_bf16(_mm512_loadu_ps(src + r * lds + j)));
+}
+
+}  // namespace longctx::cpu::detail
