@@ -4,6 +4,10 @@
 // QUOKA's kept keys (quoka_prefill_attention: sinks + previous chunk + the
 // top B_SA history keys), and with the baseline of the same size (sinks +
 // the last B_SA + chunk history tokens, i.e. StreamingLLM for prefill).
+// "dense" is the f32 kernel: the reference of rel_err and l1. "dense-bf16"
+// (on CPUs with AVX512-BF16) is the same attention on the bf16 kernel: the
+// error its rounding alone adds. QUOKA and sinks+recent run on the kernel
+// prefill_kernel: auto picks (best_prefill_kernel, the "kernel" field).
 //
 // The history holds 4 questions' needle spans (accuracy.h), none in the last
 // two chunks. Chunk rows r with r % 8 == 7 ask question (r / 8) % 4
@@ -32,7 +36,6 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/quoka.h"
-#include "longctx/policy/quoka.h"
 #include "longctx/workloads/metrics.h"
 
 namespace longctx::bench::accuracy {
@@ -55,7 +58,9 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
   const Shape& s = o.shape;
   const int C = o.chunk;
   const int64_t total = n + C;
-  const std::vector<std::string> names{"dense", "quoka", "quoka-mean", "sinks+recent"};
+  const bool bf16 = cpu::prefill_kernel_unsupported_reason(cpu::PrefillKernel::kBf16).empty();
+  const std::vector<std::string> names{"dense", "dense-bf16", "quoka", "quoka-mean", "sinks+recent"};
+  const cpu::PrefillKernel production = cpu::best_prefill_kernel();
   auto wanted = [&](const std::string& name) {
     return o.policies.empty() || std::find(o.policies.begin(), o.policies.end(), name) != o.policies.end();
   };
@@ -96,7 +101,8 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
     const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {C, s.q_heads});
     double t0 = now_seconds();
     cpu::prefill_attention(store, 0, n, qv, 0.f,
-                           make_mutable_view(dense.data(), DType::kF32, {C, s.q_heads, s.head_dim}), lv);
+                           make_mutable_view(dense.data(), DType::kF32, {C, s.q_heads, s.head_dim}), lv,
+                           cpu::PrefillKernel::kF32);
     const double dense_ms = 1e3 * (now_seconds() - t0);
 
     // fp64 probabilities over the history of the evaluated rows.
@@ -136,12 +142,18 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
     for (size_t b = 0; b < budget_pcts.size(); ++b) {
       const int64_t b_sa = std::max<int64_t>(1, std::llround(budget_pcts[b] / 100.0 * double(n)));
       for (size_t p = 0; p < names.size(); ++p) {
-        if (!wanted(names[p]) || (names[p] == "dense" && b > 0)) continue;
+        const bool all_keys = names[p] == "dense" || names[p] == "dense-bf16";
+        if (!wanted(names[p]) || (all_keys && b > 0) || (names[p] == "dense-bf16" && !bf16)) continue;
         cpu::Selection history;
         if (names[p] == "dense") {
           out = dense;
           history.spans.assign(size_t(s.kv_heads), {cpu::TokenSpan{0, n}});
           record(sums[p][b], history, dense_ms);
+        } else if (names[p] == "dense-bf16") {
+          history.spans.assign(size_t(s.kv_heads), {cpu::TokenSpan{0, n}});
+          t0 = now_seconds();
+          cpu::prefill_attention(store, 0, n, qv, 0.f, ov, lv, cpu::PrefillKernel::kBf16);
+          record(sums[p][b], history, 1e3 * (now_seconds() - t0));
         } else if (names[p] == "sinks+recent") {
           const int64_t sinks = std::min<int64_t>(s.initial_len, n);
           const int64_t recent = std::max(sinks, n - C - b_sa);
@@ -153,7 +165,7 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
           }
           history.spans.assign(size_t(s.kv_heads), kept);
           t0 = now_seconds();
-          cpu::prefill_attention(store, 0, n, history, qv, 0.f, ov, lv);
+          cpu::prefill_attention(store, 0, n, history, qv, 0.f, ov, lv, production);
           record(sums[p][b], history, 1e3 * (now_seconds() - t0));
         } else {
           QuokaConfig qc;
@@ -164,7 +176,7 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
           qc.query_reduce = names[p] == "quoka" ? Reduce::kMax : Reduce::kMean;
           qc.head_reduce = Reduce::kMean;
           t0 = now_seconds();
-          history = policy::quoka_prefill_attention(store, 0, n, qv, qc, s.initial_len, C, 0.f, ov, lv);
+          history = policy::quoka_prefill_attention(store, 0, n, qv, qc, s.initial_len, C, 0.f, ov, lv, production);
           record(sums[p][b], history, 1e3 * (now_seconds() - t0));
         }
       }
@@ -179,9 +191,13 @@ std::vector<Record> run_prefill(const PrefillOptions& o, int64_t n, const std::v
       const Sums& sum = sums[p][b];
       if (sum.seeds == 0) continue;
       const double k = sum.seeds;
-      const bool dense = names[p] == "dense";
+      const bool dense = names[p] == "dense" || names[p] == "dense-bf16";
+      const cpu::PrefillKernel kernel = names[p] == "dense"        ? cpu::PrefillKernel::kF32
+                                        : names[p] == "dense-bf16" ? cpu::PrefillKernel::kBf16
+                                                                   : production;
       Record r;
       r.set("bench", "accuracy").set("workload", "prefill").set("policy", names[p]).set("context", n);
+      r.set("kernel", cpu::prefill_kernel_name(kernel));
       r.set("chunk", C).set("n_q", o.n_q);
       r.set("budget_pct", dense ? 100.0 : budget_pcts[b]);
       r.set("budget_tokens", dense ? n : std::max<int64_t>(1, std::llround(budget_pcts[b] / 100.0 * double(n))));

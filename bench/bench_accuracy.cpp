@@ -464,7 +464,7 @@ std::vector<std::string> split(const std::string& list) {
 std::string accuracy_policy_names() {
   std::string names;
   for (const Policy& p : all_policies()) names.append(names.empty() ? "" : ", ").append(p.name);
-  return names + " (decode workloads); quoka, quoka-mean, sinks+recent (prefill workload)";
+  return names + " (decode workloads); dense-bf16, quoka, quoka-mean, sinks+recent (prefill workload)";
 }
 
 int run_accuracy(const std::vector<std::string>& args) {
@@ -518,7 +518,7 @@ int run_accuracy(const std::vector<std::string>& args) {
     if (w != "needle" && w != "multiquery" && w != "prefill")
       fail(ErrorCode::kInvalidArgument, "accuracy: unknown workload '", w, "' (needle, multiquery, prefill)");
   for (const std::string& p : a.policies) {
-    bool known = p == "quoka" || p == "quoka-mean" || p == "sinks+recent";
+    bool known = p == "dense-bf16" || p == "quoka" || p == "quoka-mean" || p == "sinks+recent";
     for (const Policy& policy : all_policies()) known = known || p == policy.name;
     if (!known) fail(ErrorCode::kInvalidArgument, "accuracy: unknown policy '", p, "'");
   }
@@ -582,8 +582,8 @@ int run_accuracy(const std::vector<std::string>& args) {
     std::printf("\nprefill: a %d-query chunk after the history; budget = B_SA as %% of the history; needle = the "
                 "question rows' needle tokens kept\n",
                 chunk);
-    print_table(by_workload["prefill"], {"policy", "context", "budget_pct", "attended_pct", "needle", "top10",
-                                         "rel_err", "l1", "missed", "ms"});
+    print_table(by_workload["prefill"], {"policy", "kernel", "context", "budget_pct", "attended_pct", "needle",
+                                         "top10", "rel_err", "l1", "missed", "ms"});
   }
   return 0;
 }
