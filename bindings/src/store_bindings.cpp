@@ -92,18 +92,21 @@ py::tuple read_layer(const StoreHandle& h, int layer) {
   py::array_t<float> k = new_f32({n, H, D}), v = new_f32({n, H, D});
   float* kp = k.mutable_data();
   float* vp = v.mutable_data();
+  std::vector<float> keys_t;  // one block's K^T, f32
   locked(h, [&](kvstore::KVStore& s) {
     if (s.n_tokens(layer) != n) fail(ErrorCode::kInvalidArgument, "KVStore.read: the layer changed while read");
     for (int head = 0; head < H; ++head) {
       for (int64_t b = 0; b < s.n_blocks(layer); ++b) {
         const kvstore::BlockView blk = s.block(layer, head, b);
-        for (int t = 0; t < blk.n_filled; ++t) {
-          const size_t row = (size_t(b * B + t) * size_t(H) + size_t(head)) * size_t(D);
-          for (int c = 0; c < D; ++c) {
-            kp[row + size_t(c)] = load_as_f32(blk.k_t, lay.kv_type, size_t(c) * size_t(B) + size_t(t));
-            vp[row + size_t(c)] = load_as_f32(blk.v, lay.kv_type, size_t(t) * size_t(D) + size_t(c));
-          }
-        }
+        // Rows of token t, kv head `head` in the [n, H, D] outputs: H * D floats apart.
+        const size_t first = (size_t(b * B) * size_t(H) + size_t(head)) * size_t(D);
+        kvstore::read_values(lay, blk, 0, blk.n_filled, vp + first, size_t(H) * size_t(D));
+        keys_t.resize(size_t(D) * size_t(blk.n_filled));
+        kvstore::read_keys_t(lay, blk, 0, blk.n_filled, keys_t.data(), size_t(blk.n_filled));
+        for (int t = 0; t < blk.n_filled; ++t)
+          for (int c = 0; c < D; ++c)
+            kp[first + size_t(t) * size_t(H) * size_t(D) + size_t(c)] =
+                keys_t[size_t(c) * size_t(blk.n_filled) + size_t(t)];
       }
     }
     return 0;

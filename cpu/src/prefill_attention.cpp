@@ -135,27 +135,15 @@ struct Problem {
 // (row c = channel c, ld_kt floats apart), V into v (token rows, ld_v apart).
 void load_key_run(const Problem& p, int kv_head, int64_t k0, int64_t count, float* k_t, size_t ld_kt, float* v,
                    size_t ld_v) {
-  const int bs = p.store->layout().block_size;
-  const DType kv_type = p.store->layout().kv_type;
-  const size_t es = dtype_size(kv_type);
-  const size_t d = size_t(p.head_dim);
+  const kvstore::StoreLayout& layout = p.store->layout();
+  const int bs = layout.block_size;
   for (int64_t t = k0; t < k0 + count;) {
-    const int64_t block = t / bs;
     const int64_t offset = t % bs;
-    const int64_t len = std::min<int64_t>(bs - offset, k0 + count - t);
-    const kvstore::BlockView view = p.store->block(p.layer, kv_head, block);
+    const int len = int(std::min<int64_t>(bs - offset, k0 + count - t));
+    const kvstore::BlockView view = p.store->block(p.layer, kv_head, t / bs);
     const size_t col = size_t(t - k0);
-    for (size_t c = 0; c < d; ++c) {
-      convert(view.k_t + (c * size_t(bs) + size_t(offset)) * es, kv_type, k_t + c * ld_kt + col, DType::kF32,
-              size_t(len));
-    }
-    if (ld_v == d) {
-      convert(view.v + size_t(offset) * d * es, kv_type, v + col * d, DType::kF32, size_t(len) * d);
-    } else {
-      for (int64_t j = 0; j < len; ++j) {
-        convert(view.v + (size_t(offset + j) * d) * es, kv_type, v + (col + size_t(j)) * ld_v, DType::kF32, d);
-      }
-    }
+    kvstore::read_keys_t(layout, view, int(offset), len, k_t + col, ld_kt);
+    kvstore::read_values(layout, view, int(offset), len, v + col * ld_v, ld_v);
     t += len;
   }
 }

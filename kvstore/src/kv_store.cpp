@@ -561,6 +561,24 @@ BlockView KVStore::block(int layer, int kv_head, int64_t block) const {
   return view;
 }
 
+void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld) {
+  const size_t es = dtype_size(layout.kv_type);
+  const size_t bs = size_t(layout.block_size);
+  for (size_t c = 0; c < size_t(layout.shape.head_dim); ++c)
+    convert(view.k_t + (c * bs + size_t(t0)) * es, layout.kv_type, dst + c * ld, DType::kF32, size_t(n));
+}
+
+void read_values(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld) {
+  const size_t d = size_t(layout.shape.head_dim);
+  const size_t es = dtype_size(layout.kv_type);
+  if (ld == d) {
+    convert(view.v + size_t(t0) * d * es, layout.kv_type, dst, DType::kF32, size_t(n) * d);
+    return;
+  }
+  for (size_t t = 0; t < size_t(n); ++t)
+    convert(view.v + (size_t(t0) + t) * d * es, layout.kv_type, dst + t * ld, DType::kF32, d);
+}
+
 const std::byte* KVStore::rep_record(int layer, int kv_head, int64_t block) const {
   check_block(layer, kv_head, block, "rep_record");
   return record_of(head_cache(layer, kv_head), block);

@@ -33,7 +33,7 @@ std::vector<float> gather_keys(const kvstore::KVStore& store, int layer, int kv_
     const int64_t block = positions[j] / block_size;
     if (block != loaded_block) {
       const kvstore::BlockView view = store.block(layer, kv_head, block);
-      convert(view.k_t, layout.kv_type, k_t.data(), DType::kF32, k_t.size());
+      kvstore::read_keys_t(layout, view, 0, block_size, k_t.data(), size_t(block_size));
       loaded_block = block;
     }
     const int64_t t = positions[j] % block_size;

@@ -58,9 +58,8 @@ void check_params(const SnapKVParams& p) {
 // Keys of one block widened to f32, [head_dim][block_size] (the page's K^T layout).
 void widen_keys(const KVStore& store, const kvstore::BlockView& view, std::vector<float>& keys) {
   const auto& layout = store.layout();
-  const size_t n = size_t(layout.shape.head_dim) * size_t(layout.block_size);
-  keys.resize(n);
-  convert(view.k_t, layout.kv_type, keys.data(), DType::kF32, n);
+  keys.resize(size_t(layout.shape.head_dim) * size_t(layout.block_size));
+  kvstore::read_keys_t(layout, view, 0, layout.block_size, keys.data(), size_t(layout.block_size));
 }
 
 // Scaled logits of query q (f32 [head_dim]) against the first n keys of a

@@ -96,8 +96,6 @@ void score_keys(const kvstore::KVStore& store, int layer, int kv_head, int64_t b
                 const std::vector<float>& unit_q, int g, int64_t n_retained, const QuokaConfig& config,
                 ScoreScratch& scratch, float* scores) {
   const int bs = store.layout().block_size;
-  const DType kv_type = store.layout().kv_type;
-  const size_t es = dtype_size(kv_type);
   const size_t d = size_t(store.layout().shape.head_dim);
   const size_t rows = size_t(g) * size_t(n_retained);
   constexpr size_t ld = size_t(kKeyTile);
@@ -113,10 +111,7 @@ void score_keys(const kvstore::KVStore& store, int layer, int kv_head, int64_t b
       const int64_t offset = t % bs;
       const int64_t len = std::min<int64_t>(bs - offset, k0 + count - t);
       const kvstore::BlockView view = store.block(layer, kv_head, t / bs);
-      for (size_t c = 0; c < d; ++c) {
-        convert(view.k_t + (c * size_t(bs) + size_t(offset)) * es, kv_type, &scratch.k_t[c * ld + size_t(t - k0)],
-                DType::kF32, size_t(len));
-      }
+      kvstore::read_keys_t(store.layout(), view, int(offset), int(len), &scratch.k_t[size_t(t - k0)], ld);
       t += len;
     }
     // 1 / |k| per key, 0 for a zero (or overflowing) norm: its cosines are 0.

@@ -279,7 +279,6 @@ void RazorCompensation::add_range(const kvstore::KVStore& store, int64_t begin, 
   const kvstore::StoreLayout& layout = store.layout();
   const int block_size = layout.block_size;
   const size_t dim = size_t(shape_.head_dim);
-  const size_t es = dtype_size(layout.kv_type);
   std::vector<int> heads;
   for (int h = 0; h < shape_.n_kv_heads; ++h)
     if (tracked_[size_t(h)]) heads.push_back(h);
@@ -295,9 +294,8 @@ void RazorCompensation::add_range(const kvstore::KVStore& store, int64_t begin, 
           const size_t t0 = size_t(std::max(begin, block_begin) - block_begin);
           const size_t n = size_t(std::min(end, block_begin + block_size) - block_begin) - t0;
           const kvstore::BlockView view = store.block(layer_, h, block);
-          for (size_t c = 0; c < dim; ++c)
-            convert(view.k_t + (c * size_t(block_size) + t0) * es, layout.kv_type, &keys[c * n], DType::kF32, n);
-          convert(view.v + t0 * dim * es, layout.kv_type, values.data(), DType::kF32, n * dim);
+          kvstore::read_keys_t(layout, view, int(t0), int(n), keys.data(), n);
+          kvstore::read_values(layout, view, int(t0), int(n), values.data(), dim);
           for (size_t t = 0; t < n; ++t)
             for (size_t c = 0; c < dim; ++c) {
               key_sum[c] += double(keys[c * n + t]);

@@ -230,4 +230,12 @@ class KVStore {
   std::vector<int64_t> n_tokens_;                   // per layer
 };
 
+// The one way to read K/V out of a block page as f32 (kernels with their own
+// vector loads aside): tokens [t0, t0 + n) of the block, 0 <= t0, t0 + n <=
+// block_size, as stored.
+//   read_keys_t:  dst[c * ld + (t - t0)], channel-major like the page (ld >= n)
+//   read_values:  dst[(t - t0) * ld + c], token rows (ld >= head_dim)
+void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld);
+void read_values(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld);
+
 }  // namespace longctx::kvstore
