@@ -22,6 +22,7 @@ GgmlType ggml_type_of(DType dtype) {
     case DType::kF32: return GgmlType::kF32;
     case DType::kF16: return GgmlType::kF16;
     case DType::kBF16: return GgmlType::kBF16;
+    case DType::kQ8_0: break;  // the KV store's layout, not ggml's Q8_0 blocks
   }
   fail(ErrorCode::kInvalidArgument, "invalid dtype value ", int(dtype));
 }

@@ -187,17 +187,20 @@ Key kv_type_key() {
   Key key;
   key.path = "kv_type";
   key.type = "dtype";
-  key.values = "f32, f16, bf16 (any case; also fp32, fp16, float32, float16, bfloat16)";
-  key.meaning = "storage dtype of the KV store";
+  key.values = "f32, f16, bf16, q8_0 (any case; also fp32, fp16, float32, float16, bfloat16)";
+  key.meaning = "storage type of the KV store; q8_0 = int8 codes with an f16 scale per 32 values of a token's "
+                "head vector (8.5 bits per value, head_dim a multiple of 32; CPU attention only)";
   key.parse = [](const YAML::Node& node, Config& c) {
     const std::string text = scalar_text(node, "a dtype", /*quoted_ok=*/true);
     const std::optional<DType> dtype = parse_dtype(text);
-    if (!dtype) bad_value(str_cat("expected one of f32, f16, bf16, got ", describe(node)));
+    if (!dtype) bad_value(str_cat("expected one of f32, f16, bf16, q8_0, got ", describe(node)));
     c.kv_type = *dtype;
   };
   key.check = [](const Config& c) -> std::string {
-    if (c.kv_type == DType::kF32 || c.kv_type == DType::kF16 || c.kv_type == DType::kBF16) return {};
-    return str_cat("must be one of f32, f16, bf16, got dtype code ", static_cast<int>(c.kv_type));
+    if (c.kv_type == DType::kF32 || c.kv_type == DType::kF16 || c.kv_type == DType::kBF16 ||
+        c.kv_type == DType::kQ8_0)
+      return {};
+    return str_cat("must be one of f32, f16, bf16, q8_0, got dtype code ", static_cast<int>(c.kv_type));
   };
   key.emit = [](const Config& c) { return std::string(dtype_name(c.kv_type)); };
   return key;

@@ -16,6 +16,9 @@ size_t dtype_size(DType dtype) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kQ8_0:
+      fail(ErrorCode::kInvalidArgument, "q8_0 is the KV store's block type (int8 codes, an f16 scale per 32 values), "
+                                        "not an element type");
   }
   fail(ErrorCode::kInvalidArgument, "invalid dtype value ", static_cast<int>(dtype));
 }
@@ -25,6 +28,7 @@ const char* dtype_name(DType dtype) {
     case DType::kF32: return "f32";
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
+    case DType::kQ8_0: return "q8_0";
   }
   return "invalid-dtype";
 }
@@ -35,6 +39,7 @@ std::optional<DType> parse_dtype(std::string_view text) {
   if (lower == "f32" || lower == "fp32" || lower == "float32") return DType::kF32;
   if (lower == "f16" || lower == "fp16" || lower == "float16") return DType::kF16;
   if (lower == "bf16" || lower == "bfloat16") return DType::kBF16;
+  if (lower == "q8_0") return DType::kQ8_0;
   return std::nullopt;
 }
 
@@ -125,6 +130,7 @@ float load_as_f32(const void* data, DType dtype, size_t i) {
       std::memcpy(&bits, bytes + 2 * i, 2);
       return dtype == DType::kF16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
     }
+    case DType::kQ8_0: break;
   }
   fail(ErrorCode::kInvalidArgument, "load_as_f32: invalid dtype value ", static_cast<int>(dtype));
 }
@@ -141,6 +147,7 @@ void store_from_f32(void* data, DType dtype, size_t i, float value) {
       std::memcpy(bytes + 2 * i, &bits, 2);
       return;
     }
+    case DType::kQ8_0: break;
   }
   fail(ErrorCode::kInvalidArgument, "store_from_f32: invalid dtype value ", static_cast<int>(dtype));
 }

@@ -113,7 +113,8 @@ void plan_pieces(const kvstore::KVStore& store, int layer, const Selection& sele
         const int64_t end = std::min(span.end, block_begin + block_size);
         const int64_t slice_end = end - t <= room ? end : t + room;
         const kvstore::BlockView view = store.block(layer, int(h), block);
-        slices.push_back({view.k_t, view.v, int(t - block_begin), int(slice_end - block_begin)});
+        slices.push_back({view.k_t, view.v, int(t - block_begin), int(slice_end - block_begin), view.k_scales,
+                          view.v_scales});
         pieces.back().end_slice = slices.size();
         in_piece += slice_end - t;
         t = slice_end;

@@ -4,10 +4,12 @@
 // For a chunk of at most kChunkTokens consecutive tokens of a block:
 //  1. scores: for a tile of consecutive tokens, s[i][t] += q[i][c] * K^T[c][t]
 //     over the channels c (one vector load of K^T row c serves every query
-//     head of the group; f16/bf16 widened to f32 on load);
+//     head of the group; f16/bf16 widened to f32 on load; q8_0 codes widened
+//     and multiplied by their tokens' scales, loaded once per 32 channels);
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
-//  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group.
+//  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
+//     (q8_0: each vector of codes times its group's scale).
 // Query heads are taken kMaxGroup at a time so their accumulators stay in
 // registers; with more heads than that, K/V are re-read from cache, not DRAM.
 // While a slice computes, the next slice's lines are prefetched into L2 in
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "attention_kernel.h"
+#include "longctx/kvstore/kv_store.h"
 
 // foreach_target.h re-includes this file once per target, looked up through
 // the include directories: cpu/include/../src is this folder.
@@ -69,6 +72,10 @@ template <>
 struct Stored<DType::kBF16> {
   using T = uint16_t;
 };
+template <>
+struct Stored<DType::kQ8_0> {
+  using T = int8_t;  // codes; their f16 scales come beside them
+};
 
 template <DType kType, class D>
 HWY_INLINE hn::Vec<D> LoadF32(D d, const typename Stored<kType>::T* p) {
@@ -76,6 +83,9 @@ HWY_INLINE hn::Vec<D> LoadF32(D d, const typename Stored<kType>::T* p) {
     return hn::LoadU(d, p);
   } else if constexpr (kType == DType::kF16) {
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), p));
+  } else if constexpr (kType == DType::kQ8_0) {
+    const hn::Rebind<int32_t, D> di32;
+    return hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(hn::Rebind<int8_t, D>(), p)));
   } else {
     const hn::RebindToUnsigned<D> du32;
     return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint16_t, D>(), p))));
@@ -114,20 +124,33 @@ class LinePrefetch {
   size_t credit_ = 0;
 };
 
+// The f16 scales of a q8_0 page as Highway's f16 type.
+using Scales = const hwy::float16_t*;
+
 // scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
 // q) and the NV vectors of tokens starting at block offset t (score index j).
+// q8_0: k_scales is the page's [dim / 32][block_size] scales (else null).
 template <DType kType, int G, int NV, class D>
-HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kType>::T* k_t, int block_size, int t,
-                          float* scores, int j, LinePrefetch& prefetch) {
+HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kType>::T* k_t, Scales k_scales,
+                          int block_size, int t, float* scores, int j, LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   hn::Vec<D> acc[G][NV];
   for (auto& head : acc)
     for (auto& a : head) a = hn::Zero(d);
+  hn::Vec<D> scale[NV];  // q8_0: the scales of the current group of 32 channels
+  for (auto& x : scale) x = hn::Zero(d);
   const auto* k = k_t + t;
   for (int c = 0; c < dim; ++c, k += block_size) {
     prefetch.Step(NV * lanes * sizeof(*k));
     hn::Vec<D> key[NV];
     for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
+    if constexpr (kType == DType::kQ8_0) {
+      if (c % kvstore::kQ8Group == 0) {
+        const Scales row = k_scales + size_t(c / kvstore::kQ8Group) * size_t(block_size) + size_t(t);
+        for (int u = 0; u < NV; ++u) scale[u] = LoadF32<DType::kF16>(d, row + u * lanes);
+      }
+      for (int u = 0; u < NV; ++u) key[u] = hn::Mul(key[u], scale[u]);
+    }
     for (int i = 0; i < G; ++i) {
       const auto qc = hn::Set(d, q[i * dim + c]);
       for (int u = 0; u < NV; ++u) acc[i][u] = hn::MulAdd(qc, key[u], acc[i][u]);
@@ -139,23 +162,26 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
 
 // Scores of G query heads for tokens [t0, t0 + n) of a block.
 template <DType kType, int G>
-void ScoreHeads(const float* q, int dim, const typename Stored<kType>::T* k_t, int block_size, int t0, int n,
-                float* scores, LinePrefetch& prefetch) {
+void ScoreHeads(const float* q, int dim, const typename Stored<kType>::T* k_t, Scales k_scales, int block_size,
+                int t0, int n, float* scores, LinePrefetch& prefetch) {
   const DF df;
   constexpr int kNV = kTileVectors<G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   int j = 0;
   for (; j + kNV * lanes <= n; j += kNV * lanes) {
-    ScoreTile<kType, G, kNV>(df, q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
+    ScoreTile<kType, G, kNV>(df, q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
   }
-  for (; j + lanes <= n; j += lanes) ScoreTile<kType, G, 1>(df, q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
-  for (; j < n; ++j) ScoreTile<kType, G, 1>(D1(), q, dim, k_t, block_size, t0 + j, scores, j, prefetch);
+  for (; j + lanes <= n; j += lanes)
+    ScoreTile<kType, G, 1>(df, q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+  for (; j < n; ++j) ScoreTile<kType, G, 1>(D1(), q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
 }
 
-// acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of channels.
+// acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of
+// channels. q8_0: v_scales is the first token's [dim / 32] scales (else null);
+// a vector of lanes (which divide 32) starting at a multiple of lanes lies in one group.
 template <DType kType, int G, int NV, class D>
-HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, int dim, int c,
-                               float* acc, LinePrefetch& prefetch) {
+HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, Scales v_scales,
+                               int dim, int c, float* acc, LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   hn::Vec<D> sum[G][NV];
   for (int i = 0; i < G; ++i)
@@ -165,6 +191,12 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
     prefetch.Step(NV * lanes * sizeof(*row));
     hn::Vec<D> value[NV];
     for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
+    if constexpr (kType == DType::kQ8_0) {
+      const Scales scales = v_scales + size_t(j) * size_t(dim / kvstore::kQ8Group);
+      for (int u = 0; u < NV; ++u)
+        value[u] = hn::Mul(value[u], hn::Set(d, hn::GetLane(LoadF32<DType::kF16>(
+                                                  D1(), scales + (c + u * int(lanes)) / kvstore::kQ8Group))));
+    }
     for (int i = 0; i < G; ++i) {
       const auto pj = hn::Set(d, p[i * kChunkTokens + j]);
       for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(pj, value[u], sum[i][u]);
@@ -176,15 +208,16 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
 
 // acc (G rows of dim) += p . V over n tokens; v points at the first token's row.
 template <DType kType, int G>
-void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, int dim, float* acc,
-                     LinePrefetch& prefetch) {
+void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, Scales v_scales, int dim,
+                     float* acc, LinePrefetch& prefetch) {
   const DF df;
   constexpr int kNV = kTileVectors<G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   int c = 0;
-  for (; c + kNV * lanes <= dim; c += kNV * lanes) AccumulateTile<kType, G, kNV>(df, p, n, v, dim, c, acc, prefetch);
-  for (; c + lanes <= dim; c += lanes) AccumulateTile<kType, G, 1>(df, p, n, v, dim, c, acc, prefetch);
-  for (; c < dim; ++c) AccumulateTile<kType, G, 1>(D1(), p, n, v, dim, c, acc, prefetch);
+  for (; c + kNV * lanes <= dim; c += kNV * lanes)
+    AccumulateTile<kType, G, kNV>(df, p, n, v, v_scales, dim, c, acc, prefetch);
+  for (; c + lanes <= dim; c += lanes) AccumulateTile<kType, G, 1>(df, p, n, v, v_scales, dim, c, acc, prefetch);
+  for (; c < dim; ++c) AccumulateTile<kType, G, 1>(D1(), p, n, v, v_scales, dim, c, acc, prefetch);
 }
 
 void ScaleRow(float* x, int n, float factor) {
@@ -255,12 +288,14 @@ void AttendPieceOf(const PieceArgs& a) {
     }
     const T* k_t = reinterpret_cast<const T*>(slice.k_t);
     const T* v = reinterpret_cast<const T*>(slice.v);
+    const auto k_scales = reinterpret_cast<Scales>(slice.k_scales);
+    const auto v_scales = reinterpret_cast<Scales>(slice.v_scales);
     for (int t0 = slice.begin; t0 < slice.end; t0 += kChunkTokens) {
       const int n = std::min(kChunkTokens, slice.end - t0);
       for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
         WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
-          ScoreHeads<kType, decltype(group)::value>(a.q + size_t(h0) * dim, dim, k_t, a.block_size, t0, n,
-                                         scores.data() + size_t(h0) * kChunkTokens, next_k);
+          ScoreHeads<kType, decltype(group)::value>(a.q + size_t(h0) * dim, dim, k_t, k_scales, a.block_size, t0,
+                                                    n, scores.data() + size_t(h0) * kChunkTokens, next_k);
         }, kGroups);
       }
       for (int i = 0; i < g; ++i) {
@@ -269,8 +304,10 @@ void AttendPieceOf(const PieceArgs& a) {
       }
       for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
         WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
-          AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
-                                                         v + size_t(t0) * dim, dim, acc + size_t(h0) * dim, next_v);
+          AccumulateHeads<kType, decltype(group)::value>(
+              scores.data() + size_t(h0) * kChunkTokens, n, v + size_t(t0) * dim,
+              v_scales == nullptr ? nullptr : v_scales + size_t(t0) * size_t(dim / kvstore::kQ8Group), dim,
+              acc + size_t(h0) * dim, next_v);
         }, kGroups);
       }
       seen += n;
@@ -296,6 +333,8 @@ void AttendPiece(const PieceArgs& args) {
       return AttendPieceOf<DType::kF16>(args);
     case DType::kBF16:
       return AttendPieceOf<DType::kBF16>(args);
+    case DType::kQ8_0:
+      return AttendPieceOf<DType::kQ8_0>(args);
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "longctx/core/dtype.h"
 
@@ -15,6 +16,8 @@ struct BlockSlice {
   const std::byte* v = nullptr;    // the page's V [block_size][head_dim]
   int begin = 0;
   int end = 0;
+  const uint16_t* k_scales = nullptr;  // q8_0: f16 [head_dim / 32][block_size]
+  const uint16_t* v_scales = nullptr;  // q8_0: f16 [block_size][head_dim / 32]
 };
 
 // One piece of flash-decoding work: the g query heads of one kv head over the

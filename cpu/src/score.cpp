@@ -140,7 +140,7 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
     const Piece& piece = pieces[size_t(i)];
     detail::ScoreRun run;
-    run.kv_type = layout.kv_type;
+    run.rep_dtype = layout.rep_dtype;  // the records' keys
     run.queries = plan.queries.data() + size_t(piece.head) * plan.n_queries * plan.slot_len;
     run.n_queries = plan.n_queries;
     run.slot_len = plan.slot_len;

@@ -111,10 +111,11 @@ void ScoreRecordsOf(const ScoreRun& run) {
 }
 
 void ScoreRecords(const ScoreRun& run) {
-  switch (run.kv_type) {
+  switch (run.rep_dtype) {
     case DType::kF32: return ScoreRecordsOf<DType::kF32>(run);
     case DType::kF16: return ScoreRecordsOf<DType::kF16>(run);
     case DType::kBF16: return ScoreRecordsOf<DType::kBF16>(run);
+    case DType::kQ8_0: break;  // records hold rep_dtype, never q8_0 (score.cpp checks)
   }
 }
 

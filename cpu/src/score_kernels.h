@@ -14,13 +14,13 @@
 
 namespace longctx::cpu::detail {
 
-// Every record holds n_slots vectors of slot_len elements (kv_type) at its
+// Every record holds n_slots vectors of slot_len elements (rep_dtype: kv_type, f16 for q8_0) at its
 // start, slot j at element j * slot_len. For each record:
 //   score_q = slot_reduce over j of dot(queries[q], slot j)   (max or mean)
 //   out     = query_reduce over q of score_q                  (sum or max)
 // with fp32 accumulation. QUEST's max|min pair is one slot of 2*head_dim.
 struct ScoreRun {
-  DType kv_type = DType::kF16;
+  DType rep_dtype = DType::kF16;
   const float* queries = nullptr;  // [n_queries][slot_len]
   int n_queries = 0;
   int slot_len = 0;

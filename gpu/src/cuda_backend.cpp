@@ -47,6 +47,7 @@ cudaDataType_t cuda_type(DType dtype) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
+    case DType::kQ8_0: break;  // a KV store type, never a device tensor's (dtype_size refuses it)
   }
   return CUDA_R_32F;
 }

@@ -28,6 +28,7 @@ void with_type(DType dtype, const void* data, Fn fn) {
     case DType::kF32: fn(static_cast<const float*>(data)); break;
     case DType::kF16: fn(static_cast<const __half*>(data)); break;
     case DType::kBF16: fn(static_cast<const __nv_bfloat16*>(data)); break;
+    case DType::kQ8_0: fail(ErrorCode::kInvalidArgument, "with_type: q8_0 is not an element type");
   }
 }
 
@@ -125,6 +126,7 @@ void convert_from_f32(const float* src, void* dst, DType dtype, int64_t count, c
     case DType::kBF16:
       to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), count);
       break;
+    case DType::kQ8_0: fail(ErrorCode::kInvalidArgument, "convert_from_f32: q8_0 is not an element type");
   }
   check_launch("convert_from_f32 launch");
 }

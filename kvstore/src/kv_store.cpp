@@ -146,6 +146,90 @@ void copy_rows(const std::byte* src, int64_t src_stride, DType src_dtype, std::b
   }
 }
 
+// ---- q8_0 (kv_store.h): int8 codes, one f16 scale per 32 channels ----
+
+// The f16 scale of a group whose largest magnitude is amax.
+uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
+
+// Quantizes one group x[0, 32): codes[i * code_stride], returns the scale's
+// f16 bits; deq[i] (when not null) = the stored value q * s.
+uint16_t quantize_q8_group(const float* x, int8_t* codes, size_t code_stride, float* deq) {
+  float amax = 0.f;
+  for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
+  const uint16_t bits = q8_scale_bits(amax);
+  const float s = f16_bits_to_f32(bits);
+  for (int i = 0; i < kQ8Group; ++i) {
+    const auto q = int8_t(s > 0.f ? std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f) : 0.f);
+    codes[size_t(i) * code_stride] = q;
+    if (deq != nullptr) deq[i] = float(q) * s;  // as read back (an int8 has no -0)
+  }
+  return bits;
+}
+
+// Tokens [offset, offset + count) of a block page in a float kv_type: K rows
+// (src_stride bytes apart) converted into `keys` [count][head_dim] (the
+// segment's keys as stored, for the representatives) and transposed into the
+// page's K^T (through `k_t_scratch`), V rows converted into the page.
+void write_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
+                   const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
+                   std::byte* keys, std::byte* k_t_scratch) {
+  const DType kv = L.kv_type;
+  const size_t es = dtype_size(kv);
+  const int bs = L.block_size;
+  const int d = L.shape.head_dim;
+  const size_t row_bytes = size_t(d) * es;
+  copy_rows(k_src, k_stride, k_dtype, keys, kv, count, d);
+  copy_rows(v_src, v_stride, v_dtype, page + L.page_v + size_t(offset) * row_bytes, kv, count, d);
+  // K^T: transpose in the scratch, then copy out, in one piece when the
+  // segment is the whole block (channel rows are then back to back). A few
+  // tokens (decode) go straight to the page.
+  if (count < kDirectTokens) {
+    if (es == 4) scatter_columns<uint32_t>(keys, count, d, page, bs, offset);
+    else scatter_columns<uint16_t>(keys, count, d, page, bs, offset);
+    return;
+  }
+  if (es == 4) transpose<uint32_t>(keys, count, d, k_t_scratch);
+  else transpose<uint16_t>(keys, count, d, k_t_scratch);
+  const size_t run = size_t(count) * es;
+  if (count == bs) {
+    std::memcpy(page, k_t_scratch, size_t(d) * run);
+  } else {
+    for (int c = 0; c < d; ++c)
+      std::memcpy(page + (size_t(c) * size_t(bs) + size_t(offset)) * es, k_t_scratch + size_t(c) * run, run);
+  }
+}
+
+// The same for q8_0: rows staged in f32 (`rows` [count][head_dim]) and
+// quantized per group of 32 channels into the page's codes and scales; the
+// dequantized keys go to `keys` [count][head_dim] f32.
+void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
+                      const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
+                      float* rows, float* keys) {
+  const size_t bs = size_t(L.block_size);
+  const int d = L.shape.head_dim;
+  const size_t groups = size_t(d / kQ8Group);
+  auto* k_codes = reinterpret_cast<int8_t*>(page);
+  auto* k_scales = reinterpret_cast<uint16_t*>(page + L.page_k_scales);
+  auto* v_codes = reinterpret_cast<int8_t*>(page + L.page_v);
+  auto* v_scales = reinterpret_cast<uint16_t*>(page + L.page_v_scales);
+  copy_rows(k_src, k_stride, k_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
+  for (size_t i = 0; i < size_t(count); ++i) {
+    const size_t t = size_t(offset) + i;
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t c0 = g * kQ8Group;
+      k_scales[g * bs + t] =
+          quantize_q8_group(rows + i * size_t(d) + c0, k_codes + c0 * bs + t, bs, keys + i * size_t(d) + c0);
+    }
+  }
+  copy_rows(v_src, v_stride, v_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
+  for (size_t i = 0; i < size_t(count); ++i) {
+    const size_t t = size_t(offset) + i;
+    for (size_t g = 0; g < groups; ++g)
+      v_scales[t * groups + g] =
+          quantize_q8_group(rows + i * size_t(d) + g * kQ8Group, v_codes + t * size_t(d) + g * kQ8Group, 1, nullptr);
+  }
+}
+
 // Per-thread buffers of the write path, grown on demand and kept.
 struct WriteScratch {
   std::vector<std::byte> keys;    // [segment][head_dim] kv_type
@@ -175,6 +259,63 @@ void check_importance(const TensorView& importance, const std::string& what, int
 // Item -> kv head for per-head loops (parallel_for_heads): item h is head h.
 int head_itself(int64_t item) { return int(item); }
 
+// The first channel of a row (head_dim values) that a q8_0 store cannot hold
+// (not finite, or in a group whose scale overflows f16), or -1.
+int q8_unstorable_channel(const float* row, int head_dim) {
+  for (int c0 = 0; c0 < head_dim; c0 += kQ8Group) {
+    float amax = 0.f;
+    for (int c = c0; c < c0 + kQ8Group; ++c) {
+      if (!std::isfinite(row[c])) return c;
+      amax = std::max(amax, std::abs(row[c]));
+    }
+    if ((q8_scale_bits(amax) & 0x7FFF) >= 0x7C00) {
+      for (int c = c0; c < c0 + kQ8Group; ++c)
+        if (std::abs(row[c]) == amax) return c;
+    }
+  }
+  return -1;
+}
+
+// Throws Error(kInvalidArgument) naming the first (position, kv head) whose
+// key or value a q8_0 store cannot hold; k, v: [n, n_kv_heads, head_dim] as
+// append takes them.
+void check_q8_storable(const KVStore& store, int layer, const TensorView& k, const TensorView& v) {
+  const int n_heads = store.layout().shape.n_kv_heads;
+  const int d = store.layout().shape.head_dim;
+  const int64_t n = k.shape[0];
+  struct Bad {
+    int64_t t = INT64_MAX;
+    int channel = 0;
+    bool value = false;
+    float x = 0.f;
+  };
+  std::vector<Bad> bad(static_cast<size_t>(n_heads));
+  parallel_for_heads(store, n_heads, head_itself, [&](int64_t h) {
+    std::vector<float> row(static_cast<size_t>(d));
+    for (int64_t t = 0; t < n; ++t) {
+      for (const TensorView* src : {&k, &v}) {
+        const auto* bytes = static_cast<const std::byte*>(src->data) +
+                            (t * src->strides[0] + h * src->strides[1]) * int64_t(dtype_size(src->dtype));
+        convert(bytes, src->dtype, row.data(), DType::kF32, size_t(d));
+        const int c = q8_unstorable_channel(row.data(), d);
+        if (c >= 0) {
+          bad[size_t(h)] = {t, c, src == &v, row[size_t(c)]};
+          return;
+        }
+      }
+    }
+  });
+  int head = 0;
+  for (int h = 1; h < n_heads; ++h)
+    if (bad[size_t(h)].t < bad[size_t(head)].t) head = h;
+  const Bad& b = bad[size_t(head)];
+  if (b.t == INT64_MAX) return;
+  fail(ErrorCode::kInvalidArgument, "KV store append (layer ", layer, "): ", b.value ? "value" : "key", " of kv head ",
+       head, " at position ", store.n_tokens(layer) + b.t, ", channel ", b.channel, " is ", b.x,
+       ": a q8_0 store holds finite values whose group of 32 channels has a scale max|x|/127 within f16's range "
+       "(|x| <= 8.3e6); nothing was appended");
+}
+
 }  // namespace
 
 // ---- layout and preflight ----------------------------------------------------
@@ -186,6 +327,9 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   if (shape.head_dim < 8 || shape.head_dim > 512 || shape.head_dim % 8 != 0)
     fail(ErrorCode::kInvalidArgument, "KV store shape: head_dim is ", shape.head_dim,
          ", must be a multiple of 8 in [8, 512]");
+  if (config.kv_type == DType::kQ8_0 && shape.head_dim % kQ8Group != 0)
+    fail(ErrorCode::kInvalidArgument, "KV store: kv_type q8_0 needs head_dim a multiple of ", kQ8Group,
+         " (one scale per 32 channels), the model's is ", shape.head_dim);
   if (config.block_size < 1)
     fail(ErrorCode::kInvalidArgument, "KV store: block_size is ", config.block_size, ", must be >= 1");
   const RT type = config.representative_type;
@@ -198,15 +342,23 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   l.shape = shape;
   l.block_size = config.block_size;
   l.kv_type = config.kv_type;
+  l.rep_dtype = config.kv_type == DType::kQ8_0 ? DType::kF16 : config.kv_type;
   l.rep_type = type;
   l.rep_num = config.representative_num;
   l.rep_slots = slots_of(type, config.representative_num);
-  const size_t es = dtype_size(config.kv_type);
   const size_t bs = size_t(config.block_size);
   const size_t d = size_t(shape.head_dim);
-  l.page_bytes = round_up_64(2 * bs * d * es);
+  if (config.kv_type == DType::kQ8_0) {
+    const size_t scales = d / kQ8Group * sizeof(uint16_t);  // per token
+    l.page_k_scales = bs * d;
+    l.page_v = l.page_k_scales + bs * scales;
+    l.page_v_scales = l.page_v + bs * d;
+  } else {
+    l.page_v = bs * d * dtype_size(config.kv_type);
+  }
+  l.page_bytes = round_up_64(2 * bs * kv_vector_bytes(config.kv_type, shape.head_dim));
 
-  size_t end = round_up_64(size_t(l.rep_slots) * d * es);  // keys
+  size_t end = round_up_64(size_t(l.rep_slots) * d * dtype_size(l.rep_dtype));  // keys
   if (type == RT::kMean) {
     l.record_sum_offset = end;
     end = round_up_64(end + d * sizeof(float));
@@ -233,8 +385,8 @@ Preflight preflight(const StoreLayout& layout, int64_t max_seq_len, const std::v
   Preflight p;
   p.layout = layout;
   p.max_seq_len = max_seq_len;
-  const uint64_t es = dtype_size(layout.kv_type);
-  p.kv_bytes_per_token_per_layer = 2 * uint64_t(layout.shape.n_kv_heads) * uint64_t(layout.shape.head_dim) * es;
+  p.kv_bytes_per_token_per_layer =
+      2 * uint64_t(layout.shape.n_kv_heads) * kv_vector_bytes(layout.kv_type, layout.shape.head_dim);
   p.rep_bytes_per_block_per_layer = uint64_t(layout.shape.n_kv_heads) * layout.record_bytes;
   p.blocks_per_head = uint64_t(ceil_div(max_seq_len, layout.block_size));
   const uint64_t rep_pages_per_head = uint64_t(ceil_div(int64_t(p.blocks_per_head), int64_t(layout.records_per_rep_page)));
@@ -338,6 +490,7 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
   if (n > config_.max_seq_len - n0)
     fail(ErrorCode::kInvalidArgument, where, n0, " tokens held + ", n, " appended would exceed max_seq_len ",
          config_.max_seq_len);
+  if (layout_.kv_type == DType::kQ8_0) check_q8_storable(*this, layer, k, v);
 
   // Reserve list capacity, then take every page of every head; only then
   // change anything (the inserts below cannot throw).
@@ -369,7 +522,7 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
           auto& pages = new_pages[size_t(h)];
           pages = page_pool(h).allocate(blocks_after - hc.pages.size(), /*zero=*/false);
           if ((n0 + n) % bs != 0) std::memset(pages.back(), 0, layout_.page_bytes);
-          const size_t data_bytes = 2 * size_t(bs) * size_t(d) * dtype_size(layout_.kv_type);
+          const size_t data_bytes = 2 * size_t(bs) * kv_vector_bytes(layout_.kv_type, d);
           if (data_bytes < layout_.page_bytes)  // the 64-byte round-up tail is never written
             for (std::byte* page : pages) std::memset(page + data_bytes, 0, layout_.page_bytes - data_bytes);
         }
@@ -402,7 +555,8 @@ void KVStore::write_head(int layer, int kv_head, int64_t first_token, const Tens
                          const TensorView* importance) {
   const StoreLayout& L = layout_;
   const DType kv = L.kv_type;
-  const size_t es = dtype_size(kv);
+  const bool q8 = kv == DType::kQ8_0;
+  const size_t es = q8 ? sizeof(float) : dtype_size(kv);  // q8_0: rows staged in f32
   const int bs = L.block_size;
   const int d = L.shape.head_dim;
   const size_t row_bytes = size_t(d) * es;
@@ -425,33 +579,21 @@ void KVStore::write_head(int layer, int kv_head, int64_t first_token, const Tens
     const int offset = int(pos % bs);
     const int count = int(std::min<int64_t>({kSegmentTokens, bs - offset, n - t}));
     std::byte* page = hc.pages[size_t(b)];
-    std::byte* v_rows = page + size_t(bs) * row_bytes + size_t(offset) * row_bytes;
     const auto* k_src = static_cast<const std::byte*>(k.data) + (t * k.strides[0] + kv_head * k.strides[1]) * int64_t(k_es);
     const auto* v_src = static_cast<const std::byte*>(v.data) + (t * v.strides[0] + kv_head * v.strides[1]) * int64_t(v_es);
-    copy_rows(k_src, k.strides[0] * int64_t(k_es), k.dtype, scratch.keys.data(), kv, count, d);
-    copy_rows(v_src, v.strides[0] * int64_t(v_es), v.dtype, v_rows, kv, count, d);
-    // K^T: transpose in the scratch, then copy out, in one piece when the
-    // segment is the whole block (channel rows are then back to back). A few
-    // tokens (decode) go straight to the page.
-    if (count < kDirectTokens) {
-      if (es == 4) scatter_columns<uint32_t>(scratch.keys.data(), count, d, page, bs, offset);
-      else scatter_columns<uint16_t>(scratch.keys.data(), count, d, page, bs, offset);
-    } else {
-      if (es == 4) transpose<uint32_t>(scratch.keys.data(), count, d, scratch.k_t.data());
-      else transpose<uint16_t>(scratch.keys.data(), count, d, scratch.k_t.data());
-      const size_t run = size_t(count) * es;
-      if (count == bs) {
-        std::memcpy(page, scratch.k_t.data(), size_t(d) * run);
-      } else {
-        for (int c = 0; c < d; ++c)
-          std::memcpy(page + (size_t(c) * size_t(bs) + size_t(offset)) * es, scratch.k_t.data() + size_t(c) * run, run);
-      }
-    }
-
     detail::Segment segment;
     segment.offset = offset;
     segment.count = count;
     segment.keys = scratch.keys.data();
+    segment.keys_dtype = q8 ? DType::kF32 : kv;
+    if (q8) {
+      write_q8_segment(L, k_src, k.strides[0] * int64_t(k_es), k.dtype, v_src, v.strides[0] * int64_t(v_es),
+                       v.dtype, page, offset, count, reinterpret_cast<float*>(scratch.k_t.data()),
+                       reinterpret_cast<float*>(scratch.keys.data()));
+    } else {
+      write_segment(L, k_src, k.strides[0] * int64_t(k_es), k.dtype, v_src, v.strides[0] * int64_t(v_es), v.dtype,
+                    page, offset, count, scratch.keys.data(), scratch.k_t.data());
+    }
     if (importance != nullptr) {
       const float* data = static_cast<const float*>(importance->data);
       for (int i = 0; i < count; ++i)
@@ -551,25 +693,67 @@ Partition KVStore::partition(int layer) const {
   return p;
 }
 
-BlockView KVStore::block(int layer, int kv_head, int64_t block) const {
-  check_block(layer, kv_head, block, "block");
-  const std::byte* page = head_cache(layer, kv_head).pages[size_t(block)];
+size_t kv_vector_bytes(DType kv_type, int head_dim) {
+  if (kv_type == DType::kQ8_0) return size_t(head_dim) + size_t(head_dim / kQ8Group) * sizeof(uint16_t);
+  return size_t(head_dim) * dtype_size(kv_type);
+}
+
+BlockView view_of_page(const StoreLayout& layout, const std::byte* page, int n_filled) {
   BlockView view;
   view.k_t = page;
-  view.v = page + size_t(layout_.block_size) * size_t(layout_.shape.head_dim) * dtype_size(layout_.kv_type);
-  view.n_filled = int(std::min<int64_t>(layout_.block_size, n_tokens(layer) - block * layout_.block_size));
+  view.v = page + layout.page_v;
+  if (layout.kv_type == DType::kQ8_0) {
+    view.k_scales = reinterpret_cast<const uint16_t*>(page + layout.page_k_scales);
+    view.v_scales = reinterpret_cast<const uint16_t*>(page + layout.page_v_scales);
+  }
+  view.n_filled = n_filled;
   return view;
 }
 
+BlockView KVStore::block(int layer, int kv_head, int64_t block) const {
+  check_block(layer, kv_head, block, "block");
+  return view_of_page(layout_, head_cache(layer, kv_head).pages[size_t(block)],
+                      int(std::min<int64_t>(layout_.block_size, n_tokens(layer) - block * layout_.block_size)));
+}
+
 void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld) {
-  const size_t es = dtype_size(layout.kv_type);
   const size_t bs = size_t(layout.block_size);
+  if (layout.kv_type == DType::kQ8_0) {
+    const auto* codes = reinterpret_cast<const int8_t*>(view.k_t);
+    float scale[kSegmentTokens];
+    for (int c0 = 0; c0 < layout.shape.head_dim; c0 += kQ8Group) {
+      for (int t = 0; t < n; t += kSegmentTokens) {
+        const int m = std::min(kSegmentTokens, n - t);
+        const uint16_t* s = view.k_scales + size_t(c0 / kQ8Group) * bs + size_t(t0 + t);
+        for (int i = 0; i < m; ++i) scale[i] = f16_bits_to_f32(s[i]);
+        for (int c = c0; c < c0 + kQ8Group; ++c) {
+          const int8_t* q = codes + size_t(c) * bs + size_t(t0 + t);
+          float* out = dst + size_t(c) * ld + size_t(t);
+          for (int i = 0; i < m; ++i) out[i] = float(q[i]) * scale[i];
+        }
+      }
+    }
+    return;
+  }
+  const size_t es = dtype_size(layout.kv_type);
   for (size_t c = 0; c < size_t(layout.shape.head_dim); ++c)
     convert(view.k_t + (c * bs + size_t(t0)) * es, layout.kv_type, dst + c * ld, DType::kF32, size_t(n));
 }
 
 void read_values(const StoreLayout& layout, const BlockView& view, int t0, int n, float* dst, size_t ld) {
   const size_t d = size_t(layout.shape.head_dim);
+  if (layout.kv_type == DType::kQ8_0) {
+    const size_t groups = d / kQ8Group;
+    for (size_t t = 0; t < size_t(n); ++t) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(view.v) + (size_t(t0) + t) * d;
+      const uint16_t* s = view.v_scales + (size_t(t0) + t) * groups;
+      for (size_t g = 0; g < groups; ++g) {
+        const float scale = f16_bits_to_f32(s[g]);
+        for (size_t c = g * kQ8Group; c < (g + 1) * kQ8Group; ++c) dst[t * ld + c] = float(q[c]) * scale;
+      }
+    }
+    return;
+  }
   const size_t es = dtype_size(layout.kv_type);
   if (ld == d) {
     convert(view.v + size_t(t0) * d * es, layout.kv_type, dst, DType::kF32, size_t(n) * d);

@@ -12,7 +12,7 @@ namespace {
 using RT = RepresentativeType;
 
 size_t key_bytes(const StoreLayout& layout) {
-  return size_t(layout.shape.head_dim) * dtype_size(layout.kv_type);
+  return size_t(layout.shape.head_dim) * dtype_size(layout.rep_dtype);
 }
 
 std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
@@ -40,17 +40,18 @@ constexpr int kTileTokens = 32;  // keys widened to f32 at a time (stays in L1)
 template <typename F>
 void for_each_f32_tile(const StoreLayout& layout, const Segment& seg, RepScratch& s, F&& f) {
   const size_t d = size_t(layout.shape.head_dim);
-  const size_t row_bytes = d * dtype_size(layout.kv_type);
+  const size_t row_bytes = d * dtype_size(seg.keys_dtype);
   for (int t0 = 0; t0 < seg.count; t0 += kTileTokens) {
     const int n = std::min(kTileTokens, seg.count - t0);
-    convert(seg.keys + size_t(t0) * row_bytes, layout.kv_type, s.keys_f32.data(), DType::kF32, size_t(n) * d);
+    convert(seg.keys + size_t(t0) * row_bytes, seg.keys_dtype, s.keys_f32.data(), DType::kF32, size_t(n) * d);
     f(s.keys_f32.data(), t0, n);
   }
 }
 
 // MAX (and QUEST's min in a second accumulator): start from the record, or
 // from the segment's first token when the block is new; the extremes of
-// stored values are stored values, so the round trip through kv_type is exact.
+// stored values are stored values, so the round trip through kv_type is exact
+// (q8_0: its dequantized values rounded to the f16 record).
 template <bool kWithMin>
 void update_extremes(const StoreLayout& layout, std::byte* record, const Segment& seg, RepScratch& s) {
   const size_t d = size_t(layout.shape.head_dim);
@@ -58,8 +59,8 @@ void update_extremes(const StoreLayout& layout, std::byte* record, const Segment
   float* mn = s.acc1.data();
   const bool fresh = seg.offset == 0;
   if (!fresh) {
-    convert(slot(layout, record, 0), layout.kv_type, mx, DType::kF32, d);
-    if constexpr (kWithMin) convert(slot(layout, record, 1), layout.kv_type, mn, DType::kF32, d);
+    convert(slot(layout, record, 0), layout.rep_dtype, mx, DType::kF32, d);
+    if constexpr (kWithMin) convert(slot(layout, record, 1), layout.rep_dtype, mn, DType::kF32, d);
   }
   for_each_f32_tile(layout, seg, s, [&](const float* keys, int t0, int n) {
     int first = 0;
@@ -90,8 +91,8 @@ void update_extremes(const StoreLayout& layout, std::byte* record, const Segment
       }
     }
   });
-  convert(mx, DType::kF32, slot(layout, record, 0), layout.kv_type, d);
-  if constexpr (kWithMin) convert(mn, DType::kF32, slot(layout, record, 1), layout.kv_type, d);
+  convert(mx, DType::kF32, slot(layout, record, 0), layout.rep_dtype, d);
+  if constexpr (kWithMin) convert(mn, DType::kF32, slot(layout, record, 1), layout.rep_dtype, d);
 }
 
 // MEAN: the fp32 sum lives in the record and grows token by token in token
@@ -114,7 +115,7 @@ void update_mean(const StoreLayout& layout, std::byte* record, const Segment& se
   const float n_filled = float(seg.offset + seg.count);
   float* mean = s.acc0.data();
   for (size_t c = 0; c < d; ++c) mean[c] = sum[c] / n_filled;
-  convert(mean, DType::kF32, slot(layout, record, 0), layout.kv_type, d);
+  convert(mean, DType::kF32, slot(layout, record, 0), layout.rep_dtype, d);
 }
 
 void update_fix(const StoreLayout& layout, std::byte* record, const Segment& seg) {
@@ -123,20 +124,13 @@ void update_fix(const StoreLayout& layout, std::byte* record, const Segment& seg
   int32_t* offsets = record_offsets(layout, record);
   if (seg.offset == 0)
     for (int j = 0; j < r; ++j) offsets[j] = fix_offset(j, bs, r);
-  const size_t kb = key_bytes(layout);
+  const size_t d = size_t(layout.shape.head_dim);
+  const size_t row_bytes = d * dtype_size(seg.keys_dtype);
   for (int j = 0; j < r; ++j) {
     const int at = fix_offset(j, bs, r) - seg.offset;
-    if (at >= 0 && at < seg.count) std::memcpy(slot(layout, record, j), seg.keys + size_t(at) * kb, kb);
+    if (at >= 0 && at < seg.count)
+      convert(seg.keys + size_t(at) * row_bytes, seg.keys_dtype, slot(layout, record, j), layout.rep_dtype, d);
   }
-}
-
-// Copies the key of token `offset` out of the block's K^T (one element per
-// channel row) into a record slot.
-template <typename Elem>
-void gather_key(const std::byte* k_t, int block_size, int head_dim, int offset, std::byte* dst) {
-  const Elem* src = reinterpret_cast<const Elem*>(k_t) + offset;
-  Elem* out = reinterpret_cast<Elem*>(dst);
-  for (int c = 0; c < head_dim; ++c) out[c] = src[size_t(c) * size_t(block_size)];
 }
 
 }  // namespace
@@ -158,7 +152,7 @@ int valid_slots(const StoreLayout& layout, int n_filled) {
   return 0;
 }
 
-void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byte* k_t, int n_filled,
+void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byte* page, int n_filled,
                     RepScratch& s) {
   const float* importance = record_importance(layout, record);
   const int picked = std::min(n_filled, layout.rep_num);
@@ -172,6 +166,7 @@ void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byt
   });
   int32_t* offsets = record_offsets(layout, record);
   const size_t kb = key_bytes(layout);
+  if (s.acc0.size() < size_t(layout.shape.head_dim)) s.acc0.resize(size_t(layout.shape.head_dim));
   for (int j = 0; j < layout.rep_num; ++j) {
     std::byte* dst = slot(layout, record, j);
     if (j >= picked) {
@@ -180,14 +175,13 @@ void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byt
       continue;
     }
     offsets[j] = order[size_t(j)];
-    if (dtype_size(layout.kv_type) == 4)
-      gather_key<uint32_t>(k_t, layout.block_size, layout.shape.head_dim, order[size_t(j)], dst);
-    else
-      gather_key<uint16_t>(k_t, layout.block_size, layout.shape.head_dim, order[size_t(j)], dst);
+    // The key of that token out of the page's K^T (one value per channel row).
+    read_keys_t(layout, view_of_page(layout, page, n_filled), order[size_t(j)], 1, s.acc0.data(), 1);
+    convert(s.acc0.data(), DType::kF32, dst, layout.rep_dtype, size_t(layout.shape.head_dim));
   }
 }
 
-void update_record(const StoreLayout& layout, std::byte* record, const std::byte* k_t, const Segment& seg,
+void update_record(const StoreLayout& layout, std::byte* record, const std::byte* page, const Segment& seg,
                    RepScratch& scratch) {
   const size_t d = size_t(layout.shape.head_dim);
   if (scratch.acc0.size() < d) {
@@ -212,7 +206,7 @@ void update_record(const StoreLayout& layout, std::byte* record, const std::byte
       float* importance = record_importance(layout, record);
       for (int t = 0; t < seg.count; ++t)
         importance[seg.offset + t] = seg.importance != nullptr ? seg.importance[t] : 0.f;
-      repick_dynamic(layout, record, k_t, seg.offset + seg.count, scratch);
+      repick_dynamic(layout, record, page, seg.offset + seg.count, scratch);
       break;
     }
   }

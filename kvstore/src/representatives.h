@@ -27,23 +27,25 @@ struct RepScratch {
 };
 
 // Tokens [offset, offset + count) of a block, already written to its page.
-// keys: their keys [count][head_dim] as stored (kv_type); importance: [count]
-// f32, or null for 0 (read by DYNAMIC only).
+// keys: their keys [count][head_dim] as stored, in keys_dtype (kv_type, or
+// f32 for q8_0: the dequantized values); importance: [count] f32, or null
+// for 0 (read by DYNAMIC only).
 struct Segment {
   int offset = 0;
   int count = 0;
   const std::byte* keys = nullptr;
+  DType keys_dtype = DType::kF16;
   const float* importance = nullptr;
 };
 
 // Brings the block's record up to date with a segment: afterwards it
-// describes tokens [0, offset + count) of the block. k_t: the block's K^T.
-void update_record(const StoreLayout& layout, std::byte* record, const std::byte* k_t, const Segment& segment,
+// describes tokens [0, offset + count) of the block. page: the block's page.
+void update_record(const StoreLayout& layout, std::byte* record, const std::byte* page, const Segment& segment,
                    RepScratch& scratch);
 
 // DYNAMIC: re-picks the slots of a block holding n_filled tokens from the
-// importances in its record, copying keys from its K^T.
-void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byte* k_t, int n_filled,
+// importances in its record, copying keys from its page.
+void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byte* page, int n_filled,
                     RepScratch& scratch);
 
 // DYNAMIC: the record's per-token importance array.

@@ -16,11 +16,12 @@
 namespace longctx::kvstore {
 namespace {
 
-// ---- constants of format version 2 -------------------------------------------
+// ---- constants of format version 3 -------------------------------------------
 
 constexpr char kMagic[8] = {'L', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 constexpr char kEndMagic[8] = {'L', 'C', 'T', 'X', 'E', 'N', 'D', '.'};
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
+// Version 2 is version 3 without the q8_0 kv_type: still read.
 
 constexpr size_t kFixedHeaderBytes = 92;   // magic .. fingerprint_bytes
 constexpr size_t kCrcBytes = 4;
@@ -52,6 +53,7 @@ uint32_t dtype_code(DType t) {
     case DType::kF32: return 0;
     case DType::kF16: return 1;
     case DType::kBF16: return 2;
+    case DType::kQ8_0: return 3;
   }
   fail(ErrorCode::kInternal, "snapshot: unknown dtype ", int(t));
 }
@@ -61,6 +63,7 @@ std::optional<DType> dtype_from_code(uint32_t code) {
     case 0: return DType::kF32;
     case 1: return DType::kF16;
     case 2: return DType::kBF16;
+    case 3: return DType::kQ8_0;
     default: return std::nullopt;
   }
 }
@@ -277,7 +280,8 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   check_range(path, "head_dim", h.head_dim, 1, kMaxHeadDim);
   check_range(path, "block_size", h.block_size, 1, kMaxBlockSize);
   const std::optional<DType> kv_type = dtype_from_code(h.kv_type);
-  if (!kv_type) fail_header_field(path, "kv_type", h.kv_type, "is not a dtype code (0 f32, 1 f16, 2 bf16)");
+  if (!kv_type) fail_header_field(path, "kv_type", h.kv_type, "is not a dtype code (0 f32, 1 f16, 2 bf16, 3 q8_0)");
+  const DType rep_dtype = *kv_type == DType::kQ8_0 ? DType::kF16 : *kv_type;
   if (!rep_type_from_code(h.rep_type)) {
     fail_header_field(path, "rep_type", h.rep_type, "is not a representative type code (0..4)");
   }
@@ -285,10 +289,12 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   check_range(path, "rep_slots", h.rep_slots, 1, kMaxRepNum);
   // Pages and records hold at least their vectors, in multiples of 64 bytes
   // (the products stay below 2^48 by the bounds above).
-  const uint64_t kv_bytes = 2 * uint64_t{h.block_size} * h.head_dim * dtype_size(*kv_type);
+  if (*kv_type == DType::kQ8_0 && h.head_dim % kQ8Group != 0)
+    fail_header_field(path, "head_dim", h.head_dim, "is not a multiple of 32, which kv_type q8_0 needs");
+  const uint64_t kv_bytes = 2 * uint64_t{h.block_size} * kv_vector_bytes(*kv_type, int(h.head_dim));
   check_range(path, "page_bytes", h.page_bytes, kv_bytes, kMaxPageBytes);
   if (h.page_bytes % 64 != 0) fail_header_field(path, "page_bytes", h.page_bytes, "is not a multiple of 64");
-  const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(*kv_type);
+  const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(rep_dtype);
   check_range(path, "record_bytes", h.record_bytes, keys_bytes, kMaxPageBytes);
   if (h.record_bytes % 64 != 0) fail_header_field(path, "record_bytes", h.record_bytes, "is not a multiple of 64");
   check_range(path, "record_sum_offset", h.record_sum_offset, 0, h.record_bytes - 1);
@@ -309,9 +315,9 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
          std::string_view(kMagic, sizeof kMagic), "')");
   }
   const uint32_t version = get_u32(file.data() + kOffVersion);
-  if (version != kFormatVersion) {
-    fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version ", version, ", this build reads version ",
-         kFormatVersion);
+  if (version != kFormatVersion && version != 2) {
+    fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version ", version,
+         ", this build reads versions 2 and ", kFormatVersion);
   }
   Header h;
   h.header_bytes = get_u32(file.data() + kOffHeaderBytes);
@@ -347,6 +353,8 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
   const uint32_t fingerprint_bytes = get_u32(file.data() + kOffFingerprintBytes);
 
   check_header_fields(h, fingerprint_bytes, path);
+  if (version == 2 && h.kv_type == dtype_code(DType::kQ8_0))
+    fail_header_field(path, "kv_type", h.kv_type, "is q8_0, which format version 2 does not hold");
 
   p = file.data() + kFixedHeaderBytes;
   h.fingerprint.assign(reinterpret_cast<const char*>(p), fingerprint_bytes);

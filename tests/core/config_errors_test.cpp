@@ -269,7 +269,7 @@ TEST(ConfigValidate, NamesTheKeyWithoutALocation) {
 
   c = LongContextConfig{};
   c.kv_type = static_cast<DType>(9);
-  EXPECT_EQ(validation_error(c), "key 'kv_type': must be one of f32, f16, bf16, got dtype code 9");
+  EXPECT_EQ(validation_error(c), "key 'kv_type': must be one of f32, f16, bf16, q8_0, got dtype code 9");
 
   c = LongContextConfig{};
   c.numa.kind = NumaPolicy::Kind::kNodes;

@@ -299,7 +299,7 @@ TEST(ConfigParse, EnumErrors) {
             "x.yaml:2:16: key 'quoka.head_reduce': expected one of max, mean, got 'sum'");
   EXPECT_EQ(config_error("budget: {policy: greedy}\n"),
             "x.yaml:1:18: key 'budget.policy': expected one of uniform, adaptive, got 'greedy'");
-  EXPECT_EQ(config_error("kv_type: int8\n"), "x.yaml:1:10: key 'kv_type': expected one of f32, f16, bf16, got 'int8'");
+  EXPECT_EQ(config_error("kv_type: int8\n"), "x.yaml:1:10: key 'kv_type': expected one of f32, f16, bf16, q8_0, got 'int8'");
 }
 
 TEST(ConfigParse, ModelAndSampling) {

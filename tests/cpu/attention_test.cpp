@@ -101,6 +101,12 @@ class AttnStore {
     heads_.resize(size_t(c.n_kv_heads));
     for (int h = 0; h < c.n_kv_heads; ++h) {
       heads_[size_t(h)].head_dim = c.head_dim;
+      if (c.kv_type == DType::kQ8_0) {  // dequantized as the store reads it (checked in tests/kvstore)
+        const prefill_ref::StoredHead stored = prefill_ref::stored_head(*store_, kLayer, h);
+        heads_[size_t(h)].k.assign(stored.k.begin(), stored.k.end());
+        heads_[size_t(h)].v.assign(stored.v.begin(), stored.v.end());
+        continue;
+      }
       for (int64_t t = 0; t < c.n_tokens; ++t)
         for (int ch = 0; ch < c.head_dim; ++ch) {
           const size_t i = size_t((t * c.n_kv_heads + h) * c.head_dim + ch);
@@ -317,7 +323,7 @@ std::vector<int64_t> lengths_for(int block_size) {
 }
 
 TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
-  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
   const int block_sizes[] = {1, 16, 64, 128};
   const int head_dims[] = {64, 128, 256};
   const int groups[] = {1, 2, 4, 8, 3, 5};

@@ -319,7 +319,7 @@ std::vector<int64_t> chunk_lengths(int block_size) {
 }
 
 TEST(PrefillAttention, RandomShapesOnEveryTargetMatchReference) {
-  const DType types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType types[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
   const int block_sizes[] = {1, 16, 64, 128};
   const int head_dims[] = {64, 128, 256};
   const int groups[] = {1, 2, 4, 8};
@@ -651,7 +651,7 @@ void run_restricted(const kvstore::KVStore& store, int64_t first_pos, const Sele
 TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
   std::mt19937 rng(606);
   int checked = 0;
-  for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     for (int block_size : {1, 16, 64}) {
       for (int rep = 0; rep < 2; ++rep) {
         PrefillCase c;

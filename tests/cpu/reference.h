@@ -27,10 +27,17 @@ inline std::vector<std::vector<double>> stored_block_keys(const kvstore::KVStore
                                                           int64_t block) {
   const kvstore::StoreLayout& layout = store.layout();
   const kvstore::BlockView view = store.block(layer, kv_head, block);
-  std::vector<std::vector<double>> keys(size_t(view.n_filled), std::vector<double>(size_t(layout.shape.head_dim)));
+  const int d = layout.shape.head_dim;
+  std::vector<std::vector<double>> keys(size_t(view.n_filled), std::vector<double>(size_t(d)));
+  // q8_0 through the store's reader (its dequantization is checked against
+  // the plain q8_0 reference in tests/kvstore); float types element by element.
+  std::vector<float> q8_keys(layout.kv_type == DType::kQ8_0 ? size_t(d) * size_t(view.n_filled) : 0);
+  if (!q8_keys.empty()) kvstore::read_keys_t(layout, view, 0, view.n_filled, q8_keys.data(), size_t(view.n_filled));
   for (int t = 0; t < view.n_filled; ++t)
-    for (int c = 0; c < layout.shape.head_dim; ++c)
-      keys[size_t(t)][size_t(c)] = load_as_f32(view.k_t, layout.kv_type, size_t(c) * layout.block_size + t);
+    for (int c = 0; c < d; ++c)
+      keys[size_t(t)][size_t(c)] = q8_keys.empty()
+                                       ? load_as_f32(view.k_t, layout.kv_type, size_t(c) * layout.block_size + t)
+                                       : q8_keys[size_t(c) * size_t(view.n_filled) + size_t(t)];
   return keys;
 }
 
@@ -224,9 +231,17 @@ inline StoredHead stored_head(const kvstore::KVStore& store, int layer, int kv_h
   const int bs = layout.block_size;
   StoredHead head;
   head.head_dim = layout.shape.head_dim;
+  std::vector<float> k(size_t(head.head_dim)), v(size_t(head.head_dim));
   for (int64_t t = 0; t < store.n_tokens(layer); ++t) {
     const kvstore::BlockView page = store.block(layer, kv_head, t / bs);
     const size_t offset = size_t(t % bs);
+    if (layout.kv_type == DType::kQ8_0) {  // the store's reader, checked in tests/kvstore
+      kvstore::read_keys_t(layout, page, int(offset), 1, k.data(), 1);
+      kvstore::read_values(layout, page, int(offset), 1, v.data(), size_t(head.head_dim));
+      head.k.insert(head.k.end(), k.begin(), k.end());
+      head.v.insert(head.v.end(), v.begin(), v.end());
+      continue;
+    }
     for (int c = 0; c < head.head_dim; ++c) {
       head.k.push_back(load_as_f32(page.k_t, layout.kv_type, size_t(c) * size_t(bs) + offset));
       head.v.push_back(load_as_f32(page.v, layout.kv_type, offset * size_t(head.head_dim) + size_t(c)));

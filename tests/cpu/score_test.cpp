@@ -9,7 +9,9 @@
 // MEAN's stored representative is itself an fp32 running sum divided by n and
 // rounded to kv_type, which adds per channel (n + 2) * eps32 * mean_t(|k_tc|) +
 // u_kv * |mean_c| (n <= block_size tokens; u_kv: unit roundoff of kv_type)
-// to what the reference, built from the stored keys, sees.
+// to what the reference, built from the stored keys, sees. q8_0 stores keep
+// their representatives in f16, rounded from the dequantized keys the
+// reference sees: u_f16 * sum |q_hc| |rep_jc| more, for every type.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,11 +37,13 @@ using RT = RepresentativeType;
 
 constexpr double kEps32 = 0x1p-23;
 
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
+// Unit roundoff of the representatives' dtype (kv_type; f16 for q8_0).
+double rep_unit_roundoff(DType kv_type) {
+  switch (kv_type) {
     case DType::kF32: return 0x1p-24;
     case DType::kF16: return 0x1p-11;
     case DType::kBF16: return 0x1p-8;
+    case DType::kQ8_0: return 0x1p-11;
   }
   return 1;
 }
@@ -69,7 +73,8 @@ StoreCase random_case(RT type, DType dtype, std::mt19937& rng) {
   c.type = type;
   c.kv_type = dtype;
   c.n_kv_heads = pick({1, 2, 3});
-  c.head_dim = pick({40, 64, 128, 256});  // 40: a tail on 16-lane targets
+  c.head_dim = dtype == DType::kQ8_0 ? pick({32, 64, 128, 256})  // q8_0: multiples of 32
+                                     : pick({40, 64, 128, 256}); // 40: a tail on 16-lane targets
   c.block_size = pick({4, 16, 32, 128});
   c.rep_num = type == RT::kFix || type == RT::kDynamic ? std::min(c.block_size, pick({1, 3, 4, 6})) : 2;
   const int bs = c.block_size;
@@ -145,12 +150,13 @@ Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Q
       const score_ref::BlockScore s =
           score_ref::block_score(c.type, reps, q_group, params.gqa_reduce, params.dynamic_reduce);
       double tolerance = double(slot_len + group + int(reps.size()) + 4) * kEps32 * s.magnitude;
+      if (c.kv_type == DType::kQ8_0) tolerance += rep_unit_roundoff(c.kv_type) * s.magnitude;
       if (c.type == RT::kMean) {
         for (const auto& qh : q_group)
           for (int ch = 0; ch < c.head_dim; ++ch)
             tolerance += std::abs(qh[size_t(ch)]) *
                          ((double(c.block_size) + 2) * kEps32 * ref.mean_abs[size_t(h)][i][size_t(ch)] +
-                          unit_roundoff(c.kv_type) * std::abs(reps[0][size_t(ch)]));
+                          rep_unit_roundoff(c.kv_type) * std::abs(reps[0][size_t(ch)]));
       }
       e.score.push_back(s.score);
       e.tolerance.push_back(tolerance);
@@ -167,7 +173,7 @@ TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
   cases.push_back({RT::kFix, DType::kF16, 2, 64, 16, 4, 0, 0, 16 * 5 + 5});
   cases.push_back({RT::kDynamic, DType::kBF16, 2, 128, 16, 6, 16, 0, 16 * 3 + 3});
   for (const RT type : {RT::kMax, RT::kMean, RT::kQuest, RT::kFix, RT::kDynamic})
-    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
       for (int i = 0; i < 2; ++i) cases.push_back(random_case(type, dtype, rng));
 
   int blocks_checked = 0;

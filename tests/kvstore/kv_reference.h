@@ -45,7 +45,32 @@ inline void encode(std::byte* base, DType dtype, size_t i, float x) {
       std::memcpy(base + 2 * i, &bits, 2);
       return;
     }
+    case DType::kQ8_0:
+      ADD_FAILURE() << "encode: q8_0 has no element encoding";
+      return;
   }
+}
+
+// ---- q8_0: the documented rule (kv_store.h), written out plainly ----
+
+// One group of 32 values: s = f16(max|x| / 127), q = clamp(nearbyint(x / s), -127, 127) (0 when s == 0).
+struct Q8Group {
+  uint16_t scale_bits = 0;
+  int8_t q[kQ8Group] = {};
+  float value(int i) const { return float(q[i]) * f16_bits_to_f32(scale_bits); }
+};
+
+inline Q8Group q8_quantize(const float* x) {
+  float amax = 0.f;
+  for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::fabs(x[i]));
+  Q8Group g;
+  g.scale_bits = f32_to_f16_bits(amax / 127.f);
+  const float s = f16_bits_to_f32(g.scale_bits);
+  for (int i = 0; i < kQ8Group; ++i) {
+    const float q = s > 0.f ? std::nearbyint(x[i] / s) : 0.f;
+    g.q[i] = int8_t(std::min(127.f, std::max(-127.f, q)));
+  }
+  return g;
 }
 
 inline float decode(const std::byte* base, DType dtype, size_t i) {
@@ -58,6 +83,9 @@ inline float decode(const std::byte* base, DType dtype, size_t i) {
   std::memcpy(&bits, base + 2 * i, 2);
   return dtype == DType::kF16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
 }
+
+// The dtype a store keeps representative keys in (kv_store.h: f16 for q8_0).
+inline DType rep_dtype_of(DType kv_type) { return kv_type == DType::kQ8_0 ? DType::kF16 : kv_type; }
 
 inline float round_to(DType dtype, float x) {
   std::byte buf[4]{};
@@ -181,8 +209,9 @@ inline TensorView importance_view(const std::vector<float>& imp, int64_t begin, 
 // ---- the reference store ----------------------------------------------------------
 
 struct RefHead {
-  std::vector<float> k, v;        // [n][dim], rounded to kv_type
+  std::vector<float> k, v;        // [n][dim], rounded to kv_type (q8_0: dequantized)
   std::vector<float> importance;  // [n], fp32 sums in call order
+  std::vector<Q8Group> kq, vq;    // q8_0: [n][dim / 32] groups
 };
 
 struct RefLayer {
@@ -196,9 +225,20 @@ inline void ref_append(RefLayer& ref, const Input& k, const Input& v, int64_t be
   for (int h = 0; h < k.heads; ++h) {
     RefHead& rh = ref.heads[size_t(h)];
     for (int64_t t = begin; t < end; ++t) {
-      for (int c = 0; c < k.dim; ++c) {
-        rh.k.push_back(round_to(kv_type, k.at(t, h, c)));
-        rh.v.push_back(round_to(kv_type, v.at(t, h, c)));
+      if (kv_type == DType::kQ8_0) {
+        for (int c0 = 0; c0 < k.dim; c0 += kQ8Group) {
+          float xk[kQ8Group], xv[kQ8Group];
+          for (int i = 0; i < kQ8Group; ++i) xk[i] = k.at(t, h, c0 + i), xv[i] = v.at(t, h, c0 + i);
+          rh.kq.push_back(q8_quantize(xk));
+          rh.vq.push_back(q8_quantize(xv));
+          for (int i = 0; i < kQ8Group; ++i) rh.k.push_back(rh.kq.back().value(i));
+          for (int i = 0; i < kQ8Group; ++i) rh.v.push_back(rh.vq.back().value(i));
+        }
+      } else {
+        for (int c = 0; c < k.dim; ++c) {
+          rh.k.push_back(round_to(kv_type, k.at(t, h, c)));
+          rh.v.push_back(round_to(kv_type, v.at(t, h, c)));
+        }
       }
       rh.importance.push_back(importance != nullptr ? importance[size_t(t) * k.heads + h] : 0.f);
     }
@@ -226,6 +266,25 @@ inline const std::byte* record_of(const KVStore& s, int layer, int h, int64_t b)
 inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead& rh, int64_t n, int64_t b) {
   const int bs = L.block_size, d = L.shape.head_dim;
   std::vector<std::byte> page(L.page_bytes, std::byte{0});
+  if (L.kv_type == DType::kQ8_0) {
+    // codes K^T [d][bs], K scales [d/32][bs], codes V [bs][d], V scales [bs][d/32], back to back
+    const int groups = d / kQ8Group;
+    std::byte* k_scales = page.data() + size_t(bs) * d;
+    std::byte* v_codes = k_scales + size_t(bs) * groups * 2;
+    std::byte* v_scales = v_codes + size_t(bs) * d;
+    for (int t = 0; t < bs && b * bs + t < n; ++t)
+      for (int g = 0; g < groups; ++g) {
+        const Q8Group& kg = rh.kq[(size_t(b) * bs + t) * groups + g];
+        const Q8Group& vg = rh.vq[(size_t(b) * bs + t) * groups + g];
+        std::memcpy(k_scales + (size_t(g) * bs + t) * 2, &kg.scale_bits, 2);
+        std::memcpy(v_scales + (size_t(t) * groups + g) * 2, &vg.scale_bits, 2);
+        for (int i = 0; i < kQ8Group; ++i) {
+          page[size_t(g * kQ8Group + i) * bs + t] = std::byte(uint8_t(kg.q[i]));
+          v_codes[size_t(t) * d + g * kQ8Group + i] = std::byte(uint8_t(vg.q[i]));
+        }
+      }
+    return page;
+  }
   std::byte* v_base = page.data() + size_t(bs) * d * dtype_size(L.kv_type);
   for (int t = 0; t < bs && b * bs + t < n; ++t)
     for (int c = 0; c < d; ++c) {
@@ -243,11 +302,12 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
                                               const std::byte* actual, std::string& problems) {
   const int bs = L.block_size, d = L.shape.head_dim, R = L.rep_num;
   const int n_filled = int(std::min<int64_t>(bs, n - b * bs));
-  const size_t key_bytes = size_t(d) * dtype_size(L.kv_type);
+  const DType rep = rep_dtype_of(L.kv_type);
+  const size_t key_bytes = size_t(d) * dtype_size(rep);
   std::vector<std::byte> rec(L.record_bytes, std::byte{0});
   auto key = [&](int t, int c) { return rh.k[(size_t(b) * bs + t) * d + c]; };
   auto put_key = [&](int slot, int t) {
-    for (int c = 0; c < d; ++c) encode(rec.data() + slot * key_bytes, L.kv_type, size_t(c), key(t, c));
+    for (int c = 0; c < d; ++c) encode(rec.data() + slot * key_bytes, rep, size_t(c), key(t, c));
   };
   auto put_i32 = [&](size_t offset, int j, int32_t x) { std::memcpy(rec.data() + offset + 4 * size_t(j), &x, 4); };
 
@@ -257,12 +317,12 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
       for (int c = 0; c < d; ++c) {
         double mx = -INFINITY, mn = INFINITY;
         for (int t = 0; t < n_filled; ++t) mx = std::max<double>(mx, key(t, c)), mn = std::min<double>(mn, key(t, c));
-        encode(rec.data(), L.kv_type, size_t(c), float(mx));
-        if (L.rep_type == RepresentativeType::kQuest) encode(rec.data() + key_bytes, L.kv_type, size_t(c), float(mn));
+        encode(rec.data(), rep, size_t(c), float(mx));
+        if (L.rep_type == RepresentativeType::kQuest) encode(rec.data() + key_bytes, rep, size_t(c), float(mn));
       }
       break;
     case RepresentativeType::kMean: {
-      const double u32 = unit_roundoff(DType::kF32), ukv = unit_roundoff(L.kv_type);
+      const double u32 = unit_roundoff(DType::kF32), ukv = unit_roundoff(rep);
       const double gamma = (n_filled - 1) * u32 / (1 - (n_filled - 1) * u32);
       for (int c = 0; c < d; ++c) {
         double sum = 0, abs_sum = 0;
@@ -276,8 +336,8 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
         const double m = sum / n_filled;
         const double e_sum = gamma * abs_sum / n_filled;
         const double e_div = e_sum + u32 * (std::fabs(m) + e_sum);
-        const double tol = e_div + ukv * (std::fabs(m) + e_div) + half_min_subnormal(L.kv_type);
-        const float stored_mean = decode(actual, L.kv_type, size_t(c));
+        const double tol = e_div + ukv * (std::fabs(m) + e_div) + half_min_subnormal(rep);
+        const float stored_mean = decode(actual, rep, size_t(c));
         if (!(std::fabs(stored_mean - m) <= tol))
           problems += "mean[" + std::to_string(c) + "] " + std::to_string(stored_mean) + " vs " + std::to_string(m) + "; ";
       }
@@ -355,8 +415,10 @@ inline ::testing::AssertionResult layer_matches(const KVStore& s, int layer, con
       }
       const BlockView view = s.block(layer, h, b);
       const int n_filled = int(std::min<int64_t>(L.block_size, ref.n - b * L.block_size));
-      if (view.k_t != page || view.v != page + size_t(L.block_size) * L.shape.head_dim * dtype_size(L.kv_type) ||
-          view.n_filled != n_filled)
+      const size_t v_at = L.kv_type == DType::kQ8_0
+                              ? size_t(L.block_size) * (L.shape.head_dim + L.shape.head_dim / kQ8Group * 2)
+                              : size_t(L.block_size) * L.shape.head_dim * dtype_size(L.kv_type);
+      if (view.k_t != page || view.v != page + v_at || view.n_filled != n_filled)
         return ::testing::AssertionFailure() << "block() view of layer " << layer << " head " << h << " block " << b;
       const std::byte* rec = record_of(s, layer, h, b);
       if (s.rep_record(layer, h, b) != rec)

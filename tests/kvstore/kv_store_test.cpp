@@ -96,6 +96,116 @@ TEST(StoreLayout, RejectsShapesItCannotHold) {
     }
   // representative_num means nothing to MAX/MEAN/QUEST.
   EXPECT_NO_THROW(StoreLayout::make({1, 1, 64}, small_config(16, DType::kF16, RT::kMean, 0, 64)));
+  // q8_0: one scale per 32 channels.
+  const LongContextConfig q8 = small_config(16, DType::kQ8_0, RT::kQuest, 2, 64);
+  for (int dim : {8, 16, 48, 136})
+    expect_error([&] { StoreLayout::make({1, 1, dim}, q8); }, ErrorCode::kInvalidArgument,
+                 {"q8_0", "multiple of 32", std::to_string(dim)});
+  for (int dim : {32, 64, 128, 256, 512}) EXPECT_NO_THROW(StoreLayout::make({1, 1, dim}, q8));
+}
+
+// q8_0 pages: codes K^T [d][bs], K scales f16 [d/32][bs], codes V [bs][d], V
+// scales [bs][d/32], back to back; records hold f16 keys.
+TEST(StoreLayout, Q8PagesHoldCodesAndScales) {
+  const StoreLayout L = StoreLayout::make({2, 3, 128}, small_config(128, DType::kQ8_0, RT::kQuest, 2, 1024));
+  EXPECT_EQ(L.rep_dtype, DType::kF16);
+  EXPECT_EQ(L.page_k_scales, 128u * 128);
+  EXPECT_EQ(L.page_v, 128u * 128 + 128 * 4 * 2);
+  EXPECT_EQ(L.page_v_scales, 2u * 128 * 128 + 128 * 4 * 2);
+  EXPECT_EQ(L.page_bytes, 2u * 128 * (128 + 8));  // 8.5 bits per value, already a multiple of 64
+  EXPECT_EQ(L.record_bytes, 512u);                 // QUEST: 2 x 128 f16
+  EXPECT_EQ(kv_vector_bytes(DType::kQ8_0, 128), 136u);
+  EXPECT_EQ(kv_vector_bytes(DType::kF16, 128), 256u);
+}
+
+// What a q8_0 store holds, against the plain reference (kv_reference.h), and
+// against the values appended: within half a scale each (the rounding of
+// nearbyint), the scale within f16 rounding of max|x| / 127.
+TEST(KVStore, Q8HoldsTheReferenceCodesAndDequantizesWithinHalfAScale) {
+  std::mt19937 rng(81);
+  for (int head_dim : {32, 64, 128, 256}) {
+    for (DType src : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(str_cat("head_dim ", head_dim, " from ", dtype_name(src)));
+      TestStore ts = make_store({1, 2, head_dim}, small_config(16, DType::kQ8_0, RT::kQuest, 2, 100));
+      const Input k = random_input(rng, 75, 2, head_dim, src, true);
+      const Input v = random_input(rng, 75, 2, head_dim, src, false);
+      RefLayer ref;
+      for (int64_t t0 : {0, 1, 17, 40}) {  // partial blocks, odd chunks
+        const int64_t t1 = t0 == 40 ? 75 : t0 == 0 ? 1 : t0 == 1 ? 17 : 40;
+        ts.store->append(0, slice_tokens(k.view, t0, t1), slice_tokens(v.view, t0, t1));
+        ref_append(ref, k, v, t0, t1, nullptr, DType::kQ8_0);
+        ASSERT_TRUE(layer_matches(*ts.store, 0, ref));
+      }
+      const StoreLayout& L = ts.store->layout();
+      std::vector<float> keys(size_t(head_dim) * 16), values(size_t(16) * head_dim);
+      for (int h = 0; h < 2; ++h) {
+        for (int64_t b = 0; b < ts.store->n_blocks(0); ++b) {
+          const BlockView view = ts.store->block(0, h, b);
+          read_keys_t(L, view, 0, view.n_filled, keys.data(), 16);
+          read_values(L, view, 0, view.n_filled, values.data(), size_t(head_dim));
+          for (int t = 0; t < view.n_filled; ++t) {
+            const int64_t pos = b * 16 + t;
+            for (int c0 = 0; c0 < head_dim; c0 += kQ8Group) {
+              for (const bool is_key : {true, false}) {
+                double amax = 0;
+                for (int c = c0; c < c0 + kQ8Group; ++c)
+                  amax = std::max(amax, std::fabs(double((is_key ? k : v).at(pos, h, c))));
+                const double scale = amax / 127 * (1 + std::ldexp(1.0, -11)) + std::ldexp(1.0, -25);
+                for (int c = c0; c < c0 + kQ8Group; ++c) {
+                  const double x = (is_key ? k : v).at(pos, h, c);
+                  const double got = is_key ? keys[size_t(c) * 16 + size_t(t)] : values[size_t(t) * head_dim + size_t(c)];
+                  ASSERT_LE(std::fabs(got - x), 0.5 * scale + std::fabs(x) * std::ldexp(1.0, -11))
+                      << (is_key ? "key" : "value") << " position " << pos << " head " << h << " channel " << c;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A value a q8_0 store cannot hold (NaN, +-Inf, or so large that its group's
+// scale overflows f16) is refused naming the layer, kv head, position and
+// channel, and nothing changes.
+TEST(KVStore, Q8RefusesValuesItCannotHoldAndStaysUnchanged) {
+  TestStore ts = make_store({2, 3, 64}, small_config(16, DType::kQ8_0, RT::kQuest, 2, 100));
+  KVStore& s = *ts.store;
+  std::mt19937 rng(5);
+  const Input k = random_input(rng, 30, 3, 64, DType::kF32, false);
+  const Input v = random_input(rng, 30, 3, 64, DType::kF32, false);
+  s.append(1, slice_tokens(k.view, 0, 20), slice_tokens(v.view, 0, 20));
+  const StoreBytes before = store_bytes(s);
+  struct Bad {
+    bool value;
+    int64_t t;
+    int head, channel;
+    float x;
+    const char* shown;
+  };
+  const Bad cases[] = {{false, 3, 2, 5, std::numeric_limits<float>::quiet_NaN(), "nan"},
+                       {true, 0, 0, 63, std::numeric_limits<float>::infinity(), "inf"},
+                       {false, 9, 1, 32, -std::numeric_limits<float>::infinity(), "-inf"},
+                       {true, 7, 2, 40, 9e6f, "9e+06"}};
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.shown);
+    std::vector<float> kk(k.values.begin() + 20 * 3 * 64, k.values.end());
+    std::vector<float> vv(v.values.begin() + 20 * 3 * 64, v.values.end());
+    (bad.value ? vv : kk)[(size_t(bad.t) * 3 + size_t(bad.head)) * 64 + size_t(bad.channel)] = bad.x;
+    expect_error([&] {
+      s.append(1, make_view(kk.data(), DType::kF32, {10, 3, 64}), make_view(vv.data(), DType::kF32, {10, 3, 64}));
+    }, ErrorCode::kInvalidArgument,
+                 {"layer 1", str_cat(bad.value ? "value" : "key", " of kv head ", bad.head),
+                  str_cat("position ", 20 + bad.t), str_cat("channel ", bad.channel), bad.shown});
+    EXPECT_TRUE(before == store_bytes(s));
+  }
+  // 8e6 fits: its group's scale 8e6 / 127 is a finite f16.
+  std::vector<float> kk(k.values.begin() + 20 * 3 * 64, k.values.end());
+  kk[5] = 8e6f;
+  s.append(1, make_view(kk.data(), DType::kF32, {10, 3, 64}),
+           slice_tokens(v.view, 20, 30));
+  EXPECT_EQ(s.n_tokens(1), 30);
 }
 
 // ---- preflight ------------------------------------------------------------------------

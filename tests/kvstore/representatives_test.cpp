@@ -258,6 +258,33 @@ TEST(Representatives, DynamicTiesAndAddImportance) {
   }
 }
 
+// q8_0 stores: every type and arrival against the reference, whose keys are
+// the dequantized values and whose records hold them in f16. head_dim a
+// multiple of 32, each block size meeting each head dim.
+TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
+  std::mt19937 rng(20251125);
+  const int head_dims[] = {32, 64, 128, 256};
+  int index = 0;
+  for (RT rep : kTypes)
+    for (int bs_i = 0; bs_i < 4; ++bs_i, ++index) {
+      Case c;
+      c.rep = rep;
+      c.kv = DType::kQ8_0;
+      c.block_size = kBlockSizes[bs_i];
+      c.head_dim = head_dims[(index + bs_i) % 4];
+      const int max_r = std::min(c.block_size, 6);
+      c.rep_num = (rep == RT::kFix || rep == RT::kDynamic) ? 1 + int(rng() % uint32_t(max_r)) : 2;
+      if (c.block_size == 1) {
+        c.tokens = {int64_t(20 + rng() % 20), int64_t(5 + rng() % 10)};
+      } else {
+        const int64_t n0 = 2 * c.block_size + 1 + int64_t(rng() % uint32_t(c.block_size - 1));
+        c.tokens = {n0, c.block_size - 1 - int64_t(rng() % 3)};
+      }
+      run_case(c, 5000 + uint32_t(index));
+      if (HasFatalFailure()) return;
+    }
+}
+
 // QUEST's bound holds for every stored key and any query: the min/max are of
 // the keys as stored.
 TEST(Representatives, QuestBoundsStoredKeys) {

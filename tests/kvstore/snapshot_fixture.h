@@ -98,7 +98,8 @@ inline StoreImage image_of(const KVStore& store) {
 // What readers see through the public API: K, V, fill, records, valid slots.
 inline std::vector<std::byte> public_view_of(const KVStore& store) {
   const StoreLayout& l = store.layout();
-  const size_t half_bytes = size_t(l.block_size) * size_t(l.shape.head_dim) * dtype_size(l.kv_type);
+  // K (and V) of a block with its scales (q8_0): block_size vectors.
+  const size_t half_bytes = size_t(l.block_size) * kv_vector_bytes(l.kv_type, l.shape.head_dim);
   std::vector<std::byte> out;
   auto put_int = [&](int64_t x) {
     const auto* p = reinterpret_cast<const std::byte*>(&x);
@@ -110,7 +111,7 @@ inline std::vector<std::byte> public_view_of(const KVStore& store) {
     for (int head = 0; head < l.shape.n_kv_heads; ++head) {
       for (int64_t b = 0; b < store.n_blocks(layer); ++b) {
         const BlockView block = store.block(layer, head, b);
-        out.insert(out.end(), block.k_t, block.k_t + half_bytes);
+        out.insert(out.end(), block.k_t, block.k_t + half_bytes);  // q8_0: codes and scales
         out.insert(out.end(), block.v, block.v + half_bytes);
         put_int(block.n_filled);
         const std::byte* record = store.rep_record(layer, head, b);
@@ -171,7 +172,7 @@ inline void put_le(std::vector<std::byte>& f, size_t at, uint64_t v, int width) 
   for (int i = 0; i < width; ++i) f[at + size_t(i)] = std::byte(v >> (8 * i));
 }
 
-// Offsets of docs/snapshot-format.md (version 2), written out again here on purpose.
+// Offsets of docs/snapshot-format.md (version 3, as version 2), written out again here on purpose.
 inline constexpr size_t kVersionAt = 8, kHeaderBytesAt = 12, kNLayersAt = 16, kNKvHeadsAt = 20, kHeadDimAt = 24,
                         kBlockSizeAt = 28, kKvTypeAt = 32, kRepTypeAt = 36, kRepNumAt = 40, kRepSlotsAt = 44,
                         kPageBytesAt = 48, kRecordBytesAt = 56, kSumOffsetAt = 64, kImportanceOffsetAt = 72,

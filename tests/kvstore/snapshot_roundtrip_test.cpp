@@ -56,6 +56,54 @@ TEST_P(SnapshotRoundTrip, LoadGivesExactlyTheSavedStoreInBothModes) {
   EXPECT_TRUE(read_bytes(file) == read_bytes(path("b.snap")));
 }
 
+// q8_0 pages (codes and scales) and f16 records, every representative type,
+// in both modes; head_dim 64 (q8_0 needs a multiple of 32).
+TEST_F(SnapshotTest, Q8StoresRoundTripExactly) {
+  const KVShape shape{2, 2, 64};
+  for (RepresentativeType rep : {RepresentativeType::kMax, RepresentativeType::kMean, RepresentativeType::kQuest,
+                                 RepresentativeType::kFix, RepresentativeType::kDynamic}) {
+    SCOPED_TRACE(representative_type_name(rep));
+    const LongContextConfig cfg = small_config(rep, DType::kQ8_0);
+    auto source = make_store(cfg, shape);
+    fill_source(*source, 100);
+    save_snapshot(*source, path("q8.snap"), kFingerprint);
+    EXPECT_EQ(get_le(read_bytes(path("q8.snap")), kKvTypeAt, 4), 3u);
+    for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+      auto target = make_store(cfg, shape);
+      load_snapshot(*target, path("q8.snap"), kFingerprint, mode);
+      expect_same_content(*target, *source);
+    }
+  }
+}
+
+// Version 2 files (version 3 less q8_0) still load; one claiming q8_0 is refused.
+TEST_F(SnapshotTest, Version2FilesLoadWithoutQ8) {
+  const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
+  auto source = make_store(cfg);
+  fill_source(*source, 50);
+  save_snapshot(*source, path("v3.snap"), kFingerprint);
+  std::vector<std::byte> f = read_bytes(path("v3.snap"));
+  patch_header(f, kVersionAt, 2, 4);
+  write_bytes(path("v2.snap"), f);
+  auto target = make_store(cfg);
+  load_snapshot(*target, path("v2.snap"), kFingerprint);
+  expect_same_content(*target, *source);
+
+  const KVShape shape{2, 2, 64};
+  const LongContextConfig q8 = small_config(RepresentativeType::kQuest, DType::kQ8_0);
+  auto q8_source = make_store(q8, shape);
+  fill_source(*q8_source, 50);
+  save_snapshot(*q8_source, path("q8.snap"), kFingerprint);
+  f = read_bytes(path("q8.snap"));
+  patch_header(f, kVersionAt, 2, 4);
+  write_bytes(path("q8v2.snap"), f);
+  auto q8_target = make_store(q8, shape);
+  const Error e = error_from([&] { load_snapshot(*q8_target, path("q8v2.snap"), kFingerprint); });
+  EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+  EXPECT_NE(std::string(e.what()).find("q8_0, which format version 2 does not hold"), std::string::npos) << e.what();
+  EXPECT_EQ(q8_target->n_tokens(0), 0);
+}
+
 std::vector<RoundTripCase> all_round_trip_cases() {
   std::vector<RoundTripCase> cases;
   for (RepresentativeType rep : {RepresentativeType::kMax, RepresentativeType::kMean, RepresentativeType::kQuest,
@@ -135,7 +183,7 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
 
   ASSERT_GE(f.size(), 120u);
   EXPECT_EQ(std::memcmp(f.data(), "LCTXSNAP", 8), 0);
-  EXPECT_EQ(get_le(f, kVersionAt, 4), 2u);
+  EXPECT_EQ(get_le(f, kVersionAt, 4), 3u);
   const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
   EXPECT_EQ(header_bytes, 92 + fingerprint.size() + 8 * 2 + 4);
   EXPECT_EQ(get_le(f, kNLayersAt, 4), 2u);

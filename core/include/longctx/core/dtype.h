@@ -1,4 +1,7 @@
-// Storage dtypes of longctx: f32, f16 (IEEE binary16) and bf16 (bfloat16).
+// Storage dtypes of longctx: f32, f16 (IEEE binary16) and bf16 (bfloat16),
+// the element types of tensors; and q8_0, a block type the KV store alone
+// keeps (int8 codes with one f16 scale per 32 values, kvstore/kv_store.h),
+// which has no element size and no conversion here.
 // Conversions from f32 round to nearest, ties to even; NaN stays NaN (quiet),
 // infinities and signed zeros are kept, f16 subnormals are exact.
 // Accumulation is always fp32 whatever the storage dtype.
@@ -11,13 +14,13 @@
 
 namespace longctx {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3 };
 
-// Bytes of one element.
+// Bytes of one element; Error(kInvalidArgument) for q8_0, which has none.
 size_t dtype_size(DType dtype);
-// "f32", "f16", "bf16".
+// "f32", "f16", "bf16", "q8_0".
 const char* dtype_name(DType dtype);
-// Accepts f32/f16/bf16, fp32/fp16/bf16 and float32/float16/bfloat16, any case.
+// Accepts f32/f16/bf16, fp32/fp16/bf16, float32/float16/bfloat16 and q8_0, any case.
 std::optional<DType> parse_dtype(std::string_view text);
 
 // Scalar conversions (bit patterns of the 16-bit types).

@@ -1,24 +1,38 @@
 // The per-layer block KV cache of a sequence, in NUMA-placed DRAM pages.
 //
-// Memory layout (all elements in the storage dtype `kv_type`, es = its size):
+// Memory layout (elements in the storage dtype `kv_type`, es = its size; for
+// q8_0 the elements are int8 codes, es = 1, with scales beside them):
 //
 //   One *block page* per (layer, kv head, block of block_size tokens):
 //     K^T  [head_dim][block_size]   at byte 0: key of token t, channel c at
 //                                   element c*block_size + t (channel-major: a
 //                                   vector load of channel c covers consecutive
 //                                   tokens, so one query scores many tokens per load)
-//     V    [block_size][head_dim]   at byte block_size*head_dim*es: value of
-//                                   token t, channel c at element t*head_dim + c
-//   Page bytes = 2 * block_size * head_dim * es, rounded up to 64; pages are
-//   64-byte aligned. Unfilled token slots of the last (partial) block and the
-//   padding are zero.
+//     q8_0: K scales f16 [head_dim/32][block_size] at page_k_scales: the scale
+//                                   of channels [32 j, 32 j + 32) of token t at j*block_size + t
+//     V    [block_size][head_dim]   at page_v: value of token t, channel c at
+//                                   element t*head_dim + c
+//     q8_0: V scales f16 [block_size][head_dim/32] at page_v_scales
+//   Page bytes = the parts back to back, rounded up to 64; pages are 64-byte
+//   aligned. Unfilled token slots of the last (partial) block and the padding
+//   are zero.
+//
+//   q8_0 (llama.cpp's q8_0 KV: 8.5 bits per value): each group of 32
+//   consecutive channels of one token's key (or value) vector is stored as
+//   int8 codes q and one f16 scale s, value = q * s, with
+//     s = f16(max |x| / 127)  (rounded to nearest even),
+//     q = clamp(nearbyint(x / s), -127, 127), or 0 when s == 0.
+//   Per 32 channels rather than per token: an outlier channel of a key
+//   coarsens its own group only. Appending to a q8_0 store refuses a value that
+//   is not finite or whose group's scale would not fit f16 (|x| > ~8.3e6).
 //
 //   One *representative record* per (layer, kv head, block). Records are
 //   packed `records_per_rep_page` = max(1, 65536 / record_bytes) to a rep page
 //   so that scoring streams them: block b is record b % records_per_rep_page
 //   of rep page b / records_per_rep_page. Every part of a record starts at a
 //   64-byte boundary (records are 64-byte aligned), in this order:
-//     keys        at 0                         [rep_slots][head_dim] kv_type:
+//     keys        at 0                         [rep_slots][head_dim] rep_dtype
+//                                              (kv_type; f16 for q8_0):
 //                   the vectors scored (rep_slots: 1 MAX/MEAN, 2 QUEST, R FIX/DYNAMIC)
 //     sum         at record_sum_offset         MEAN only: [head_dim] f32
 //     importance  at record_importance_offset  DYNAMIC only: [block_size] f32
@@ -29,7 +43,8 @@
 //   unused offsets, which are -1.
 //
 //   Definitions, over the n_filled tokens the block holds, keys *as stored*
-//   (rounded to kv_type), so a partial block always describes what it holds:
+//   (rounded to kv_type; q8_0: the dequantized q * s, then rounded to f16 in
+//   the record), so a partial block always describes what it holds:
 //     MAX      slot 0 = channel-wise max.
 //     QUEST    slot 0 = channel-wise max, slot 1 = channel-wise min (so the
 //              QUEST bound is exact for the stored keys).
@@ -74,11 +89,23 @@ struct KVShape {
   int head_dim = 0;
 };
 
+// Channels per q8_0 scale.
+constexpr int kQ8Group = 32;
+
+// Bytes of one token's key (or value) vector of one kv head in `kv_type`:
+// head_dim * es, or for q8_0 head_dim codes + head_dim / 32 f16 scales.
+size_t kv_vector_bytes(DType kv_type, int head_dim);
+
 // Sizes derived from a shape and a config; what preflight and snapshots check.
 struct StoreLayout {
   KVShape shape;
   int block_size = 0;
   DType kv_type = DType::kF16;
+  DType rep_dtype = DType::kF16;  // representative keys: kv_type, f16 for q8_0
+  // Parts of a block page, bytes from its start (K^T at 0); the scales are 0 unless q8_0.
+  size_t page_k_scales = 0;
+  size_t page_v = 0;
+  size_t page_v_scales = 0;
   RepresentativeType rep_type = RepresentativeType::kQuest;
   int rep_num = 0;            // R as configured
   int rep_slots = 0;          // key vectors per record: 1 MAX/MEAN, 2 QUEST, R FIX/DYNAMIC
@@ -93,8 +120,8 @@ struct StoreLayout {
 
   // Throws Error(kInvalidArgument) naming the field for a shape or config it
   // cannot hold: n_layers or n_kv_heads < 1, head_dim not a multiple of 8 in
-  // [8, 512], block_size < 1, representative_num outside [1, block_size] for
-  // FIX/DYNAMIC (ignored for the other types).
+  // [8, 512] (of 32 for q8_0), block_size < 1, representative_num outside
+  // [1, block_size] for FIX/DYNAMIC (ignored for the other types).
   static StoreLayout make(const KVShape& shape, const LongContextConfig& config);
 };
 
@@ -135,8 +162,13 @@ struct Partition {
 struct BlockView {
   const std::byte* k_t = nullptr;  // [head_dim][block_size]
   const std::byte* v = nullptr;    // [block_size][head_dim]
+  const uint16_t* k_scales = nullptr;  // q8_0: f16 [head_dim / 32][block_size]; else null
+  const uint16_t* v_scales = nullptr;  // q8_0: f16 [block_size][head_dim / 32]; else null
   int n_filled = 0;                // tokens present (block_size unless last block)
 };
+
+// The view of a block page holding n_filled tokens.
+BlockView view_of_page(const StoreLayout& layout, const std::byte* page, int n_filled);
 
 struct MemoryStats {
   uint64_t reserved_bytes = 0;  // slabs mapped, all pools
@@ -163,7 +195,9 @@ class KVStore {
 
   // Appends n tokens to `layer`. k, v: [n, n_kv_heads, head_dim], any dtype,
   // innermost dimension contiguous, other strides arbitrary; converted to
-  // kv_type with longctx::convert's rounding. importance (optional, rank 0 =
+  // kv_type with longctx::convert's rounding (q8_0: quantized as above; a
+  // value it cannot hold is an Error(kInvalidArgument) naming the layer,
+  // kv head, position and channel). importance (optional, rank 0 =
   // absent = 0): finite f32 [n, n_kv_heads], inner dimension contiguous;
   // validated for every type, used by DYNAMIC only. Everything is validated
   // (Error kInvalidArgument, also when n_tokens + n > max_seq_len) and all
