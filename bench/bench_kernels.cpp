@@ -36,7 +36,7 @@ namespace {
 
 struct KernelsArgs {
   std::vector<int64_t> contexts{4096, 16384, 32768, 131072, 1048576};
-  std::vector<DType> dtypes{DType::kF16, DType::kBF16};
+  std::vector<DType> dtypes{DType::kF16, DType::kBF16, DType::kQ8_0};
   int q_heads = 32;
   int kv_heads = 8;
   int head_dim = 128;
@@ -115,8 +115,10 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
     }
     return 1e3 * median(seconds);
   };
-  const double es = double(dtype_size(dtype));
-  const double kv_bytes_per_token = 2.0 * a.kv_heads * a.head_dim * es;
+  // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales), of one representative element.
+  const double vector_bytes = double(kvstore::kv_vector_bytes(dtype, a.head_dim));
+  const double rep_es = double(dtype_size(store.layout().rep_dtype));
+  const double kv_bytes_per_token = 2.0 * a.kv_heads * vector_bytes;
   const double dense_ms = cold([&] { cpu::dense_decode_attention(store, 0, qv, attn, ov, lv); });
   const double score_ms = cold([&] { cpu::score_blocks(store, 0, qv, select.score, sv); });
   const double select_ms = cold([&] { selection = policy::select_blocks(store, 0, qv, select); });
@@ -136,8 +138,8 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   for (int h = 0; h < a.kv_heads; ++h) selected_tokens += selection.tokens(h);
 
   const double dense_bytes = kv_bytes_per_token * double(context);
-  const double score_bytes = double(n_blocks) * a.kv_heads * store.layout().rep_slots * a.head_dim * es;
-  const double sparse_bytes = double(selected_tokens) * 2.0 * a.head_dim * es;
+  const double score_bytes = double(n_blocks) * a.kv_heads * store.layout().rep_slots * a.head_dim * rep_es;
+  const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
   std::vector<Record> records;
   auto add = [&](const char* kernel, double ms, double bytes) {
     Record r;
@@ -222,7 +224,7 @@ int run_kernels(const std::vector<std::string>& args) {
     else if (args[i] == "--dtype") {
       const std::string& name = next();
       const std::optional<DType> t = parse_dtype(name);
-      if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must be f16, bf16 or f32, got '", name, "'");
+      if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must be f16, bf16, f32 or q8_0, got '", name, "'");
       a.dtypes = {*t};
     }
     else if (args[i] == "--quick") {

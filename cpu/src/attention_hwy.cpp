@@ -137,23 +137,39 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
   hn::Vec<D> acc[G][NV];
   for (auto& head : acc)
     for (auto& a : head) a = hn::Zero(d);
-  hn::Vec<D> scale[NV];  // q8_0: the scales of the current group of 32 channels
-  for (auto& x : scale) x = hn::Zero(d);
   const auto* k = k_t + t;
-  for (int c = 0; c < dim; ++c, k += block_size) {
-    prefetch.Step(NV * lanes * sizeof(*k));
-    hn::Vec<D> key[NV];
-    for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
-    if constexpr (kType == DType::kQ8_0) {
-      if (c % kvstore::kQ8Group == 0) {
-        const Scales row = k_scales + size_t(c / kvstore::kQ8Group) * size_t(block_size) + size_t(t);
-        for (int u = 0; u < NV; ++u) scale[u] = LoadF32<DType::kF16>(d, row + u * lanes);
+  if constexpr (kType == DType::kQ8_0) {
+    // Per group of 32 channels: the dot products with the codes, then times
+    // the tokens' scales, added to the total (one multiply per group, not per channel).
+    constexpr int kGroup = kvstore::kQ8Group;
+    for (int c0 = 0; c0 < dim; c0 += kGroup) {
+      hn::Vec<D> part[G][NV];
+      for (auto& head : part)
+        for (auto& a : head) a = hn::Zero(d);
+      for (int c = c0; c < c0 + kGroup; ++c, k += block_size) {
+        prefetch.Step(NV * lanes * sizeof(*k));
+        hn::Vec<D> key[NV];
+        for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
+        for (int i = 0; i < G; ++i) {
+          const auto qc = hn::Set(d, q[i * dim + c]);
+          for (int u = 0; u < NV; ++u) part[i][u] = hn::MulAdd(qc, key[u], part[i][u]);
+        }
       }
-      for (int u = 0; u < NV; ++u) key[u] = hn::Mul(key[u], scale[u]);
+      const Scales row = k_scales + size_t(c0 / kGroup) * size_t(block_size) + size_t(t);
+      for (int u = 0; u < NV; ++u) {
+        const auto scale = LoadF32<DType::kF16>(d, row + u * lanes);
+        for (int i = 0; i < G; ++i) acc[i][u] = hn::MulAdd(part[i][u], scale, acc[i][u]);
+      }
     }
-    for (int i = 0; i < G; ++i) {
-      const auto qc = hn::Set(d, q[i * dim + c]);
-      for (int u = 0; u < NV; ++u) acc[i][u] = hn::MulAdd(qc, key[u], acc[i][u]);
+  } else {
+    for (int c = 0; c < dim; ++c, k += block_size) {
+      prefetch.Step(NV * lanes * sizeof(*k));
+      hn::Vec<D> key[NV];
+      for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
+      for (int i = 0; i < G; ++i) {
+        const auto qc = hn::Set(d, q[i * dim + c]);
+        for (int u = 0; u < NV; ++u) acc[i][u] = hn::MulAdd(qc, key[u], acc[i][u]);
+      }
     }
   }
   for (int i = 0; i < G; ++i)
@@ -177,10 +193,11 @@ void ScoreHeads(const float* q, int dim, const typename Stored<kType>::T* k_t, S
 }
 
 // acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of
-// channels. q8_0: v_scales is the first token's [dim / 32] scales (else null);
-// a vector of lanes (which divide 32) starting at a multiple of lanes lies in one group.
+// channels. q8_0: v_scales holds the n tokens' [dim / 32] scales as f32 (else
+// null); a vector of lanes (which divide 32) starting at a multiple of lanes
+// lies in one group.
 template <DType kType, int G, int NV, class D>
-HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, Scales v_scales,
+HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales,
                                int dim, int c, float* acc, LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   hn::Vec<D> sum[G][NV];
@@ -192,10 +209,9 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
     hn::Vec<D> value[NV];
     for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
     if constexpr (kType == DType::kQ8_0) {
-      const Scales scales = v_scales + size_t(j) * size_t(dim / kvstore::kQ8Group);
+      const float* scales = v_scales + size_t(j) * size_t(dim / kvstore::kQ8Group);
       for (int u = 0; u < NV; ++u)
-        value[u] = hn::Mul(value[u], hn::Set(d, hn::GetLane(LoadF32<DType::kF16>(
-                                                  D1(), scales + (c + u * int(lanes)) / kvstore::kQ8Group))));
+        value[u] = hn::Mul(value[u], hn::Set(d, scales[(c + u * int(lanes)) / kvstore::kQ8Group]));
     }
     for (int i = 0; i < G; ++i) {
       const auto pj = hn::Set(d, p[i * kChunkTokens + j]);
@@ -208,7 +224,7 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
 
 // acc (G rows of dim) += p . V over n tokens; v points at the first token's row.
 template <DType kType, int G>
-void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, Scales v_scales, int dim,
+void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales, int dim,
                      float* acc, LinePrefetch& prefetch) {
   const DF df;
   constexpr int kNV = kTileVectors<G>;
@@ -265,9 +281,13 @@ float SoftmaxUpdate(float* s, int n, float& m, float& l) {
 template <DType kType>
 void AttendPieceOf(const PieceArgs& a) {
   using T = typename Stored<kType>::T;
-  constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
+  // q8_0's score tile keeps a partial sum per accumulator: half the heads at a time.
+  constexpr int kHeads = kType == DType::kQ8_0 ? kMaxGroup / 2 : kMaxGroup;
+  constexpr auto kGroups = std::make_integer_sequence<int, kHeads>();
   const int g = a.g;
   const int dim = a.head_dim;
+  const int groups = dim / kvstore::kQ8Group;
+  std::vector<float> v_scales_f32(kType == DType::kQ8_0 ? size_t(kChunkTokens) * size_t(groups) : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
   std::vector<float> m(size_t(g), -std::numeric_limits<float>::infinity());
   std::vector<float> l(size_t(g), 0.f);
@@ -289,11 +309,11 @@ void AttendPieceOf(const PieceArgs& a) {
     const T* k_t = reinterpret_cast<const T*>(slice.k_t);
     const T* v = reinterpret_cast<const T*>(slice.v);
     const auto k_scales = reinterpret_cast<Scales>(slice.k_scales);
-    const auto v_scales = reinterpret_cast<Scales>(slice.v_scales);
+    const uint16_t* v_scales = slice.v_scales;
     for (int t0 = slice.begin; t0 < slice.end; t0 += kChunkTokens) {
       const int n = std::min(kChunkTokens, slice.end - t0);
-      for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
-        WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
+      for (int h0 = 0; h0 < g; h0 += kHeads) {
+        WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
           ScoreHeads<kType, decltype(group)::value>(a.q + size_t(h0) * dim, dim, k_t, k_scales, a.block_size, t0,
                                                     n, scores.data() + size_t(h0) * kChunkTokens, next_k);
         }, kGroups);
@@ -302,12 +322,19 @@ void AttendPieceOf(const PieceArgs& a) {
         const float alpha = SoftmaxUpdate(scores.data() + size_t(i) * kChunkTokens, n, m[size_t(i)], l[size_t(i)]);
         if (alpha != 1.f) ScaleRow(acc + size_t(i) * dim, dim, alpha);
       }
-      for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
-        WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
-          AccumulateHeads<kType, decltype(group)::value>(
-              scores.data() + size_t(h0) * kChunkTokens, n, v + size_t(t0) * dim,
-              v_scales == nullptr ? nullptr : v_scales + size_t(t0) * size_t(dim / kvstore::kQ8Group), dim,
-              acc + size_t(h0) * dim, next_v);
+      if constexpr (kType == DType::kQ8_0) {  // the chunk's V scales widened once, for every head
+        const DF df;
+        const auto* first = reinterpret_cast<Scales>(v_scales) + size_t(t0) * size_t(groups);
+        const size_t count = size_t(n) * size_t(groups), lanes = hn::Lanes(df);
+        size_t i = 0;
+        for (; i + lanes <= count; i += lanes) hn::StoreU(LoadF32<DType::kF16>(df, first + i), df, &v_scales_f32[i]);
+        for (; i < count; ++i) v_scales_f32[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i));
+      }
+      for (int h0 = 0; h0 < g; h0 += kHeads) {
+        WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
+          AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
+                                                         v + size_t(t0) * dim, v_scales_f32.data(), dim,
+                                                         acc + size_t(h0) * dim, next_v);
         }, kGroups);
       }
       seen += n;
