@@ -22,6 +22,7 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/quant_matmul.h"
+#include "longctx/kvstore/kv_store.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
 #include "model/gguf_test_util.h"
@@ -212,6 +213,59 @@ TEST(Llama, Bf16PrefillAttentionStaysWithinItsRounding) {
     std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
                 decided, got.size() / vocab);
   }
+}
+
+// q8_0 KV (kv_type: q8_0) in the f32 forward pass of every preset whose
+// head_dim is a multiple of 32, against the fp64 reference. Each key and value
+// is rounded to a step s = max|x| / 127 of its group of 32: noise of RMS
+// s / sqrt(12), at most sqrt(32) times the group's RMS / (127 sqrt(12))
+// relative, eps^2 <= 32 / (127^2 * 12) = 1.65e-4. Two roundings per layer (K
+// and V): the normalized squared error of the logits stays below
+// 2 n_layers eps^2 where the network does not amplify it (the bound allows
+// (2 n_layers + 1) eps^2); a wrong scale, group or layout gives errors of
+// order 1. And the greedy choice agrees wherever the reference's margin
+// exceeds 8 RMS errors.
+TEST(Llama, Q8KvCacheStaysWithinItsQuantization) {
+  cpu::CpuBackend backend({.weights = WeightStorage::kF32});
+  const double eps2 = 32.0 / (127.0 * 127.0 * 12.0);
+  int tested = 0;
+  for (const TestModelSpec& t : tools::standard_test_models()) {
+    if (t.name == "bench" || t.head_dim % kvstore::kQ8Group != 0) continue;
+    SCOPED_TRACE(t.name);
+    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
+    const scheduler::Transformer model = load_llama(file, backend);
+    const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
+    const std::vector<double> ref =
+        longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
+    const std::vector<float> got = run_logits(backend, model, tokens, every_block_config(DType::kQ8_0));
+    ASSERT_LE(got.size(), ref.size());
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
+      ref2 += ref[i] * ref[i];
+    }
+    const double nmse = err2 / ref2, bound = (2.0 * model.spec.n_layers + 1) * eps2;
+    EXPECT_LE(nmse, bound);
+    const double rms_error = std::sqrt(err2 / double(got.size()));
+    const size_t vocab = size_t(t.n_vocab);
+    int decided = 0;
+    for (size_t row = 0; row < got.size() / vocab; ++row) {
+      const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
+      std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      if (sorted[0] - sorted[1] < 8 * rms_error) continue;
+      const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
+      EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
+                std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
+          << "greedy token of row " << row;
+      ++decided;
+    }
+    std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
+                decided, got.size() / vocab);
+    ++tested;
+  }
+  EXPECT_GE(tested, 5);
 }
 
 // Presets with quantized weights computed natively (int8 activations,

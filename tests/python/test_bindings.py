@@ -309,6 +309,35 @@ class KVStoreTest(unittest.TestCase):
                     store.clear()
                     self.assertEqual(store.n_tokens(1), 0)
 
+    def test_q8_0_store(self):
+        """kv_type q8_0: per token and group of 32 channels, s = f16(max|x| / 127),
+        q = clamp(round-half-even(x / s), -127, 127); read() returns q * s. A NaN
+        is refused naming the kv head, position and channel; nothing changes."""
+        store = lc.KVStore(small_config(kv_type="q8_0"), 2, 2, 64)
+        self.assertEqual(store.kv_type, "q8_0")
+        rng = np.random.default_rng(8)
+        k, v = rng.standard_normal((2, 37, 2, 64)).astype(np.float32)
+        store.append(1, k[:20], v[:20])
+        store.append(1, k[20:], v[20:])
+
+        def q8(x):
+            g = x.reshape(*x.shape[:-1], -1, 32)
+            s = (np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
+            q = np.clip(np.rint(np.divide(g, s, out=np.zeros_like(g), where=s > 0)), -127, 127)
+            return (q * s).reshape(x.shape)
+
+        got_k, got_v = store.read(1)
+        np.testing.assert_array_equal(got_k, q8(k))
+        np.testing.assert_array_equal(got_v, q8(v))
+        self.assertLess(np.abs(got_k - k).max(), np.abs(k).max() / 127)  # half a step at most, plus f16 rounding
+        bad = k[:3].copy()
+        bad[2, 1, 40] = np.nan
+        with self.assertRaisesRegex(lc.Error, r"key of kv head 1 at position 39, channel 40 is nan"):
+            store.append(1, bad, v[:3])
+        self.assertEqual(store.n_tokens(1), 37)
+        with self.assertRaisesRegex(lc.Error, r"q8_0 needs head_dim a multiple of 32"):
+            lc.KVStore(small_config(kv_type="q8_0"), 1, 1, 48)
+
     def test_strided_input(self):
         store = lc.KVStore(small_config(kv_type="f32"), 1, 2, 64)
         big = np.random.default_rng(1).standard_normal((10, 3, 64)).astype(np.float32)
