@@ -40,6 +40,9 @@ struct Shape {
   // 16K). Llama 3.1 reaches 128K by dividing those frequencies by 8 (rope
   // scaling); 5e6 turns the sink pairs about as little (0.17 rad at 128K).
   double rope_theta = 5e6;
+  // KV storage of the policies' stores (f16 or q8_0); the dense references
+  // (probabilities, output) stay on f16, so q8_0 rows include its rounding.
+  DType kv_type = DType::kF16;
 };
 
 struct Question {

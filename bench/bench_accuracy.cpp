@@ -197,7 +197,7 @@ LongContextConfig base_config(const Shape& s, int64_t n_tokens, RT rep) {
   c.block_size = s.block_size;
   c.initial_len = s.initial_len;
   c.local_windows_len = s.local_len;
-  c.kv_type = DType::kF16;
+  c.kv_type = s.kv_type;
   c.representative_type = rep;
   c.representative_num = representative_num(rep);
   c.dense_layer_num = 0;  // the one layer selects
@@ -215,12 +215,16 @@ class Stores {
   explicit Stores(const Workload& w)
       : w_(w), budget_(kvstore::default_dram_budget()), topology_(kvstore::NumaTopology::detect()) {}
 
-  kvstore::KVStore& get(RT rep) {
-    auto& slot = stores_[int(rep)];
+  // The store of representative type `rep` in the workload's kv_type, or
+  // (reference) a QUEST store in f16, what the dense references attend.
+  kvstore::KVStore& get(RT rep, bool reference = false) {
+    auto& slot = reference ? reference_ : stores_[int(rep)];
     if (slot && rep != RT::kDynamic) return *slot;
     if (!slot) {
       const kvstore::KVShape shape{1, w_.shape.kv_heads, w_.shape.head_dim};
-      slot = std::make_unique<kvstore::KVStore>(shape, base_config(w_.shape, w_.n_tokens, rep), budget_, topology_);
+      LongContextConfig config = base_config(w_.shape, w_.n_tokens, rep);
+      if (reference) config.kv_type = DType::kF16;
+      slot = std::make_unique<kvstore::KVStore>(shape, config, budget_, topology_);
     }
     slot->clear();
     const Shape& s = w_.shape;
@@ -234,6 +238,7 @@ class Stores {
   kvstore::MemoryBudget budget_;
   kvstore::NumaTopology topology_;
   std::map<int, std::unique_ptr<kvstore::KVStore>> stores_;
+  std::unique_ptr<kvstore::KVStore> reference_;
 };
 
 // Dense references of one question.
@@ -374,7 +379,7 @@ std::vector<Record> run_decode_workload(const AccuracyArgs& a, int64_t n, bool m
                                                      s.head_dim, n);
       refs[j].out.resize(size_t(s.q_heads) * size_t(s.head_dim));
       std::vector<float> lse(size_t(s.q_heads));
-      cpu::dense_decode_attention(stores.get(RT::kQuest), 0,
+      cpu::dense_decode_attention(stores.get(RT::kQuest, /*reference=*/true), 0,
                                   make_view(w.questions[j].q.data(), DType::kF32, {s.q_heads, s.head_dim}), {},
                                   make_mutable_view(refs[j].out.data(), DType::kF32, {s.q_heads, s.head_dim}),
                                   make_mutable_view(lse.data(), DType::kF32, {s.q_heads}));
@@ -424,6 +429,7 @@ std::vector<Record> run_decode_workload(const AccuracyArgs& a, int64_t n, bool m
       const double count = double(r.per_question.size()) * r.seeds;
       Record rec;
       rec.set("bench", "accuracy").set("workload", name).set("policy", policies[p]->name).set("context", n);
+      rec.set("kv_type", dtype_name(s.kv_type));
       rec.set("budget_pct", dense ? 100.0 : budgets[b].pct).set("budget_tokens", dense ? n : budgets[b].tokens);
       rec.set("second_select_num", dense ? int64_t{0} : budgets[b].blocks);
       // needle workload: every step asks the same question, step 0 is reported (later steps only time).
@@ -495,6 +501,12 @@ int run_accuracy(const std::vector<std::string>& args) {
         a.seeds = std::stoi(next());
       } else if (args[i] == "--chunk") {
         chunk = std::stoi(next());
+      } else if (args[i] == "--kv-type") {
+        const std::string& name = next();
+        const std::optional<DType> t = parse_dtype(name);
+        if (!t || (*t != DType::kF16 && *t != DType::kQ8_0))
+          fail(ErrorCode::kInvalidArgument, "accuracy: --kv-type must be f16 or q8_0, got '", name, "'");
+        a.shape.kv_type = *t;
       } else if (args[i] == "--quick") {
         a.contexts = {16384};
         a.budgets = {1, 2, 5};
@@ -528,7 +540,8 @@ int run_accuracy(const std::vector<std::string>& args) {
   for (int kv : s.needle_heads) needle_heads.append(needle_heads.empty() ? "" : ",").append(std::to_string(kv));
   Record setup;
   setup.set("bench", "accuracy").set("workload", "setup").set("layers", 1).set("q_heads", s.q_heads);
-  setup.set("kv_heads", s.kv_heads).set("head_dim", s.head_dim).set("kv_type", "f16").set("block_size", s.block_size);
+  setup.set("kv_heads", s.kv_heads).set("head_dim", s.head_dim).set("kv_type", dtype_name(s.kv_type));
+  setup.set("block_size", s.block_size);
   setup.set("initial_len", s.initial_len).set("local_windows_len", s.local_len).set("needle_heads", needle_heads);
   setup.set("needle_strength", double(s.needle_strength)).set("window", s.window).set("seeds", a.seeds);
   setup.set("rope_theta", s.rope_theta);
@@ -561,7 +574,7 @@ int run_accuracy(const std::vector<std::string>& args) {
               double(s.needle_strength), needle_heads.c_str(), a.seeds, tbb::info::default_concurrency());
   if (by_workload.count("needle")) {
     std::printf("\nneedle: one question, %d needle spans\n", a.needles);
-    print_table(by_workload["needle"], {"policy", "context", "budget_pct", "attended_pct", "needle", "block", "top10",
+    print_table(by_workload["needle"], {"policy", "kv_type", "context", "budget_pct", "attended_pct", "needle", "block", "top10",
                                         "rel_err", "l1", "missed", "ms"});
   }
   if (by_workload.count("needle-dense-mass")) {
@@ -573,7 +586,7 @@ int run_accuracy(const std::vector<std::string>& args) {
   if (by_workload.count("multiquery")) {
     std::printf("\nmultiquery: %d questions in sequence, one needle span each; q<j> = needle recall of question j\n",
                 a.questions);
-    std::vector<std::string> columns{"policy", "context", "budget_pct", "attended_pct"};
+    std::vector<std::string> columns{"policy", "kv_type", "context", "budget_pct", "attended_pct"};
     for (int j = 0; j < a.questions; ++j) columns.push_back(std::string("q").append(std::to_string(j)));
     for (const char* c : {"later", "top10", "rel_err", "l1", "ms"}) columns.push_back(c);
     print_table(by_workload["multiquery"], columns);

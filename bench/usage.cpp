@@ -45,6 +45,7 @@ const std::array<Usage, 8> kUsages{{
      "  --needle-heads L kv heads holding the needles (0)\n"
      "  --rope-theta X   RoPE base of the synthetic keys (5e6)\n"
      "  --chunk N        prefill chunk of the prefill workload (64)\n"
+     "  --kv-type T      f16 or q8_0: the decode workloads' KV store (f16); the dense references stay f16\n"
      "  --quick          context 16384, budgets 1,2,5\n"},
     {"decode", "a model: decode tokens/s at depth, dense vs sparse, weight GB/s, where each step's time goes, RSS",
      "  --model FILE     a GGUF model (default: the generated 'bench' model)\n"
