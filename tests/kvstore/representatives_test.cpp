@@ -153,6 +153,20 @@ void run_case(const Case& c, uint32_t seed) {
   EXPECT_TRUE(after == store_bytes(*stores[2].store)) << "after add_importance, token by token";
 }
 
+// A random representative_num (FIX/DYNAMIC) and token counts of two layers:
+// blocks of one token, or a layer ending inside its third block and one
+// layer short of a block.
+void randomize_counts(Case& c, std::mt19937& rng) {
+  const int max_r = std::min(c.block_size, 6);
+  c.rep_num = (c.rep == RT::kFix || c.rep == RT::kDynamic) ? 1 + int(rng() % uint32_t(max_r)) : 2;
+  if (c.block_size == 1) {
+    c.tokens = {int64_t(20 + rng() % 20), int64_t(5 + rng() % 10)};
+  } else {
+    const int64_t n0 = 2 * c.block_size + 1 + int64_t(rng() % uint32_t(c.block_size - 1));
+    c.tokens = {n0, c.block_size - 1 - int64_t(rng() % 3)};
+  }
+}
+
 // Every (type, kv dtype, block size); head dims rotate so each block size
 // meets each head dim. Token counts mostly end inside a block.
 TEST(Representatives, MatchReferenceForEveryTypeDtypeAndArrival) {
@@ -167,13 +181,9 @@ TEST(Representatives, MatchReferenceForEveryTypeDtypeAndArrival) {
         c.kv = kv;
         c.block_size = kBlockSizes[bs_i];
         c.head_dim = kHeadDims[(index / 4 + bs_i) % 4];  // index / 4 counts (type, dtype) pairs
-        const int max_r = std::min(c.block_size, 6);
-        c.rep_num = (rep == RT::kFix || rep == RT::kDynamic) ? 1 + int(rng() % uint32_t(max_r)) : 2;
-        if (c.block_size == 1) {
-          c.tokens = {int64_t(20 + rng() % 20), int64_t(5 + rng() % 10)};
-        } else {
-          const int64_t n0 = 2 * c.block_size + 1 + int64_t(rng() % uint32_t(c.block_size - 1));
-          c.tokens = {n0, c.block_size - 1 - int64_t(rng() % 3), n0 - c.block_size - 1};
+        randomize_counts(c, rng);
+        if (c.block_size > 1) {
+          c.tokens.push_back(c.tokens[0] - c.block_size - 1);
           if (index % 5 == 0) c.tokens.push_back(c.block_size);  // exactly one full block
         }
         seen_dims.insert({c.block_size, c.head_dim});
@@ -272,14 +282,7 @@ TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
       c.kv = DType::kQ8_0;
       c.block_size = kBlockSizes[bs_i];
       c.head_dim = head_dims[(index + bs_i) % 4];
-      const int max_r = std::min(c.block_size, 6);
-      c.rep_num = (rep == RT::kFix || rep == RT::kDynamic) ? 1 + int(rng() % uint32_t(max_r)) : 2;
-      if (c.block_size == 1) {
-        c.tokens = {int64_t(20 + rng() % 20), int64_t(5 + rng() % 10)};
-      } else {
-        const int64_t n0 = 2 * c.block_size + 1 + int64_t(rng() % uint32_t(c.block_size - 1));
-        c.tokens = {n0, c.block_size - 1 - int64_t(rng() % 3)};
-      }
+      randomize_counts(c, rng);
       run_case(c, 5000 + uint32_t(index));
       if (HasFatalFailure()) return;
     }

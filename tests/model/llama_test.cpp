@@ -108,6 +108,38 @@ std::vector<float> run_logits(cpu::CpuBackend& backend, const scheduler::Transfo
   return logits;
 }
 
+// Logits within a normalized squared error of the reference (sum of squared
+// errors / sum of squared reference logits <= bound), and the greedy token
+// equal wherever the reference's top-2 margin exceeds 8 RMS errors. Prints
+// and returns the NMSE.
+double expect_logits_within_nmse(const std::vector<float>& got, const std::vector<double>& ref, size_t vocab,
+                                 double bound, const std::string& name) {
+  EXPECT_LE(got.size(), ref.size());
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
+    err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
+    ref2 += ref[i] * ref[i];
+  }
+  const double nmse = err2 / ref2;
+  EXPECT_LE(nmse, bound);
+  const double rms_error = std::sqrt(err2 / double(got.size()));
+  int decided = 0;
+  for (size_t row = 0; row < got.size() / vocab; ++row) {
+    const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
+    std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    if (sorted[0] - sorted[1] < 8 * rms_error) continue;
+    const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
+    EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
+              std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
+        << "greedy token of row " << row;
+    ++decided;
+  }
+  std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", name.c_str(), nmse, bound,
+              decided, got.size() / vocab);
+  return nmse;
+}
+
 // The largest |got - want| over got's logits (the first rows of want).
 double worst_error(const std::vector<float>& got, const std::vector<double>& want) {
   EXPECT_LE(got.size(), want.size());
@@ -187,31 +219,9 @@ TEST(Llama, Bf16PrefillAttentionStaysWithinItsRounding) {
     const std::vector<double> ref =
         longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
     const std::vector<float> got = run_logits(backend, model, tokens, config);
-    ASSERT_LE(got.size(), ref.size());
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
-      ref2 += ref[i] * ref[i];
-    }
-    const double nmse = err2 / ref2, bound = 16.0 * model.spec.n_layers * eps2;
-    EXPECT_LE(nmse, bound);
+    const double nmse =
+        expect_logits_within_nmse(got, ref, size_t(t.n_vocab), 16.0 * model.spec.n_layers * eps2, t.name);
     EXPECT_GT(nmse, 0.0) << "no bf16 rounding: did the f32 kernel run?";
-    const double rms_error = std::sqrt(err2 / double(got.size()));
-    const size_t vocab = size_t(t.n_vocab);
-    int decided = 0;
-    for (size_t row = 0; row < got.size() / vocab; ++row) {
-      const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
-      std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-      if (sorted[0] - sorted[1] < 8 * rms_error) continue;
-      const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
-      EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
-                std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
-          << "greedy token of row " << row;
-      ++decided;
-    }
-    std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
-                decided, got.size() / vocab);
   }
 }
 
@@ -239,30 +249,7 @@ TEST(Llama, Q8KvCacheStaysWithinItsQuantization) {
     const std::vector<double> ref =
         longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
     const std::vector<float> got = run_logits(backend, model, tokens, every_block_config(DType::kQ8_0));
-    ASSERT_LE(got.size(), ref.size());
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
-      ref2 += ref[i] * ref[i];
-    }
-    const double nmse = err2 / ref2, bound = (2.0 * model.spec.n_layers + 1) * eps2;
-    EXPECT_LE(nmse, bound);
-    const double rms_error = std::sqrt(err2 / double(got.size()));
-    const size_t vocab = size_t(t.n_vocab);
-    int decided = 0;
-    for (size_t row = 0; row < got.size() / vocab; ++row) {
-      const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
-      std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-      if (sorted[0] - sorted[1] < 8 * rms_error) continue;
-      const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
-      EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
-                std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
-          << "greedy token of row " << row;
-      ++decided;
-    }
-    std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
-                decided, got.size() / vocab);
+    expect_logits_within_nmse(got, ref, size_t(t.n_vocab), (2.0 * model.spec.n_layers + 1) * eps2, t.name);
     ++tested;
   }
   EXPECT_GE(tested, 5);
@@ -292,33 +279,9 @@ TEST(Llama, NativeQuantizedWeightsMatchTheReferenceWithinActivationRounding) {
     const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
     const std::vector<double> ref = longctx::testing::reference_logits(host_model(expected, file), tokens);
     const std::vector<float> got = run_logits(backend, model, tokens);
-    ASSERT_LE(got.size(), ref.size());
-
     const double block = double(cpu::quant_act_block(t.weight_type));
     const double eps2 = block / (127.0 * 127.0 * 12.0);
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
-      ref2 += ref[i] * ref[i];
-    }
-    const double nmse = err2 / ref2, bound = (7.0 * expected.n_layers + 1) * eps2;
-    EXPECT_LE(nmse, bound);
-    const double rms_error = std::sqrt(err2 / double(got.size()));
-    const size_t vocab = size_t(t.n_vocab);
-    int decided = 0;
-    for (size_t row = 0; row < got.size() / vocab; ++row) {
-      const auto ref_row = ref.begin() + std::ptrdiff_t(row * vocab);
-      std::vector<double> sorted(ref_row, ref_row + std::ptrdiff_t(vocab));
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-      if (sorted[0] - sorted[1] < 8 * rms_error) continue;
-      const auto got_row = got.begin() + std::ptrdiff_t(row * vocab);
-      EXPECT_EQ(std::max_element(got_row, got_row + std::ptrdiff_t(vocab)) - got_row,
-                std::max_element(ref_row, ref_row + std::ptrdiff_t(vocab)) - ref_row)
-          << "greedy token of row " << row;
-      ++decided;
-    }
-    std::printf("%s: NMSE %.3g (bound %.3g), greedy token compared on %d of %zu rows\n", t.name.c_str(), nmse, bound,
-                decided, got.size() / vocab);
+    expect_logits_within_nmse(got, ref, size_t(t.n_vocab), (7.0 * expected.n_layers + 1) * eps2, t.name);
     ++tested;
   }
   EXPECT_GE(tested, 1);
