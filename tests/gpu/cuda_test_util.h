@@ -43,6 +43,7 @@ inline double unit_roundoff(DType dtype) {
     case DType::kF32: return kU;
     case DType::kF16: return std::ldexp(1.0, -11);
     case DType::kBF16: return std::ldexp(1.0, -8);
+    case DType::kQ8_0: break;  // the device keeps K/V as f16 or bf16 only
   }
   return 1.0;
 }
