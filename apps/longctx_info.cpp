@@ -20,6 +20,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/quant_matmul.h"
 #include "longctx/core/error.h"
 #include "longctx/gpu/device.h"
@@ -105,6 +106,8 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
   std::printf("int8:     quantized matmul on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()));
+  std::printf("prefill:  attention products in %s (prefill_kernel: auto)\n",
+              cpu::best_prefill_kernel() == cpu::PrefillKernel::kBf16 ? "bf16 on vdpbf16ps" : "f32 on the FMA units");
   const std::string& amx_why = amx_unusable_reason();
   std::printf("amx:      %s\n", amx_why.empty() ? "usable (tile data permission granted)" : ("not usable: " + amx_why).c_str());
   std::string nodes = topology.describe();
