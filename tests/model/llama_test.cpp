@@ -108,6 +108,26 @@ std::vector<float> run_logits(cpu::CpuBackend& backend, const scheduler::Transfo
   return logits;
 }
 
+// Preset t loaded on `backend` and run with `config` (run_logits), and the
+// fp64 reference's logits of the same tokens.
+struct PresetLogits {
+  std::vector<float> got;
+  std::vector<double> ref;
+  int n_layers = 0;
+};
+
+PresetLogits preset_logits(const TestModelSpec& t, cpu::CpuBackend& backend, const LongContextConfig& config) {
+  const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+  const GgufFile file = GgufFile::from_bytes(bytes, t.name);
+  const scheduler::Transformer model = load_llama(file, backend);
+  const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
+  PresetLogits r;
+  r.ref = longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
+  r.got = run_logits(backend, model, tokens, config);
+  r.n_layers = model.spec.n_layers;
+  return r;
+}
+
 // Logits within a normalized squared error of the reference (sum of squared
 // errors / sum of squared reference logits <= bound), and the greedy token
 // equal wherever the reference's top-2 margin exceeds 8 RMS errors. Prints
@@ -212,15 +232,8 @@ TEST(Llama, Bf16PrefillAttentionStaysWithinItsRounding) {
   for (const TestModelSpec& t : tools::standard_test_models()) {
     if (t.name == "bench") continue;
     SCOPED_TRACE(t.name);
-    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
-    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
-    const scheduler::Transformer model = load_llama(file, backend);
-    const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
-    const std::vector<double> ref =
-        longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
-    const std::vector<float> got = run_logits(backend, model, tokens, config);
-    const double nmse =
-        expect_logits_within_nmse(got, ref, size_t(t.n_vocab), 16.0 * model.spec.n_layers * eps2, t.name);
+    const PresetLogits r = preset_logits(t, backend, config);
+    const double nmse = expect_logits_within_nmse(r.got, r.ref, size_t(t.n_vocab), 16.0 * r.n_layers * eps2, t.name);
     EXPECT_GT(nmse, 0.0) << "no bf16 rounding: did the f32 kernel run?";
   }
 }
@@ -242,14 +255,8 @@ TEST(Llama, Q8KvCacheStaysWithinItsQuantization) {
   for (const TestModelSpec& t : tools::standard_test_models()) {
     if (t.name == "bench" || t.head_dim % kvstore::kQ8Group != 0) continue;
     SCOPED_TRACE(t.name);
-    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
-    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
-    const scheduler::Transformer model = load_llama(file, backend);
-    const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, uint32_t(t.seed) + 5);
-    const std::vector<double> ref =
-        longctx::testing::reference_logits(host_model(documented_spec(t, file), file), tokens);
-    const std::vector<float> got = run_logits(backend, model, tokens, every_block_config(DType::kQ8_0));
-    expect_logits_within_nmse(got, ref, size_t(t.n_vocab), (2.0 * model.spec.n_layers + 1) * eps2, t.name);
+    const PresetLogits r = preset_logits(t, backend, every_block_config(DType::kQ8_0));
+    expect_logits_within_nmse(r.got, r.ref, size_t(t.n_vocab), (2.0 * r.n_layers + 1) * eps2, t.name);
     ++tested;
   }
   EXPECT_GE(tested, 5);
