@@ -342,7 +342,7 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   l.shape = shape;
   l.block_size = config.block_size;
   l.kv_type = config.kv_type;
-  l.rep_dtype = config.kv_type == DType::kQ8_0 ? DType::kF16 : config.kv_type;
+  l.rep_dtype = rep_dtype_of(config.kv_type);
   l.rep_type = type;
   l.rep_num = config.representative_num;
   l.rep_slots = slots_of(type, config.representative_num);
@@ -692,6 +692,8 @@ Partition KVStore::partition(int layer) const {
   p.end_context_block = p.local_begin > p.initial_end ? ceil_div(p.local_begin, bs) : p.first_context_block;
   return p;
 }
+
+DType rep_dtype_of(DType kv_type) { return kv_type == DType::kQ8_0 ? DType::kF16 : kv_type; }
 
 size_t kv_vector_bytes(DType kv_type, int head_dim) {
   if (kv_type == DType::kQ8_0) return size_t(head_dim) + size_t(head_dim / kQ8Group) * sizeof(uint16_t);

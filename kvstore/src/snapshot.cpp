@@ -281,7 +281,6 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   check_range(path, "block_size", h.block_size, 1, kMaxBlockSize);
   const std::optional<DType> kv_type = dtype_from_code(h.kv_type);
   if (!kv_type) fail_header_field(path, "kv_type", h.kv_type, "is not a dtype code (0 f32, 1 f16, 2 bf16, 3 q8_0)");
-  const DType rep_dtype = *kv_type == DType::kQ8_0 ? DType::kF16 : *kv_type;
   if (!rep_type_from_code(h.rep_type)) {
     fail_header_field(path, "rep_type", h.rep_type, "is not a representative type code (0..4)");
   }
@@ -294,7 +293,7 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   const uint64_t kv_bytes = 2 * uint64_t{h.block_size} * kv_vector_bytes(*kv_type, int(h.head_dim));
   check_range(path, "page_bytes", h.page_bytes, kv_bytes, kMaxPageBytes);
   if (h.page_bytes % 64 != 0) fail_header_field(path, "page_bytes", h.page_bytes, "is not a multiple of 64");
-  const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(rep_dtype);
+  const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(rep_dtype_of(*kv_type));
   check_range(path, "record_bytes", h.record_bytes, keys_bytes, kMaxPageBytes);
   if (h.record_bytes % 64 != 0) fail_header_field(path, "record_bytes", h.record_bytes, "is not a multiple of 64");
   check_range(path, "record_sum_offset", h.record_sum_offset, 0, h.record_bytes - 1);

@@ -92,6 +92,9 @@ struct KVShape {
 // Channels per q8_0 scale.
 constexpr int kQ8Group = 32;
 
+// The dtype representative keys are kept in: kv_type, f16 for q8_0.
+DType rep_dtype_of(DType kv_type);
+
 // Bytes of one token's key (or value) vector of one kv head in `kv_type`:
 // head_dim * es, or for q8_0 head_dim codes + head_dim / 32 f16 scales.
 size_t kv_vector_bytes(DType kv_type, int head_dim);
