@@ -127,6 +127,24 @@ class LinePrefetch {
 // The f16 scales of a q8_0 page as Highway's f16 type.
 using Scales = const hwy::float16_t*;
 
+// sum[i][u] += q_i[c] * K^T[c][t + u * lanes ...] over channels [c_begin,
+// c_end) for the G query heads; k points at channel c_begin's row, token t.
+template <DType kType, int G, int NV, class D>
+HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end,
+                            const typename Stored<kType>::T* k, int block_size, hn::Vec<D> (&sum)[G][NV],
+                            LinePrefetch& prefetch) {
+  const size_t lanes = hn::Lanes(d);
+  for (int c = c_begin; c < c_end; ++c, k += block_size) {
+    prefetch.Step(NV * lanes * sizeof(*k));
+    hn::Vec<D> key[NV];
+    for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
+    for (int i = 0; i < G; ++i) {
+      const auto qc = hn::Set(d, q[i * dim + c]);
+      for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(qc, key[u], sum[i][u]);
+    }
+  }
+}
+
 // scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
 // q) and the NV vectors of tokens starting at block offset t (score index j).
 // q8_0: k_scales is the page's [dim / 32][block_size] scales (else null).
@@ -146,15 +164,8 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
       hn::Vec<D> part[G][NV];
       for (auto& head : part)
         for (auto& a : head) a = hn::Zero(d);
-      for (int c = c0; c < c0 + kGroup; ++c, k += block_size) {
-        prefetch.Step(NV * lanes * sizeof(*k));
-        hn::Vec<D> key[NV];
-        for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
-        for (int i = 0; i < G; ++i) {
-          const auto qc = hn::Set(d, q[i * dim + c]);
-          for (int u = 0; u < NV; ++u) part[i][u] = hn::MulAdd(qc, key[u], part[i][u]);
-        }
-      }
+      DotChannels<kType, G, NV>(d, q, dim, c0, c0 + kGroup, k + size_t(c0) * size_t(block_size), block_size, part,
+                                prefetch);
       const Scales row = k_scales + size_t(c0 / kGroup) * size_t(block_size) + size_t(t);
       for (int u = 0; u < NV; ++u) {
         const auto scale = LoadF32<DType::kF16>(d, row + u * lanes);
@@ -162,15 +173,7 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
       }
     }
   } else {
-    for (int c = 0; c < dim; ++c, k += block_size) {
-      prefetch.Step(NV * lanes * sizeof(*k));
-      hn::Vec<D> key[NV];
-      for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
-      for (int i = 0; i < G; ++i) {
-        const auto qc = hn::Set(d, q[i * dim + c]);
-        for (int u = 0; u < NV; ++u) acc[i][u] = hn::MulAdd(qc, key[u], acc[i][u]);
-      }
-    }
+    DotChannels<kType, G, NV>(d, q, dim, 0, dim, k, block_size, acc, prefetch);
   }
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) hn::StoreU(acc[i][u], d, scores + i * kChunkTokens + j + u * lanes);
