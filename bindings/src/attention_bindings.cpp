@@ -42,11 +42,10 @@ void run_locked(const StoreHandle& h, F&& f) {
   f();
 }
 
-// "auto", "f32" or "bf16" (the config key prefill_kernel's values).
+// One of the config key prefill_kernel's values ("auto", "f32", "bf16").
 cpu::PrefillKernel prefill_kernel_arg(const std::string& name) {
-  if (name == "auto") return cpu::prefill_kernel_for(PrefillKernelChoice::kAuto);
-  if (name == "f32") return cpu::prefill_kernel_for(PrefillKernelChoice::kF32);
-  if (name == "bf16") return cpu::prefill_kernel_for(PrefillKernelChoice::kBf16);
+  for (PrefillKernelChoice choice : {PrefillKernelChoice::kAuto, PrefillKernelChoice::kF32, PrefillKernelChoice::kBf16})
+    if (name == prefill_kernel_choice_name(choice)) return cpu::prefill_kernel_for(choice);
   fail(ErrorCode::kInvalidArgument, "prefill_attention: kernel must be 'auto', 'f32' or 'bf16', got '", name, "'");
 }
 
