@@ -1,0 +1,34 @@
+// Block pages (private to the KV store): writing a segment of tokens into a
+// page and what a q8_0 store can hold. The layout is in kv_store.h; reading a
+// page back (read_keys_t, read_values) is public there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "longctx/core/dtype.h"
+#include "longctx/kvstore/kv_store.h"
+
+namespace longctx::kvstore::detail {
+
+// Tokens [offset, offset + count) of a block page in a float kv_type: K rows
+// (k_stride bytes apart, k_dtype) converted into `keys` [count][head_dim] (the
+// segment's keys as stored, for the representatives) and transposed into the
+// page's K^T (through `k_t_scratch`, count * head_dim elements), V rows
+// converted into the page.
+void write_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
+                   const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
+                   std::byte* keys, std::byte* k_t_scratch);
+
+// The same for q8_0: rows staged in f32 (`rows` [count][head_dim]) and
+// quantized per group of 32 channels into the page's codes and scales; the
+// dequantized keys go to `keys` [count][head_dim] f32.
+void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
+                      const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
+                      float* rows, float* keys);
+
+// The first channel of a row (head_dim values) that a q8_0 store cannot hold
+// (not finite, or in a group whose scale overflows f16), or -1.
+int q8_unstorable_channel(const float* row, int head_dim);
+
+}  // namespace longctx::kvstore::detail
