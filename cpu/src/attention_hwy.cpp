@@ -98,32 +98,6 @@ HWY_INLINE void WithGroupSize(int group, Fn&& fn, std::integer_sequence<int, I..
   ((group == I + 1 ? fn(std::integral_constant<int, I + 1>()) : void()), ...);
 }
 
-// Software prefetch of a byte range into L2, in address order, paced by the
-// kernel's own reads: Step(bytes) after reading `bytes` of the current slice
-// requests as many bytes of the next one. The kernel walks a block page down
-// its rows (K^T rows for a score tile, V rows for a channel tile), a pattern
-// that DRAM and the hardware prefetchers serve at about half the bandwidth of
-// a sequential read; requested in order while this slice computes, the next
-// slice's lines then come from L2.
-class LinePrefetch {
- public:
-  LinePrefetch() = default;
-  LinePrefetch(const void* begin, const void* end)
-      : at_(static_cast<const char*>(begin)), end_(static_cast<const char*>(end)) {}
-  HWY_INLINE void Step(size_t bytes) {
-    credit_ += bytes;
-    for (; credit_ >= kLineBytes && at_ < end_; credit_ -= kLineBytes, at_ += kLineBytes) {
-      __builtin_prefetch(at_, 0, 2);
-    }
-  }
-
- private:
-  static constexpr size_t kLineBytes = 64;
-  const char* at_ = nullptr;
-  const char* end_ = nullptr;
-  size_t credit_ = 0;
-};
-
 // The f16 scales of a q8_0 page as Highway's f16 type.
 using Scales = const hwy::float16_t*;
 
@@ -135,7 +109,7 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
                             LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   for (int c = c_begin; c < c_end; ++c, k += block_size) {
-    prefetch.Step(NV * lanes * sizeof(*k));
+    prefetch_step(prefetch, NV * lanes * sizeof(*k));
     hn::Vec<D> key[NV];
     for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
     for (int i = 0; i < G; ++i) {
@@ -208,7 +182,7 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
     for (int u = 0; u < NV; ++u) sum[i][u] = hn::LoadU(d, acc + i * dim + c + u * lanes);
   const auto* row = v + c;
   for (int j = 0; j < n; ++j, row += dim) {
-    prefetch.Step(NV * lanes * sizeof(*row));
+    prefetch_step(prefetch, NV * lanes * sizeof(*row));
     hn::Vec<D> value[NV];
     for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
     if constexpr (kType == DType::kQ8_0) {
@@ -304,10 +278,11 @@ void AttendPieceOf(const PieceArgs& a) {
     LinePrefetch next_k, next_v;
     if (s + 1 < a.n_slices) {
       const BlockSlice& next = a.slices[s + 1];
-      next_k = LinePrefetch(reinterpret_cast<const T*>(next.k_t) + next.begin,
-                            reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size + next.end);
-      next_v = LinePrefetch(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim,
-                            reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim);
+      next_k = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.k_t) + next.begin),
+                reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size +
+                                              next.end)};
+      next_v = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim),
+                reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim)};
     }
     const T* k_t = reinterpret_cast<const T*>(slice.k_t);
     const T* v = reinterpret_cast<const T*>(slice.v);

@@ -20,6 +20,32 @@ struct BlockSlice {
   const uint16_t* v_scales = nullptr;  // q8_0: f16 [block_size][head_dim / 32]
 };
 
+// Software prefetch of a byte range into L2, in address order, paced by the
+// kernel's own reads: prefetch_step(p, bytes) after reading `bytes` of the
+// current slice requests as many bytes of the next one. The kernel walks a
+// block page down its rows (K^T rows for a score tile, V rows for a channel
+// tile), a pattern that DRAM and the hardware prefetchers serve at about half
+// the bandwidth of a sequential read; requested in order while this slice
+// computes, the next slice's lines then come from L2. Small steps: a burst of
+// hundreds of prefetches stalls the loads behind it.
+struct LinePrefetch {
+  const char* at = nullptr;
+  const char* end = nullptr;
+  size_t credit = 0;
+};
+
+namespace {  // internal linkage: each file compiled for its own ISA keeps its own copy
+
+inline void prefetch_step(LinePrefetch& p, size_t bytes) {
+  constexpr size_t kLineBytes = 64;
+  p.credit += bytes;
+  for (; p.credit >= kLineBytes && p.at < p.end; p.credit -= kLineBytes, p.at += kLineBytes) {
+    __builtin_prefetch(p.at, 0, 2);
+  }
+}
+
+}  // namespace
+
 // One piece of flash-decoding work: the g query heads of one kv head over the
 // tokens of `slices`, in order.
 struct PieceArgs {
