@@ -10,10 +10,23 @@
 #include <vector>
 
 #include "attention_kernel.h"
+#include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/quant_matmul.h"
 #include "longctx/kvstore/node_executor.h"
 
 namespace longctx::cpu {
+
+static_assert(detail::kQ8VnniGroup == kvstore::kQ8Group);
+
+bool detail::has_q8_vnni_kernels() {
+  static const bool has = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
+  }();
+  return has;
+}
+
 namespace {
 
 // Default piece size (params.split_tokens == 0). It depends only on the
@@ -142,6 +155,19 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
     const float* row = static_cast<const float*>(q.data) + h * q.strides[0];
     for (int c = 0; c < dim; ++c) q_scaled[size_t(h) * dim + c] = row[c] * scale;
   }
+  // q8_0 keys: q quantized per 32 channels too, so the dot products of codes
+  // are integers (as in ggml's q8_0 x q8_0 dot).
+  const bool q8 = layout.kv_type == DType::kQ8_0;
+  QuantizedActs q_q8;
+  std::vector<int32_t> q_code_sums;
+  if (q8) {
+    quantize_acts(q_scaled.data(), n_q_heads, dim, dim, kvstore::kQ8Group, q_q8);
+    q_code_sums.assign(q_q8.d.size(), 0);
+    for (size_t i = 0; i < q_q8.q.size(); ++i) {
+      q_scaled[i] = float(q_q8.q[i]);
+      q_code_sums[i / kvstore::kQ8Group] += q_q8.q[i];
+    }
+  }
 
   int64_t total_tokens = 0;
   for (const auto& spans : selection.spans)
@@ -162,6 +188,12 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
     const size_t p = size_t(item);
     detail::PieceArgs args;
     args.q = q_scaled.data() + size_t(pieces[p].kv_head) * piece_floats;
+    if (q8) {
+      const size_t piece_groups = piece_floats / kvstore::kQ8Group;
+      args.q_codes = q_q8.q.data() + size_t(pieces[p].kv_head) * piece_floats;
+      args.q_scales = q_q8.d.data() + size_t(pieces[p].kv_head) * piece_groups;
+      args.q_code_sums = q_code_sums.data() + size_t(pieces[p].kv_head) * piece_groups;
+    }
     args.g = g;
     args.head_dim = dim;
     args.block_size = layout.block_size;

@@ -4,8 +4,10 @@
 // For a chunk of at most kChunkTokens consecutive tokens of a block:
 //  1. scores: for a tile of consecutive tokens, s[i][t] += q[i][c] * K^T[c][t]
 //     over the channels c (one vector load of K^T row c serves every query
-//     head of the group; f16/bf16 widened to f32 on load; q8_0 codes widened
-//     and multiplied by their tokens' scales, loaded once per 32 channels);
+//     head of the group; f16/bf16 widened to f32 on load; q8_0: q's codes
+//     times the keys' codes summed per 32 channels (exact integers), each sum
+//     times its token's scale and q's; with AVX512-VNNI in
+//     attention_q8_vnni.cpp);
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
@@ -43,6 +45,7 @@ using D1 = hn::CappedTag<float, 1>;  // one lane, for tails
 
 // Tokens scored before their softmax update and V pass (bounds the scratch).
 constexpr int kChunkTokens = 128;
+static_assert(kChunkTokens <= kQ8VnniChunk);
 
 // Query heads processed together: with 2-4 vectors of accumulators each, 8
 // heads fit the 32 vector registers of AVX-512, 4 heads the 16 of AVX2/SSE4.
@@ -121,19 +124,21 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
 
 // scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
 // q) and the NV vectors of tokens starting at block offset t (score index j).
-// q8_0: k_scales is the page's [dim / 32][block_size] scales (else null).
+// q8_0: q holds q's codes, q_scales their [G][dim / 32] scales, k_scales the
+// page's [dim / 32][block_size] scales (else null).
 template <DType kType, int G, int NV, class D>
-HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kType>::T* k_t, Scales k_scales,
-                          int block_size, int t, float* scores, int j, LinePrefetch& prefetch) {
+HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, const typename Stored<kType>::T* k_t,
+                          Scales k_scales, int block_size, int t, float* scores, int j, LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   hn::Vec<D> acc[G][NV];
   for (auto& head : acc)
     for (auto& a : head) a = hn::Zero(d);
   const auto* k = k_t + t;
   if constexpr (kType == DType::kQ8_0) {
-    // Per group of 32 channels: the dot products with the codes, then times
-    // the tokens' scales, added to the total (one multiply per group, not per channel).
+    // Per group of 32 channels: the dot products of the codes (exact), then
+    // times the tokens' scales times q's, added to the total.
     constexpr int kGroup = kvstore::kQ8Group;
+    const int groups = dim / kGroup;
     for (int c0 = 0; c0 < dim; c0 += kGroup) {
       hn::Vec<D> part[G][NV];
       for (auto& head : part)
@@ -141,9 +146,13 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
       DotChannels<kType, G, NV>(d, q, dim, c0, c0 + kGroup, k + size_t(c0) * size_t(block_size), block_size, part,
                                 prefetch);
       const Scales row = k_scales + size_t(c0 / kGroup) * size_t(block_size) + size_t(t);
+      prefetch_step(prefetch, NV * lanes * sizeof(*row));
       for (int u = 0; u < NV; ++u) {
         const auto scale = LoadF32<DType::kF16>(d, row + u * lanes);
-        for (int i = 0; i < G; ++i) acc[i][u] = hn::MulAdd(part[i][u], scale, acc[i][u]);
+        for (int i = 0; i < G; ++i) {
+          const auto q_scale = hn::Set(d, q_scales[size_t(i) * groups + size_t(c0 / kGroup)]);
+          acc[i][u] = hn::MulAdd(part[i][u], hn::Mul(scale, q_scale), acc[i][u]);
+        }
       }
     }
   } else {
@@ -155,18 +164,20 @@ HWY_INLINE void ScoreTile(D d, const float* q, int dim, const typename Stored<kT
 
 // Scores of G query heads for tokens [t0, t0 + n) of a block.
 template <DType kType, int G>
-void ScoreHeads(const float* q, int dim, const typename Stored<kType>::T* k_t, Scales k_scales, int block_size,
-                int t0, int n, float* scores, LinePrefetch& prefetch) {
+void ScoreHeads(const float* q, const float* q_scales, int dim, const typename Stored<kType>::T* k_t,
+                Scales k_scales, int block_size, int t0, int n, float* scores, LinePrefetch& prefetch) {
   const DF df;
   constexpr int kNV = kTileVectors<G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   int j = 0;
   for (; j + kNV * lanes <= n; j += kNV * lanes) {
-    ScoreTile<kType, G, kNV>(df, q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+    ScoreTile<kType, G, kNV>(df, q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
   }
   for (; j + lanes <= n; j += lanes)
-    ScoreTile<kType, G, 1>(df, q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
-  for (; j < n; ++j) ScoreTile<kType, G, 1>(D1(), q, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+    ScoreTile<kType, G, 1>(df, q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+  for (; j < n; ++j) {
+    ScoreTile<kType, G, 1>(D1(), q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+  }
 }
 
 // acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of
@@ -264,6 +275,12 @@ void AttendPieceOf(const PieceArgs& a) {
   const int g = a.g;
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
+  // q8_0 scores with vpdpbusd where the CPU has it (this AVX-512 code only).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
+#else
+  const bool use_vnni = false;
+#endif
   std::vector<float> v_scales_f32(kType == DType::kQ8_0 ? size_t(kChunkTokens) * size_t(groups) : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
   std::vector<float> m(size_t(g), -std::numeric_limits<float>::infinity());
@@ -274,15 +291,23 @@ void AttendPieceOf(const PieceArgs& a) {
   int64_t seen = 0;
   for (size_t s = 0; s < a.n_slices; ++s) {
     const BlockSlice& slice = a.slices[s];
-    // The next slice streams into L2 while this one computes.
+    // The next slice streams into L2 while this one computes. q8_0: with its
+    // scales, which follow the codes of K and of V in the page; the kernels
+    // step the walk by the scale bytes they read too, so it reaches them
+    // (without them, q8_0 dense decode ran 1.6x slower).
     LinePrefetch next_k, next_v;
     if (s + 1 < a.n_slices) {
       const BlockSlice& next = a.slices[s + 1];
+      const void* k_end = reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size + next.end;
+      const void* v_end = reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim;
+      if constexpr (kType == DType::kQ8_0) {
+        k_end = next.k_scales + size_t(groups - 1) * a.block_size + next.end;
+        v_end = next.v_scales + size_t(next.end) * groups;
+      }
       next_k = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.k_t) + next.begin),
-                reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size +
-                                              next.end)};
+                static_cast<const char*>(k_end)};
       next_v = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim),
-                reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim)};
+                static_cast<const char*>(v_end)};
     }
     const T* k_t = reinterpret_cast<const T*>(slice.k_t);
     const T* v = reinterpret_cast<const T*>(slice.v);
@@ -290,30 +315,46 @@ void AttendPieceOf(const PieceArgs& a) {
     const uint16_t* v_scales = slice.v_scales;
     for (int t0 = slice.begin; t0 < slice.end; t0 += kChunkTokens) {
       const int n = std::min(kChunkTokens, slice.end - t0);
-      for (int h0 = 0; h0 < g; h0 += kHeads) {
-        WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
-          ScoreHeads<kType, decltype(group)::value>(a.q + size_t(h0) * dim, dim, k_t, k_scales, a.block_size, t0,
-                                                    n, scores.data() + size_t(h0) * kChunkTokens, next_k);
-        }, kGroups);
+      if (use_vnni) {
+        for (int j = 0; j < n; j += kQ8VnniTokens) {
+          const int tile = std::min(kQ8VnniTokens, n - j);
+          score_q8_avx512_vnni(a, reinterpret_cast<const int8_t*>(k_t) + t0 + j, slice.k_scales + t0 + j, tile,
+                               scores.data() + j, kChunkTokens, next_k);
+        }
+      } else {
+        for (int h0 = 0; h0 < g; h0 += kHeads) {
+          WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
+            ScoreHeads<kType, decltype(group)::value>(
+                a.q + size_t(h0) * dim, a.q_scales ? a.q_scales + size_t(h0) * groups : nullptr, dim, k_t,
+                k_scales, a.block_size, t0, n, scores.data() + size_t(h0) * kChunkTokens, next_k);
+          }, kGroups);
+        }
       }
       for (int i = 0; i < g; ++i) {
         const float alpha = SoftmaxUpdate(scores.data() + size_t(i) * kChunkTokens, n, m[size_t(i)], l[size_t(i)]);
         if (alpha != 1.f) ScaleRow(acc + size_t(i) * dim, dim, alpha);
       }
-      if constexpr (kType == DType::kQ8_0) {  // the chunk's V scales widened once, for every head
-        const DF df;
-        const auto* first = reinterpret_cast<Scales>(v_scales) + size_t(t0) * size_t(groups);
-        const size_t count = size_t(n) * size_t(groups), lanes = hn::Lanes(df);
-        size_t i = 0;
-        for (; i + lanes <= count; i += lanes) hn::StoreU(LoadF32<DType::kF16>(df, first + i), df, &v_scales_f32[i]);
-        for (; i < count; ++i) v_scales_f32[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i));
-      }
-      for (int h0 = 0; h0 < g; h0 += kHeads) {
-        WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
-          AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
-                                                         v + size_t(t0) * dim, v_scales_f32.data(), dim,
-                                                         acc + size_t(h0) * dim, next_v);
-        }, kGroups);
+      if (use_vnni) {
+        accumulate_q8_avx512_vnni(a, scores.data(), kChunkTokens, n,
+                                  reinterpret_cast<const int8_t*>(v) + size_t(t0) * dim, v_scales + size_t(t0) * groups,
+                                  acc, next_v);
+      } else {
+        if constexpr (kType == DType::kQ8_0) {  // the chunk's V scales widened once, for every head
+          const DF df;
+          const auto* first = reinterpret_cast<Scales>(v_scales) + size_t(t0) * size_t(groups);
+          const size_t count = size_t(n) * size_t(groups), lanes = hn::Lanes(df);
+          prefetch_step(next_v, count * sizeof(*first));
+          size_t i = 0;
+          for (; i + lanes <= count; i += lanes) hn::StoreU(LoadF32<DType::kF16>(df, first + i), df, &v_scales_f32[i]);
+          for (; i < count; ++i) v_scales_f32[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i));
+        }
+        for (int h0 = 0; h0 < g; h0 += kHeads) {
+          WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
+            AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
+                                                           v + size_t(t0) * dim, v_scales_f32.data(), dim,
+                                                           acc + size_t(h0) * dim, next_v);
+          }, kGroups);
+        }
       }
       seen += n;
     }

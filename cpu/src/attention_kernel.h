@@ -49,7 +49,14 @@ inline void prefetch_step(LinePrefetch& p, size_t bytes) {
 // One piece of flash-decoding work: the g query heads of one kv head over the
 // tokens of `slices`, in order.
 struct PieceArgs {
-  const float* q = nullptr;  // [g][head_dim], already multiplied by the scale
+  // [g][head_dim], already multiplied by the scale. q8_0: the codes of q
+  // quantized per 32 channels as quant_matmul.h quantizes activations
+  // (q ~ code * q_scales), as floats: a group's sum of code products is then
+  // an exact integer on every path, as vpdpbusd computes it.
+  const float* q = nullptr;
+  const int8_t* q_codes = nullptr;       // q8_0: [g][head_dim]
+  const float* q_scales = nullptr;       // q8_0: [g][head_dim / 32]
+  const int32_t* q_code_sums = nullptr;  // q8_0: [g][head_dim / 32] sums of the codes
   int g = 0;
   int head_dim = 0;
   int block_size = 0;
@@ -63,5 +70,34 @@ struct PieceArgs {
 // Runs one piece on the best Highway target of this CPU (online softmax over
 // the slices' tokens, fp32 accumulation). Inputs must be finite.
 void attend_piece(const PieceArgs& args);
+
+// q8_0 scores on AVX512-VNNI (attention_q8_vnni.cpp), for the AVX-512
+// instantiation of attend_piece on CPUs that have it:
+//   scores[i * score_stride + j] = sum over groups G of
+//     float(sum_{c in G} q_code[i][c] * k_code[c][t + j]) * (k_scale[G][t + j] * q_scale[i][G])
+// accumulated in that order with FMA, for the g query heads of `args` and the
+// n <= kQ8VnniTokens tokens from block offset t; k_t and k_scales point at
+// token t of channel / group 0 of a page (rows block_size apart).
+// Both kernels step `prefetch` by the bytes they read, scales included.
+constexpr int kQ8VnniTokens = 64;
+constexpr int kQ8VnniGroup = 32;  // kvstore::kQ8Group (checked in attention.cpp)
+// The CPU has what they need (AVX512-F/BW/VL and VNNI).
+bool has_q8_vnni_kernels();
+void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
+                          float* scores, int score_stride, LinePrefetch& prefetch);
+
+// q8_0 P.V on AVX512-VNNI, for the same callers: for the g query heads of
+// `args` and n <= kQ8VnniChunk consecutive tokens (v and v_scales point at the
+// first one's row of codes / of f16 scales in a page),
+//   acc[i][c] += sum_j w[i][j][G] * v_code[j][c]   (G = c / 32)
+// where w = p[i * p_stride + j] * v_scale[j][G] is rounded to int16 against
+// the largest w of (i, G) over the n tokens: w ~ code * max / 32767, the code
+// products summed exactly in int32 (vpdpwssd), then times max / 32767 in f32.
+// Each weight is off by at most max / 65534, and max <= sum of the tokens'
+// weights, so the output moves by at most n / 65534 of the largest |v|
+// relative to the softmax sum.
+constexpr int kQ8VnniChunk = 128;
+void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, const int8_t* v,
+                               const uint16_t* v_scales, float* acc, LinePrefetch& prefetch);
 
 }  // namespace longctx::cpu::detail

@@ -20,9 +20,11 @@
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
+#include "longctx/cpu/quant_matmul.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "../../cpu/src/attention_kernel.h"
 #include "reference.h"
 #include "store_fixture.h"
 
@@ -252,10 +254,26 @@ Bounds error_bounds(const attention_ref::Attention& ref, int head_dim, int64_t n
   return b;
 }
 
-// Every query head of r against the reference over its kv head's selected tokens.
-void expect_matches_reference(const AttnStore& s, const std::vector<float>& q, const Selection& selection,
-                              const Result& r, double scale, bool exact_logits = false) {
+// The query the kernel attends with over q8_0 keys: q times the (f32) scale,
+// quantized per 32 channels as quant_matmul.h quantizes activations (checked
+// in quant_matmul_test.cpp), dequantized; the scale is then in it.
+std::vector<float> q8_query(const std::vector<float>& q, int head_dim, float scale) {
+  std::vector<float> scaled(q.size());
+  for (size_t i = 0; i < q.size(); ++i) scaled[i] = q[i] * scale;
+  QuantizedActs acts;
+  quantize_acts(scaled.data(), int64_t(q.size()) / head_dim, head_dim, head_dim, kvstore::kQ8Group, acts);
+  for (size_t i = 0; i < q.size(); ++i) scaled[i] = float(acts.q[i]) * acts.d[i / kvstore::kQ8Group];
+  return scaled;
+}
+
+// Every query head of r against the reference over its kv head's selected
+// tokens. scale is the kernel's f32 scale.
+void expect_matches_reference(const AttnStore& s, const std::vector<float>& q_in, const Selection& selection,
+                              const Result& r, double scale_in, bool exact_logits = false) {
   const AttnCase& c = s.config();
+  const bool q8 = c.kv_type == DType::kQ8_0;
+  const std::vector<float> q = q8 ? q8_query(q_in, c.head_dim, float(scale_in)) : q_in;
+  const double scale = q8 ? 1.0 : scale_in;
   for (int qh = 0; qh < c.n_q_heads(); ++qh) {
     const int h = qh / c.g;
     SCOPED_TRACE(::testing::Message() << "query head " << qh << " (kv head " << h << ")");
@@ -267,7 +285,9 @@ void expect_matches_reference(const AttnStore& s, const std::vector<float>& q, c
       for (int ch = 0; ch < c.head_dim; ++ch) ASSERT_EQ(out[ch], 0.f) << "channel " << ch;
       continue;
     }
-    const Bounds bounds = error_bounds(ref, c.head_dim, int64_t(tokens.size()), exact_logits);
+    Bounds bounds = error_bounds(ref, c.head_dim, int64_t(tokens.size()), exact_logits);
+    // q8_0 on AVX512-VNNI: P.V's weights rounded to int16 per chunk (attention_kernel.h).
+    if (q8) bounds.out += 2 * (double(detail::kQ8VnniChunk) / 65534) * ref.max_abs_value;
     ASSERT_TRUE(std::isfinite(r.lse[size_t(qh)])) << r.lse[size_t(qh)];
     ASSERT_NEAR(r.lse[size_t(qh)], ref.lse, bounds.lse);
     for (int ch = 0; ch < c.head_dim; ++ch) {
@@ -277,7 +297,8 @@ void expect_matches_reference(const AttnStore& s, const std::vector<float>& q, c
   }
 }
 
-double default_scale(const AttnCase& c) { return 1.0 / std::sqrt(double(float(c.head_dim))); }
+// The kernel's default scale, as it computes it in f32.
+double default_scale(const AttnCase& c) { return 1.f / std::sqrt(float(c.head_dim)); }
 
 // ---- Highway targets ----------------------------------------------------------------
 
@@ -354,6 +375,34 @@ TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
       }
     }
   }
+}
+
+// q8_0 on an AVX-512 CPU with VNNI takes the integer kernels of
+// attention_q8_vnni.cpp (checked against the reference above with every
+// target); their int16 P.V weights give other bits than the AVX2 path's f32
+// ones, which shows that they are the ones that ran.
+TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasVnni) {
+  if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here: q8_0 decode widens codes to f32";
+  const std::vector<int64_t> targets = targets_under_test();
+  if (std::find(targets.begin(), targets.end(), HWY_AVX3) == targets.end() ||
+      std::find(targets.begin(), targets.end(), HWY_AVX2) == targets.end()) {
+    GTEST_SKIP() << "needs both the AVX3 and the AVX2 Highway targets";
+  }
+  std::mt19937 rng(41);
+  const AttnCase c{DType::kQ8_0, 64, 128, 2, 4, 64 * 9 + 13};
+  const AttnStore s(c, random_kv(c, rng), rng);
+  const std::vector<float> q = random_q(c, rng);
+  Result avx3, avx2;
+  {
+    const ForcedHighwayTarget forced(HWY_AVX3);
+    avx3 = run_dense(s, q);
+  }
+  {
+    const ForcedHighwayTarget forced(HWY_AVX2);
+    avx2 = run_dense(s, q);
+  }
+  expect_matches_reference(s, q, full_selection(c), avx3, default_scale(c));
+  EXPECT_FALSE(bitwise_equal(avx3, avx2));
 }
 
 TEST(DecodeAttention, FullSelectionEqualsDense) {

@@ -7,6 +7,13 @@
 // No NaN ever leaves a kernel. GQA: query head h reads kv head h / g, with
 // g = n_q_heads / n_kv_heads; the g query heads of a kv head are processed
 // together so each K/V byte is read once per group.
+//
+// q8_0 stores: q (times the scale) is quantized per 32 channels as
+// quant_matmul.h quantizes activations, so each group's q.k is an exact
+// integer dot product of codes (as ggml's q8_0 x q8_0 dot), then times both
+// scales. Where the CPU has AVX512-VNNI, P.V's weights p * v_scale are also
+// rounded to int16 per 128-token chunk (vpdpwssd); the output moves by at most
+// 128 / 65534 of the largest |v| (attention_kernel.h).
 #pragma once
 
 #include <cstdint>

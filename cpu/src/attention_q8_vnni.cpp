@@ -1,0 +1,223 @@
+// q8_0 decode attention's dot products on AVX512-VNNI (attention_kernel.h),
+// compiled for AVX512-BW/VNNI and reached only from the AVX-512 instantiation
+// of attend_piece on CPUs that have it.
+//
+// Scores, vpdpbusd: a q8_0 page keeps K^T codes [head_dim][block_size].
+// vpdpbusd adds, per 32-bit lane, the products of 4 consecutive bytes: four
+// channels of one token. Four rows (channels c..c+3) of 64 tokens are
+// interleaved in registers by two rounds of byte / word unpacks, which work
+// within 128-bit lanes: vector k then holds, in lane L, tokens 16L + 4k ..
+// 16L + 4k + 3. The tokens' scales are put in that order by the same 4x4
+// transpose of 128-bit lanes that puts the scores back in token order at the
+// end. vpdpbusd multiplies unsigned by signed bytes: the key codes go in with
+// their sign bit flipped (k + 128), the query codes as they are, and each sum
+// starts at -128 * (sum of the query codes), so it ends at the exact integer
+// sum of q * k.
+//
+// P.V, vpdpwssd: V codes [block_size][head_dim], two tokens' rows widened to
+// int16 and interleaved by word, times int16 weight codes of the token pair.
+//
+// Like every ISA file, it shares no inline code with other files (the
+// prefetch walk of attention_kernel.h has internal linkage): a copy compiled
+// with these flags might be the one the linker keeps.
+//
+// GCC 12's _mm512_undefined_ps() (x = x), behind the shuffles and
+// conversions, trips -Wuninitialized once they are inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "attention_kernel.h"
+
+namespace longctx::cpu::detail {
+namespace {
+
+constexpr int kGroup = kQ8VnniGroup;
+constexpr int kMaxHeads = 4;  // 4 x 4 vectors of int32 sums stay in registers
+constexpr int kMaxDim = 512;  // the largest head_dim a KVStore takes
+
+// v[j] lane L <- v[L] lane j (a 4x4 transpose of 128-bit lanes).
+inline void transpose_lanes(__m512 (&v)[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44);  // v0.L0 v0.L1 v1.L0 v1.L1
+  const __m512 t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);  // v0.L2 v0.L3 v1.L2 v1.L3
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44);
+  const __m512 t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);  // v0.L0 v1.L0 v2.L0 v3.L0
+  v[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+// Bits [16L, 16L + 16) of the token mask, for the vector of tokens 16L..16L+15.
+inline __mmask16 lane_mask(__mmask64 tokens, int l) { return __mmask16(tokens >> (16 * l)); }
+
+template <int G>
+void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
+                 int score_stride, LinePrefetch& prefetch) {
+  const int dim = a.head_dim;
+  const int groups = dim / kGroup;
+  const size_t row = size_t(a.block_size);
+  const __mmask64 tokens = n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[G][4];
+  for (auto& head : acc)
+    for (auto& v : head) v = _mm512_setzero_ps();
+
+  for (int grp = 0; grp < groups; ++grp) {
+    __m512i dot[G][4];
+    for (int i = 0; i < G; ++i) {
+      const __m512i start = _mm512_set1_epi32(-128 * a.q_code_sums[size_t(h0 + i) * groups + grp]);
+      for (auto& v : dot[i]) v = start;
+    }
+    for (int c = grp * kGroup; c < (grp + 1) * kGroup; c += 4) {
+      const int8_t* k = k_t + size_t(c) * row;
+      prefetch_step(prefetch, 4 * size_t(n));
+      const __m512i r0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k), flip);
+      const __m512i r1 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + row), flip);
+      const __m512i r2 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + 2 * row), flip);
+      const __m512i r3 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + 3 * row), flip);
+      const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
+      const __m512i x[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                            _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+      for (int i = 0; i < G; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, a.q_codes + size_t(h0 + i) * dim + c, 4);
+        const __m512i q = _mm512_set1_epi32(quad);
+        for (int v = 0; v < 4; ++v) dot[i][v] = _mm512_dpbusd_epi32(dot[i][v], x[v], q);
+      }
+    }
+    __m512 scale[4];  // the tokens' scales, then in the order of the sums
+    const uint16_t* scale_row = k_scales + size_t(grp) * row;
+    prefetch_step(prefetch, sizeof(uint16_t) * size_t(n));
+    for (int l = 0; l < 4; ++l) {
+      scale[l] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(tokens, l), scale_row + 16 * l));
+    }
+    transpose_lanes(scale);
+    for (int i = 0; i < G; ++i) {
+      const __m512 q_scale = _mm512_set1_ps(a.q_scales[size_t(h0 + i) * groups + grp]);
+      for (int v = 0; v < 4; ++v) {
+        acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][v]), _mm512_mul_ps(scale[v], q_scale), acc[i][v]);
+      }
+    }
+  }
+  for (int i = 0; i < G; ++i) {
+    transpose_lanes(acc[i]);
+    float* out = scores + size_t(i) * score_stride;
+    for (int l = 0; l < 4; ++l) _mm512_mask_storeu_ps(out + 16 * l, lane_mask(tokens, l), acc[i][l]);
+  }
+}
+
+// The weights of P.V for G heads and one group of channels as int16 codes of
+// token pairs: codes[i][j] ~ p[i][j] * scale[j] / unit[i], 0 past n (n is
+// rounded up to even so that the last pair is whole).
+template <int G>
+void weight_codes(const float* p, int p_stride, const float* scale, int n, int16_t (*codes)[kQ8VnniChunk],
+                  float* unit) {
+  for (int i = 0; i < G; ++i) {
+    const float* row = p + size_t(i) * p_stride;
+    __m512 top = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+      top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j)));
+    }
+    const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
+    unit[i] = max / 32767.f;
+    const __m512 inverse = _mm512_set1_ps(max > 0.f ? 32767.f / max : 0.f);
+    for (int j = 0; j < n + (n & 1); j += 16) {
+      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+      const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j));
+      const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(w, inverse));  // nearest, ties to even
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&codes[i][j]), _mm512_cvtepi32_epi16(code));
+    }
+  }
+}
+
+// acc rows (G heads, channels [c, c + 32)) += P.V over the chunk's n tokens.
+template <int G>
+void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, int n, const int8_t* v,
+                      const float* scale, int c, float* acc, LinePrefetch& prefetch) {
+  alignas(64) int16_t codes[G][kQ8VnniChunk];
+  float unit[G];
+  weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale, n, codes, unit);
+  const int dim = a.head_dim;
+  // Tokens j and j + 1 interleaved by word within 128-bit lanes: "lo" holds, in
+  // lane L, channels c + 8L .. c + 8L + 3, "hi" c + 8L + 4 .. c + 8L + 7.
+  __m512i lo[G], hi[G];
+  for (int i = 0; i < G; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
+  for (int j = 0; j < n; j += 2) {
+    const int8_t* row = v + size_t(j) * dim + c;
+    prefetch_step(prefetch, 2 * kGroup);
+    const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+    const __m512i a1 = j + 1 < n ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + dim)))
+                                 : _mm512_setzero_si512();
+    const __m512i pair_lo = _mm512_unpacklo_epi16(a0, a1), pair_hi = _mm512_unpackhi_epi16(a0, a1);
+    for (int i = 0; i < G; ++i) {
+      int32_t w;
+      std::memcpy(&w, &codes[i][j], 4);
+      const __m512i weights = _mm512_set1_epi32(w);
+      lo[i] = _mm512_dpwssd_epi32(lo[i], pair_lo, weights);
+      hi[i] = _mm512_dpwssd_epi32(hi[i], pair_hi, weights);
+    }
+  }
+  for (int i = 0; i < G; ++i) {
+    // Channels in order: lanes lo.L0 hi.L0 lo.L1 hi.L1, then lo.L2 hi.L2 lo.L3 hi.L3.
+    const __m512i first = _mm512_permutex2var_epi64(lo[i], _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi[i]);
+    const __m512i second = _mm512_permutex2var_epi64(lo[i], _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi[i]);
+    const __m512 u = _mm512_set1_ps(unit[i]);
+    float* out = acc + size_t(h0 + i) * dim + c;
+    _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), u, _mm512_loadu_ps(out)));
+    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), u, _mm512_loadu_ps(out + 16)));
+  }
+}
+
+}  // namespace
+
+void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, const int8_t* v,
+                               const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
+  const int groups = args.head_dim / kGroup;
+  // The chunk's scales [n][groups] widened to f32, then one group's over the n tokens.
+  alignas(64) float widened[kQ8VnniChunk * (kMaxDim / kGroup)];
+  alignas(64) float scale[kQ8VnniChunk];
+  const int count = n * groups;
+  prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
+  for (int i = 0; i < count; i += 16) {
+    const __mmask16 m = count - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - i)) - 1);
+    _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v_scales + i)));
+  }
+  const __m512i token_stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                  _mm512_set1_epi32(groups));
+  for (int grp = 0; grp < groups; ++grp) {
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+      _mm512_store_ps(scale + j, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, token_stride,
+                                                          widened + size_t(j) * groups + grp, 4));
+    }
+    for (int h0 = 0; h0 < args.g; h0 += kMaxHeads) {
+      switch (args.g - h0) {
+        case 1: accumulate_group<1>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
+        case 2: accumulate_group<2>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
+        case 3: accumulate_group<3>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
+        default: accumulate_group<4>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
+      }
+    }
+  }
+}
+
+void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
+                          float* scores, int score_stride, LinePrefetch& prefetch) {
+  for (int h0 = 0; h0 < args.g; h0 += kMaxHeads) {
+    float* out = scores + size_t(h0) * score_stride;
+    switch (args.g - h0) {
+      case 1: score_heads<1>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
+      case 2: score_heads<2>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
+      case 3: score_heads<3>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
+      default: score_heads<4>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
+    }
+  }
+}
+
+}  // namespace longctx::cpu::detail
