@@ -18,6 +18,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
+#include "longctx/cpu/attention.h"
 #include "backend_choice.h"
 #include "longctx/kvstore/snapshot.h"
 #include "longctx/model/llama.h"
@@ -365,6 +366,8 @@ int run(const Args& a) {
     std::fprintf(stderr, "attention: on the CPU, not the GPU: %s\n", seq.device_declined().c_str());
   if (!seq.uses_device_attention())
     std::fprintf(stderr, "prefill attention: %s products on the CPU\n", cpu::prefill_kernel_name(seq.prefill_kernel()));
+  if (config.kv_type == DType::kQ8_0)
+    std::fprintf(stderr, "q8_0 KV: decode attention on %s\n", cpu::q8_decode_kernel_description());
   const bool interactive = !a.prompt.has_value();
   Chat chat(config, *model, seq, tmpl, interactive);
   install_sigint_handler();

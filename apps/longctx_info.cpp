@@ -19,6 +19,7 @@
 
 #include "longctx/core/config.h"
 #include "longctx/core/cpu_features.h"
+#include "longctx/cpu/attention.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/quant_matmul.h"
@@ -108,6 +109,7 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("int8:     quantized matmul on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()));
   std::printf("prefill:  attention products in %s (prefill_kernel: auto)\n",
               cpu::best_prefill_kernel() == cpu::PrefillKernel::kBf16 ? "bf16 on vdpbf16ps" : "f32 on the FMA units");
+  std::printf("q8_0 kv:  decode attention on %s\n", cpu::q8_decode_kernel_description());
   const std::string& amx_why = amx_unusable_reason();
   std::printf("amx:      %s\n", amx_why.empty() ? "usable (tile data permission granted)" : ("not usable: " + amx_why).c_str());
   std::string nodes = topology.describe();

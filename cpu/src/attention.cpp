@@ -27,6 +27,11 @@ bool detail::has_q8_vnni_kernels() {
   return has;
 }
 
+const char* q8_decode_kernel_description() {
+  return detail::has_q8_vnni_kernels() ? "integer dot products on AVX512-VNNI (int8 q.k, int16 P.V weights)"
+                                       : "codes widened to f32 (no AVX512-VNNI), q quantized to int8";
+}
+
 namespace {
 
 // Default piece size (params.split_tokens == 0). It depends only on the

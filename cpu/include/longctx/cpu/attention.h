@@ -50,6 +50,10 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
                       const DecodeAttentionParams& params, const MutableTensorView& out,
                       const MutableTensorView& lse);
 
+// How decode attention computes over a q8_0 store on this CPU, for logs:
+// integer dot products on AVX512-VNNI, or codes widened to f32.
+const char* q8_decode_kernel_description();
+
 // Dense baseline: decode_attention over every token of the layer.
 void dense_decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q,
                             const DecodeAttentionParams& params, const MutableTensorView& out,
