@@ -174,28 +174,53 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
   }
 }
 
+// The 16 scales of group g from 16 tokens' rows of `groups` f32 (rows
+// contiguous): a tree of two-source permutes when groups is a power of two
+// (head_dim 32 to 512), each level doubling the tokens gathered, else a gather.
+inline __m512 group_column(const float* rows, int groups, int g) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if ((groups & (groups - 1)) != 0) {
+    return _mm512_i32gather_ps(_mm512_mullo_epi32(lane, _mm512_set1_epi32(groups)), rows + g, 4);
+  }
+  if (groups == 1) return _mm512_load_ps(rows);
+  __m512 part[8];  // level 0: pairs of vectors, 2 * (16 / groups) tokens each
+  const int per_vector = 16 / groups;
+  {
+    // lane k < 2 * per_vector: token k of the pair, from vector k / per_vector
+    const __m512i token = _mm512_and_si512(lane, _mm512_set1_epi32(per_vector - 1));
+    const __m512i from_second = _mm512_slli_epi32(_mm512_srli_epi32(lane, __builtin_ctz(per_vector)), 4);
+    const __m512i index = _mm512_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(token, _mm512_set1_epi32(groups)),
+                                                            _mm512_set1_epi32(g)), from_second);
+    for (int i = 0; i < groups / 2; ++i) {
+      part[i] = _mm512_permutex2var_ps(_mm512_load_ps(rows + 32 * i), index, _mm512_load_ps(rows + 32 * i + 16));
+    }
+  }
+  for (int have = 2 * per_vector, n = groups / 2; n > 1; have *= 2, n /= 2) {  // `have` tokens in each part
+    const __m512i index = _mm512_add_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(have - 1)),
+                                           _mm512_slli_epi32(_mm512_srli_epi32(lane, __builtin_ctz(have)), 4));
+    for (int i = 0; i < n / 2; ++i) part[i] = _mm512_permutex2var_ps(part[2 * i], index, part[2 * i + 1]);
+  }
+  return part[0];
+}
+
 }  // namespace
 
 void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, const int8_t* v,
                                const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
   const int groups = args.head_dim / kGroup;
-  // The chunk's scales [n][groups] widened to f32, then one group's over the n tokens.
+  // The chunk's scales [n][groups] widened to f32 (whole vectors of 16
+  // tokens, zero past n), then one group's over the tokens.
   alignas(64) float widened[kQ8VnniChunk * (kMaxDim / kGroup)];
   alignas(64) float scale[kQ8VnniChunk];
   const int count = n * groups;
+  const int vectors = (n + 15) / 16;  // of 16 tokens
   prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
-  for (int i = 0; i < count; i += 16) {
-    const __mmask16 m = count - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - i)) - 1);
+  for (int i = 0; i < vectors * 16 * groups; i += 16) {
+    const __mmask16 m = count - i >= 16 ? __mmask16(0xFFFF) : count > i ? __mmask16((1u << (count - i)) - 1) : 0;
     _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v_scales + i)));
   }
-  const __m512i token_stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                  _mm512_set1_epi32(groups));
   for (int grp = 0; grp < groups; ++grp) {
-    for (int j = 0; j < n; j += 16) {
-      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
-      _mm512_store_ps(scale + j, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, token_stride,
-                                                          widened + size_t(j) * groups + grp, 4));
-    }
+    for (int j = 0; j < vectors; ++j) _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
     for (int h0 = 0; h0 < args.g; h0 += kMaxHeads) {
       switch (args.g - h0) {
         case 1: accumulate_group<1>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;

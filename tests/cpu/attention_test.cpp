@@ -413,6 +413,8 @@ TEST(DecodeAttention, FullSelectionEqualsDense) {
       {DType::kF32, 128, 256, 2, 2, 128 * 3 + 1},
       {DType::kF16, 1, 128, 2, 3, 37},
       {DType::kBF16, 16, 40, 2, 5, 16 * 7 + 3},  // head_dim not a multiple of the vector width
+      {DType::kQ8_0, 32, 96, 2, 4, 32 * 6 + 9},  // q8_0 with 3 groups of 32 channels (not a power of two)
+      {DType::kQ8_0, 128, 512, 1, 2, 128 * 2 + 77},  // the largest head_dim, 16 groups
   };
   for (const AttnCase& c : cases) {
     SCOPED_TRACE(c.describe());
