@@ -11,7 +11,8 @@
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
-//     (q8_0: each vector of codes times its group's scale).
+//     (q8_0: each vector of codes times its group's scale; with AVX512-VNNI
+//     in attention_q8_vnni.cpp).
 // Query heads are taken kMaxGroup at a time so their accumulators stay in
 // registers; with more heads than that, K/V are re-read from cache, not DRAM.
 // While a slice computes, the next slice's lines are prefetched into L2 in
@@ -275,13 +276,14 @@ void AttendPieceOf(const PieceArgs& a) {
   const int g = a.g;
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
-  // q8_0 scores with vpdpbusd where the CPU has it (this AVX-512 code only).
+  // q8_0 on the integer kernels of attention_q8_vnni.cpp where the CPU has
+  // AVX512-VNNI (this AVX-512 code only); else the codes widened to f32 here.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
 #else
   const bool use_vnni = false;
 #endif
-  std::vector<float> v_scales_f32(kType == DType::kQ8_0 ? size_t(kChunkTokens) * size_t(groups) : 0);
+  std::vector<float> v_scales_f32(kType == DType::kQ8_0 && !use_vnni ? size_t(kChunkTokens) * size_t(groups) : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
   std::vector<float> m(size_t(g), -std::numeric_limits<float>::infinity());
   std::vector<float> l(size_t(g), 0.f);

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "attention_kernel.h"
 
@@ -53,6 +54,25 @@ inline void transpose_lanes(__m512 (&v)[4]) {
 
 // Bits [16L, 16L + 16) of the token mask, for the vector of tokens 16L..16L+15.
 inline __mmask16 lane_mask(__mmask64 tokens, int l) { return __mmask16(tokens >> (16 * l)); }
+
+// The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
+inline __mmask16 first_lanes(int count) {
+  return count >= 16 ? __mmask16(0xFFFF) : count > 0 ? __mmask16((1u << count) - 1) : __mmask16(0);
+}
+
+// Calls fn(std::integral_constant<int, G>(), h0) for the g query heads taken
+// kMaxHeads at a time (G heads from h0).
+template <class Fn>
+void for_head_groups(int g, Fn&& fn) {
+  for (int h0 = 0; h0 < g; h0 += kMaxHeads) {
+    switch (g - h0) {
+      case 1: fn(std::integral_constant<int, 1>(), h0); break;
+      case 2: fn(std::integral_constant<int, 2>(), h0); break;
+      case 3: fn(std::integral_constant<int, 3>(), h0); break;
+      default: fn(std::integral_constant<int, kMaxHeads>(), h0); break;
+    }
+  }
+}
 
 template <int G>
 void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
@@ -112,25 +132,26 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* 
 }
 
 // The weights of P.V for G heads and one group of channels as int16 codes of
-// token pairs: codes[i][j] ~ p[i][j] * scale[j] / unit[i], 0 past n (n is
-// rounded up to even so that the last pair is whole).
+// token pairs: codes[i][j] ~ p[i][j] * scale[j] / unit[i], 0 past n up to the
+// next multiple of 16 (so that an odd n's last pair is whole).
 template <int G>
 void weight_codes(const float* p, int p_stride, const float* scale, int n, int16_t (*codes)[kQ8VnniChunk],
                   float* unit) {
+  alignas(64) float w[kQ8VnniChunk];  // 0 past n
   for (int i = 0; i < G; ++i) {
     const float* row = p + size_t(i) * p_stride;
     __m512 top = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
-      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
-      top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j)));
+      const __mmask16 m = first_lanes(n - j);
+      const __m512 wj = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j));
+      _mm512_store_ps(w + j, wj);
+      top = _mm512_max_ps(top, wj);
     }
     const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
     unit[i] = max / 32767.f;
     const __m512 inverse = _mm512_set1_ps(max > 0.f ? 32767.f / max : 0.f);
-    for (int j = 0; j < n + (n & 1); j += 16) {
-      const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
-      const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j));
-      const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(w, inverse));  // nearest, ties to even
+    for (int j = 0; j < n; j += 16) {
+      const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inverse));  // nearest, ties to even
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(&codes[i][j]), _mm512_cvtepi32_epi16(code));
     }
   }
@@ -216,33 +237,21 @@ void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stri
   const int vectors = (n + 15) / 16;  // of 16 tokens
   prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
   for (int i = 0; i < vectors * 16 * groups; i += 16) {
-    const __mmask16 m = count - i >= 16 ? __mmask16(0xFFFF) : count > i ? __mmask16((1u << (count - i)) - 1) : 0;
-    _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v_scales + i)));
+    _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(count - i), v_scales + i)));
   }
   for (int grp = 0; grp < groups; ++grp) {
     for (int j = 0; j < vectors; ++j) _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
-    for (int h0 = 0; h0 < args.g; h0 += kMaxHeads) {
-      switch (args.g - h0) {
-        case 1: accumulate_group<1>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
-        case 2: accumulate_group<2>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
-        case 3: accumulate_group<3>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
-        default: accumulate_group<4>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch); break;
-      }
-    }
+    for_head_groups(args.g, [&](auto heads, int h0) {
+      accumulate_group<decltype(heads)::value>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch);
+    });
   }
 }
 
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
                           float* scores, int score_stride, LinePrefetch& prefetch) {
-  for (int h0 = 0; h0 < args.g; h0 += kMaxHeads) {
-    float* out = scores + size_t(h0) * score_stride;
-    switch (args.g - h0) {
-      case 1: score_heads<1>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
-      case 2: score_heads<2>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
-      case 3: score_heads<3>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
-      default: score_heads<4>(args, h0, k_t, k_scales, n, out, score_stride, prefetch); break;
-    }
-  }
+  for_head_groups(args.g, [&](auto heads, int h0) {
+    score_heads<decltype(heads)::value>(args, h0, k_t, k_scales, n, scores + size_t(h0) * score_stride, score_stride, prefetch);
+  });
 }
 
 }  // namespace longctx::cpu::detail
