@@ -456,6 +456,39 @@ void KVStore::clear() {
   }
 }
 
+void KVStore::truncate(int64_t n_tokens) {
+  const int bs = layout_.block_size;
+  if (n_tokens < 0 || n_tokens % bs != 0)
+    fail(ErrorCode::kInvalidArgument, "KV store truncate: ", n_tokens, " tokens is not a whole number of ", bs,
+         "-token blocks");
+  for (int layer = 0; layer < layout_.shape.n_layers; ++layer)
+    if (n_tokens > n_tokens_[size_t(layer)])
+      fail(ErrorCode::kInvalidArgument, "KV store truncate: keep ", n_tokens, " tokens, but layer ", layer,
+           " holds ", n_tokens_[size_t(layer)]);
+  const size_t keep_blocks = size_t(n_tokens / bs);
+  const size_t rpp = layout_.records_per_rep_page;
+  const size_t keep_rep_pages = (keep_blocks + rpp - 1) / rpp;
+  for (int layer = 0; layer < layout_.shape.n_layers; ++layer) {
+    for (int h = 0; h < layout_.shape.n_kv_heads; ++h) {
+      HeadCache& hc = head_cache(layer, h);
+      if (hc.pages.size() > keep_blocks) {
+        // The dropped records of the last kept rep page read as a fresh page's: zero.
+        if (keep_blocks % rpp != 0) {
+          std::byte* first_dropped = record_of(hc, int64_t(keep_blocks));
+          std::memset(first_dropped, 0, size_t(hc.rep_pages[keep_rep_pages - 1] + layout_.rep_page_bytes - first_dropped));
+        }
+        page_pool(h).release({hc.pages.begin() + ptrdiff_t(keep_blocks), hc.pages.end()});
+        hc.pages.resize(keep_blocks);
+      }
+      if (hc.rep_pages.size() > keep_rep_pages) {
+        rep_pool(h).release({hc.rep_pages.begin() + ptrdiff_t(keep_rep_pages), hc.rep_pages.end()});
+        hc.rep_pages.resize(keep_rep_pages);
+      }
+    }
+    n_tokens_[size_t(layer)] = n_tokens;
+  }
+}
+
 // ---- reading -------------------------------------------------------------------
 
 void KVStore::check_layer(int layer, const char* what) const {

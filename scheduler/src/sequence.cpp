@@ -343,6 +343,14 @@ void Sequence::sync_with_store() {
   broken_ = false;
 }
 
+void Sequence::truncate(int64_t n_tokens) {
+  check_usable("truncate");
+  if (n_tokens > n_past_)
+    fail(ErrorCode::kInvalidArgument, "Sequence::truncate: keep ", n_tokens, " tokens, but it holds ", n_past_);
+  store_->truncate(n_tokens);  // checks the block multiple before dropping anything
+  sync_with_store();
+}
+
 void Sequence::reset() {
   store_->clear();
   if (owns_device()) {  // another sequence's tokens are not ours to drop

@@ -532,6 +532,55 @@ TEST(KVStore, ClearReturnsPagesAndKeepsSlabs) {
   EXPECT_EQ(ts.store->memory_stats().reserved_bytes, full.reserved_bytes);
 }
 
+// Truncating to whole blocks leaves what appending only the kept tokens
+// leaves (pages, records, memory), and the store goes on from there.
+TEST(KVStore, TruncateToWholeBlocksEqualsAppendingOnlyThoseTokens) {
+  struct Case {
+    RT rep;
+    int rep_num;
+    DType kv;
+  };
+  for (const Case& c : {Case{RT::kQuest, 2, DType::kF16}, Case{RT::kMean, 1, DType::kBF16},
+                        Case{RT::kDynamic, 4, DType::kF32}, Case{RT::kFix, 3, DType::kQ8_0}}) {
+    SCOPED_TRACE(representative_type_name(c.rep));
+    const KVShape shape{2, 2, 64};
+    const int64_t n = 6000;  // more blocks than a ~64 KiB rep page holds records
+    const LongContextConfig config = small_config(16, c.kv, c.rep, c.rep_num, n);
+    std::mt19937 rng(11);
+    const Input k = random_input(rng, n, 2, 64, DType::kF32, false);
+    const Input v = random_input(rng, n, 2, 64, DType::kF32, false);
+    auto append = [&](KVStore& store, int64_t begin, int64_t end) {
+      for (int layer = 0; layer < 2; ++layer)
+        store.append(layer, slice_tokens(k.view, begin, end), slice_tokens(v.view, begin, end));
+    };
+    TestStore full = make_store(shape, config);
+    append(*full.store, 0, n);
+    const StoreBytes all = store_bytes(*full.store);
+    // Keep nothing, 3 blocks (inside the first rep page), 300 blocks (past it).
+    for (int64_t keep : {int64_t{0}, int64_t{48}, int64_t{4800}}) {
+      SCOPED_TRACE(keep);
+      TestStore fresh = make_store(shape, config);
+      append(*fresh.store, 0, keep);
+      TestStore cut = make_store(shape, config);
+      append(*cut.store, 0, n);
+      cut.store->truncate(keep);
+      EXPECT_TRUE(store_bytes(*cut.store) == store_bytes(*fresh.store));
+      EXPECT_EQ(cut.store->memory_stats().used_bytes, fresh.store->memory_stats().used_bytes);
+      append(*cut.store, keep, n);
+      EXPECT_TRUE(store_bytes(*cut.store) == all);
+    }
+    // Refused, store unchanged: inside a block, more than a layer holds, negative.
+    TestStore odd = make_store(shape, config);
+    append(*odd.store, 0, 100);
+    odd.store->append(1, slice_tokens(k.view, 100, 120), slice_tokens(v.view, 100, 120));
+    const StoreBytes before = store_bytes(*odd.store);
+    expect_error([&] { odd.store->truncate(40); }, ErrorCode::kInvalidArgument, {"40 tokens", "16-token blocks"});
+    expect_error([&] { odd.store->truncate(112); }, ErrorCode::kInvalidArgument, {"keep 112", "layer 0 holds 100"});
+    expect_error([&] { odd.store->truncate(-16); }, ErrorCode::kInvalidArgument, {"-16 tokens"});
+    EXPECT_TRUE(store_bytes(*odd.store) == before);
+  }
+}
+
 // Any token/head strides: a head-major buffer seen as [n, heads, dim].
 TEST(KVStore, ArbitraryOuterStridesGiveTheSameBytes) {
   const int n = 37, heads = 3, dim = 32;

@@ -453,6 +453,39 @@ TEST_F(SequenceTest, SyncWithStoreResumesDecoding) {
                    "resumed");
 }
 
+// A prompt that shares a cached prefix: truncate to the prefix's whole
+// blocks, prefill the rest; the logits are the new prompt's alone.
+TEST_F(SequenceTest, TruncateThenPrefillGivesTheNewPromptsLogits) {
+  const TransformerSpec spec = small_spec();
+  const HostModel host = random_host_model(spec, 61);
+  const Transformer model = upload_model(host, backend_);
+  const std::vector<int32_t> first = random_tokens(90, spec.n_vocab, 62);
+  std::vector<int32_t> second(first.begin(), first.begin() + 70);  // shares 70 tokens: 4 whole blocks
+  const std::vector<int32_t> tail = random_tokens(30, spec.n_vocab, 63);
+  second.insert(second.end(), tail.begin(), tail.end());
+  std::vector<int32_t> with_next = second;
+  with_next.push_back(7);
+  const std::vector<double> ref = reference_logits(host, with_next);  // causal: rows of `second` too
+  const double tol = logits_tolerance(spec, int64_t(with_next.size()), max_abs(ref));
+  for (SelectionPolicy policy : {SelectionPolicy::kDense, SelectionPolicy::kSelect}) {
+    LongContextConfig config = small_config();
+    config.policy = policy;
+    config.second_select_num = 32;  // full budget: the dense reference's tokens
+    Sequence seq(backend_, model, config, &topology());
+    seq.prefill(first);
+    seq.decode(5);
+    EXPECT_THROW(seq.truncate(72), Error);   // inside a block
+    EXPECT_THROW(seq.truncate(112), Error);  // more than it holds
+    EXPECT_EQ(seq.n_past(), 91);
+    seq.truncate(64);
+    EXPECT_EQ(seq.n_past(), 64);
+    const Prefilled again = prefill_all(seq, std::vector<int32_t>(second.begin() + 64, second.end()));
+    expect_rows_near(again.all, ref, 64, int64_t(second.size()) - 64, spec.n_vocab, tol,
+                     selection_policy_name(policy));
+    expect_rows_near(seq.decode(7), ref, int64_t(second.size()), 1, spec.n_vocab, tol, "decode after truncate");
+  }
+}
+
 TEST_F(SequenceTest, ValidateNamesTheBadWeight) {
   const TransformerSpec spec = small_spec(true);
   const HostModel host = random_host_model(spec, 61);

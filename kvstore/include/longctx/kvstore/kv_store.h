@@ -219,6 +219,13 @@ class KVStore {
   // mapped and counted in the budget until the store is destroyed).
   void clear();
 
+  // Keeps the first n_tokens of every layer and drops the rest, whole blocks
+  // at a time (a kept block's page and record are exactly what appending its
+  // tokens wrote, so the store equals one that held only them); dropped pages
+  // return to the pools. Error(kInvalidArgument), store unchanged, unless n_tokens is a
+  // multiple of block_size and at most every layer's count.
+  void truncate(int64_t n_tokens);
+
   const StoreLayout& layout() const { return layout_; }
   const LongContextConfig& config() const { return config_; }
   int64_t n_tokens(int layer) const;

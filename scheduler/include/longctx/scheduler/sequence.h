@@ -150,6 +150,13 @@ class Sequence {
   // refills the device rings; if that throws, the sequence is broken.
   void sync_with_store();
 
+  // Keeps the first n_tokens (a whole number of blocks, at most n_past: else
+  // Error(kInvalidArgument), nothing changed) and drops the rest
+  // (KVStore::truncate), then sync_with_store(): a later prefill continues at
+  // n_tokens as if only those tokens had been given. How a cached prefix is
+  // reused for a prompt that starts with it.
+  void truncate(int64_t n_tokens);
+
   // Drops every token (the device's too) and the policy's state; n_past = 0,
   // stats kept.
   void reset();
