@@ -38,9 +38,9 @@ std::string hex32(uint32_t v) {
 Conversation::Conversation(model::ChatTemplate chat_template, std::string system_prompt)
     : template_(chat_template), system_prompt_(std::move(system_prompt)) {}
 
-bool Conversation::template_writes_bos() const {
-  return template_ == model::ChatTemplate::kLlama2 || template_ == model::ChatTemplate::kLlama3 ||
-         template_ == model::ChatTemplate::kInternLM2;
+bool template_writes_bos(model::ChatTemplate chat_template) {
+  return chat_template == model::ChatTemplate::kLlama2 || chat_template == model::ChatTemplate::kLlama3 ||
+         chat_template == model::ChatTemplate::kInternLM2;
 }
 
 std::string Conversation::render(const std::vector<model::ChatMessage>& messages) const {

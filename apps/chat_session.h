@@ -23,6 +23,10 @@
 
 namespace longctx::chat {
 
+// Whether a template writes BOS itself (llama2, llama3, internlm2); otherwise
+// the tokenizer adds it where the vocabulary asks for it.
+bool template_writes_bos(model::ChatTemplate chat_template);
+
 class Conversation {
  public:
   Conversation(model::ChatTemplate chat_template, std::string system_prompt);
@@ -37,8 +41,7 @@ class Conversation {
 
   bool has_document() const { return has_document_; }
   model::ChatTemplate chat_template() const { return template_; }
-  // BOS is written by the template itself (llama2, llama3, internlm2).
-  bool template_writes_bos() const;
+  bool template_writes_bos() const { return chat::template_writes_bos(template_); }
 
   // The chat state after context(), for a snapshot's fingerprint:
   // "longctx-chat template=llama2 document=1 system=1a2b3c4d context_tokens=123".

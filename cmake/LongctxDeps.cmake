@@ -13,6 +13,10 @@ add_library(DNNL::dnnl UNKNOWN IMPORTED)
 set_target_properties(DNNL::dnnl PROPERTIES IMPORTED_LOCATION ${DNNL_LIBRARY}
                                             INTERFACE_INCLUDE_DIRECTORIES ${DNNL_INCLUDE_DIR})
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-tokenizer regexes
+# longctx-server: cpp-httplib (Debian builds it as a library; its .pc file
+# gives the defines the library was built with) and nlohmann-json.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+find_package(nlohmann_json 3.10 REQUIRED)
 
 # CUDA: AUTO builds gpu/ when nvcc is found.
 set(LONGCTX_HAVE_CUDA OFF)

@@ -9,6 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtbb-dev libdnnl-dev libhwloc-dev hwloc libyaml-cpp-dev libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libcpp-httplib-dev nlohmann-json3-dev
   pybind11-dev python3-dev python3-numpy python3-yaml python3-pytest python3-torch
   tmux gnuplot-nox
 )

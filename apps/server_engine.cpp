@@ -1,0 +1,264 @@
+#include "server_engine.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "chat_session.h"
+#include "longctx/core/error.h"
+#include "longctx/kvstore/kv_store.h"
+#include "longctx/model/sampler.h"
+
+namespace longctx::server {
+namespace {
+
+struct Cancelled {};  // thrown from the prefill progress callback
+
+}  // namespace
+
+std::optional<Event> Job::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void Job::push(Event e) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(e));
+  }
+  ready_.notify_all();
+}
+
+Engine::Engine(const LongContextConfig& config, model::Model& model, Backend& backend,
+               model::ChatTemplate chat_template, EngineOptions options)
+    : config_(config), model_(model), backend_(backend), chat_template_(chat_template), options_(options) {
+  limits_.model_id = options.model_id;
+  limits_.max_seq_len = config.max_seq_len;
+  limits_.defaults = config.sampling;
+  worker_ = std::thread([this] { work(); });
+}
+
+Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
+
+std::vector<int32_t> Engine::tokenize(const CompletionRequest& request) const {
+  const model::Tokenizer& tok = model_.tokenizer();
+  // Special tokens in the text are parsed, as llama-server does.
+  if (!request.chat) return tok.encode(request.prompt, tok.vocab().add_bos, /*parse_special=*/true);
+  const std::string text = model::apply_chat_template(chat_template_, request.messages, /*add_generation_prompt=*/true);
+  const bool bos = !chat::template_writes_bos(chat_template_) && tok.vocab().add_bos;
+  return tok.encode(text, bos, /*parse_special=*/true);
+}
+
+std::shared_ptr<Job> Engine::submit(CompletionRequest request) {
+  auto job = std::make_shared<Job>();
+  job->prompt_ = tokenize(request);
+  const int64_t n = int64_t(job->prompt_.size());
+  if (n == 0) throw ApiError(400, "the prompt is empty after tokenization", request.chat ? "messages" : "prompt");
+  if (n >= config_.max_seq_len)
+    throw ApiError(400,
+                   str_cat("the prompt is ", n, " tokens; this server holds at most max_seq_len ", config_.max_seq_len,
+                           " tokens, prompt and answer together"),
+                   request.chat ? "messages" : "prompt");
+  job->request_ = std::move(request);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw ApiError(503, "the server is shutting down");
+    if (queue_.size() >= options_.max_queued)
+      throw ApiError(503, str_cat("the server is busy: ", queue_.size(), " requests are waiting; retry later"));
+    queue_.push_back(job);
+    ++metrics_.queued;
+  }
+  wake_.notify_all();
+  return job;
+}
+
+void Engine::shutdown(std::chrono::milliseconds grace) {
+  accepting_.store(false);
+  std::unique_lock lock(mutex_);
+  stopping_ = true;
+  wake_.notify_all();
+  // Let the worker drain the queue within the grace period, then cancel the rest.
+  wake_.wait_for(lock, grace, [&] { return queue_.empty() && running_ == nullptr; });
+  for (const auto& job : queue_) job->cancel();
+  if (running_) running_->cancel();
+  lock.unlock();
+  if (worker_.joinable()) worker_.join();
+}
+
+Metrics Engine::metrics() const {
+  std::lock_guard lock(mutex_);
+  return metrics_;
+}
+
+void Engine::work() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      --metrics_.queued;
+      metrics_.running = 1;
+      running_ = job;
+    }
+    try {
+      run(*job);
+    } catch (const ApiError& e) {
+      job->push(Event{Event::kError, e.what(), "", {}, e.status()});
+    } catch (const std::exception& e) {
+      job->push(Event{Event::kError, e.what(), "", {}, 500});
+    }
+    {
+      std::lock_guard lock(mutex_);
+      running_.reset();
+      metrics_.running = 0;
+      metrics_.kv_dram_bytes = cache_bytes();
+      metrics_.cached_sequences = int64_t(cache_.size());
+    }
+    wake_.notify_all();
+  }
+}
+
+uint64_t Engine::cache_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& c : cache_) bytes += c->seq->store().memory_stats().reserved_bytes;
+  return bytes;
+}
+
+Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_t max_tokens, int64_t& cached) {
+  const int64_t bs = config_.block_size;
+  // The longest reusable prefix: whole blocks, leaving at least one token to prefill.
+  Cached* best = nullptr;
+  int64_t best_keep = 0;
+  for (const auto& c : cache_) {
+    const size_t limit = std::min(c->tokens.size(), prompt.size() - 1);
+    const size_t common = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(limit), c->tokens.begin()).first -
+                                 prompt.begin());
+    const int64_t keep = int64_t(common) / bs * bs;
+    if (keep > best_keep) best = c.get(), best_keep = keep;
+  }
+  if (best != nullptr) {
+    if (best->seq->n_past() > best_keep) best->seq->truncate(best_keep);
+    best->tokens.resize(size_t(best_keep));
+    best->last_used = ++use_clock_;
+    cached = best_keep;
+    return *best;
+  }
+  // A new sequence: drop the least recently used ones while the cache and
+  // what this request will hold exceed the budget.
+  const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model_.spec().kv_shape(), config_);
+  const int64_t need_tokens = std::min<int64_t>(config_.max_seq_len, int64_t(prompt.size()) + max_tokens);
+  const uint64_t need =
+      kvstore::preflight(layout, need_tokens, std::vector<int>(size_t(layout.shape.n_kv_heads), 0)).total_bytes;
+  const uint64_t budget = config_.dram_budget != 0 ? config_.dram_budget : kvstore::default_dram_budget();
+  while (!cache_.empty() && cache_bytes() + need > budget) {
+    auto lru = std::min_element(cache_.begin(), cache_.end(),
+                                [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
+    cache_.erase(lru);
+  }
+  auto fresh = std::make_unique<Cached>();
+  try {
+    fresh->seq = std::make_unique<scheduler::Sequence>(backend_, model_.transformer(), config_);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kOutOfMemory) throw ApiError(503, str_cat("no memory for another sequence: ", e.what()));
+    throw;
+  }
+  fresh->last_used = ++use_clock_;
+  cache_.push_back(std::move(fresh));
+  cached = 0;
+  return *cache_.back();
+}
+
+void Engine::run(Job& job) {
+  const CompletionRequest& req = job.request_;
+  const std::vector<int32_t>& prompt = job.prompt_;
+  if (job.cancelled()) {
+    finish(job, "cancelled", {});
+    return;
+  }
+  int64_t cached = 0;
+  Cached& entry = take_sequence(prompt, req.max_tokens, cached);
+  scheduler::Sequence& seq = *entry.seq;
+  seq.reset_stats();
+  Usage usage;
+  usage.prompt_tokens = int64_t(prompt.size());
+  usage.cached_tokens = cached;
+
+  std::vector<float> logits;
+  try {
+    scheduler::PrefillOptions options;
+    options.progress = [&](int64_t, int64_t) {
+      if (job.cancelled()) throw Cancelled{};
+    };
+    logits = seq.prefill(std::span<const int32_t>(prompt).subspan(size_t(cached)), options);
+  } catch (...) {
+    // The KV holds part of the prompt (or is broken): start it over next time.
+    seq.reset();
+    entry.tokens.clear();
+    if (job.cancelled()) {
+      finish(job, "cancelled", usage);
+      return;
+    }
+    throw;
+  }
+  entry.tokens.assign(prompt.begin(), prompt.end());
+
+  model::Sampler sampler(model::SamplerParams{req.temperature, req.top_k, req.top_p, req.seed});
+  const model::Tokenizer& tok = model_.tokenizer();
+  StopFilter filter(req.stop);
+  std::string reason = "length";
+  int64_t generated = 0;
+  while (generated < req.max_tokens) {
+    if (job.cancelled()) {
+      reason = "cancelled";
+      break;
+    }
+    const int32_t id = sampler.sample(logits);
+    if (tok.is_end_of_generation(id)) {
+      reason = "stop";
+      break;
+    }
+    ++generated;
+    if (std::string text = filter.push(tok.token_to_piece(id)); !text.empty()) job.push(Event{Event::kText, text});
+    if (filter.stopped()) {
+      reason = "stop";
+      break;
+    }
+    // The last token's KV is kept only when the cache has room for it.
+    if (generated == req.max_tokens || seq.n_past() >= config_.max_seq_len) break;
+    logits = seq.decode(id);
+    entry.tokens.push_back(id);
+  }
+  if (std::string rest = filter.finish(); !rest.empty()) job.push(Event{Event::kText, rest});
+
+  const scheduler::SequenceStats& st = seq.stats();
+  usage.completion_tokens = generated;
+  usage.prefill_tokens_per_second = st.prefill_tokens_per_second();
+  usage.decode_tokens_per_second = st.decode_tokens_per_second();
+  usage.attended_fraction = st.mean_attended_fraction();
+  {
+    std::lock_guard lock(mutex_);
+    metrics_.prompt_tokens += usage.prompt_tokens;
+    metrics_.cached_tokens += usage.cached_tokens;
+    metrics_.generated_tokens += generated;
+    metrics_.prefilled_tokens += st.prefill_tokens;
+    metrics_.prefill_seconds += st.prefill_seconds;
+    metrics_.decoded_tokens += st.decode_tokens;
+    metrics_.decode_seconds += st.decode_seconds;
+  }
+  finish(job, reason, usage);
+}
+
+void Engine::finish(Job& job, const std::string& reason, const Usage& usage) {
+  if (reason == "cancelled") {
+    std::lock_guard lock(mutex_);
+    ++metrics_.cancelled;
+  }
+  job.push(Event{Event::kDone, "", reason, usage, 0});
+}
+
+}  // namespace longctx::server
