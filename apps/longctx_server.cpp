@@ -40,7 +40,8 @@ using json = nlohmann::json;
 constexpr const char* kUsage =
     "usage: longctx-server [--config X.yaml] [--model FILE.gguf] [--set KEY=VALUE]...\n"
     "                      [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
-    "                      [--max-queued 64] [--max-body-bytes 33554432] [--grace-seconds 10]\n"
+    "                      [--max-queued 64] [--max-body-bytes 32MiB] [--grace-seconds 10]\n"
+    "                      [--cache-dir DIR] [--cache-bytes 16GiB]\n"
     "\n"
     "Serves the model (model.path in the config, or --model) over an OpenAI-compatible API:\n"
     "  POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),\n"
@@ -58,12 +59,16 @@ constexpr const char* kUsage =
     "  --port P              0 picks a free port (printed)\n"
     "  --api-key KEY         /v1/* and /metrics require 'Authorization: Bearer KEY'\n"
     "  --max-queued N        requests waiting beyond the running one\n"
-    "  --max-body-bytes N    larger request bodies get 413\n"
+    "  --max-body-bytes N    larger request bodies get 413 (units as dram_budget: 64MiB)\n"
+    "  --cache-dir DIR       keep the prompt cache's sequences on disk as they leave DRAM\n"
+    "                        and at exit (KV snapshots); a restart reads them back\n"
+    "  --cache-bytes N       the disk cache's budget, least recently used out first\n"
     "  --grace-seconds S     on SIGTERM/SIGINT: stop accepting, let running and queued\n"
     "                        requests finish for S seconds, cancel the rest, exit 0\n";
 
 struct Args {
-  std::string config_path, model_path, host = "127.0.0.1", api_key;
+  std::string config_path, model_path, host = "127.0.0.1", api_key, cache_dir;
+  uint64_t cache_bytes = uint64_t{16} << 30;
   std::vector<std::string> overrides;
   int port = 8080;
   size_t max_queued = 64;
@@ -95,7 +100,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--port") a.port = int(parse_int(flag, value(), 0, 65535));
     else if (flag == "--api-key") a.api_key = value();
     else if (flag == "--max-queued") a.max_queued = size_t(parse_int(flag, value(), 0, 1 << 20));
-    else if (flag == "--max-body-bytes") a.max_body_bytes = size_t(parse_int(flag, value(), 1024, int64_t{1} << 40));
+    else if (flag == "--max-body-bytes") a.max_body_bytes = size_t(parse_byte_count(value(), flag));
+    else if (flag == "--cache-dir") a.cache_dir = value();
+    else if (flag == "--cache-bytes") a.cache_bytes = parse_byte_count(value(), flag);
     else if (flag == "--grace-seconds") a.grace_seconds = double(parse_int(flag, value(), 0, 3600));
     else if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
@@ -173,7 +180,9 @@ std::string metrics_text(const Metrics& m, const RequestCounts& counts) {
   metric("longctx_decode_tokens_per_second", "gauge", "Decode rate over every request so far.",
          m.decode_seconds > 0 ? double(m.decoded_tokens) / m.decode_seconds : 0.0);
   metric("longctx_kv_dram_bytes", "gauge", "DRAM reserved by the cached sequences' KV stores.", double(m.kv_dram_bytes));
-  metric("longctx_cached_sequences", "gauge", "Sequences kept in the prompt cache.", double(m.cached_sequences));
+  metric("longctx_cached_sequences", "gauge", "Sequences kept in the prompt cache in DRAM.", double(m.cached_sequences));
+  metric("longctx_kv_disk_bytes", "gauge", "Bytes of the disk cache's files (--cache-dir).", double(m.kv_disk_bytes));
+  metric("longctx_disk_sequences", "gauge", "Sequences kept in the disk cache.", double(m.disk_sequences));
   metric("longctx_queue_length", "gauge", "Requests waiting to run.", double(m.queued));
   metric("longctx_requests_running", "gauge", "Requests running (0 or 1).", double(m.running));
   return out;
@@ -353,6 +362,8 @@ int run(const Args& a) {
   EngineOptions options;
   options.model_id = model_id_of(model_path);
   options.max_queued = a.max_queued;
+  options.cache_dir = a.cache_dir;
+  options.cache_bytes = a.cache_bytes;
   Engine engine(config, *model, *chosen.backend, tmpl, options);
 
   httplib::Server http;

@@ -35,6 +35,15 @@ Engine::Engine(const LongContextConfig& config, model::Model& model, Backend& ba
                model::ChatTemplate chat_template, EngineOptions options)
     : config_(config), model_(model), backend_(backend), chat_template_(chat_template), options_(options) {
   limits_.model_id = options.model_id;
+  if (!options.cache_dir.empty()) {
+    const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model.spec().kv_shape(), config);
+    disk_ = std::make_unique<DiskCache>(options.cache_dir, options.cache_bytes, model.fingerprint(),
+                                        DiskCache::layout_key(layout));
+    for (const std::string& r : disk_->removed())
+      std::fprintf(stderr, "longctx-server: disk cache: removed %s\n", r.c_str());
+    metrics_.kv_disk_bytes = disk_->bytes();
+    metrics_.disk_sequences = int64_t(disk_->size());
+  }
   limits_.max_seq_len = config.max_seq_len;
   limits_.defaults = config.sampling;
   worker_ = std::thread([this] { work(); });
@@ -84,7 +93,10 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
   for (const auto& job : queue_) job->cancel();
   if (running_) running_->cancel();
   lock.unlock();
-  if (worker_.joinable()) worker_.join();
+  if (!worker_.joinable()) return;
+  worker_.join();
+  // The worker is gone: its cache is ours. What is in DRAM goes to disk.
+  for (auto& c : cache_) spill(*c);
 }
 
 Metrics Engine::metrics() const {
@@ -116,8 +128,7 @@ void Engine::work() {
       std::lock_guard lock(mutex_);
       running_.reset();
       metrics_.running = 0;
-      metrics_.kv_dram_bytes = cache_bytes();
-      metrics_.cached_sequences = int64_t(cache_.size());
+      count_cache();
     }
     wake_.notify_all();
   }
@@ -129,35 +140,12 @@ uint64_t Engine::cache_bytes() const {
   return bytes;
 }
 
-Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_t max_tokens, int64_t& cached) {
-  const int64_t bs = config_.block_size;
-  // The longest reusable prefix: whole blocks, leaving at least one token to prefill.
-  Cached* best = nullptr;
-  int64_t best_keep = 0;
-  for (const auto& c : cache_) {
-    const size_t limit = std::min(c->tokens.size(), prompt.size() - 1);
-    const size_t common = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(limit), c->tokens.begin()).first -
-                                 prompt.begin());
-    const int64_t keep = int64_t(common) / bs * bs;
-    if (keep > best_keep) best = c.get(), best_keep = keep;
-  }
-  if (best != nullptr) {
-    if (best->seq->n_past() > best_keep) best->seq->truncate(best_keep);
-    best->tokens.resize(size_t(best_keep));
-    best->last_used = ++use_clock_;
-    cached = best_keep;
-    return *best;
-  }
-  // A new sequence: drop the least recently used ones while the cache and
-  // what this request will hold exceed the budget.
-  const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model_.spec().kv_shape(), config_);
-  const int64_t need_tokens = std::min<int64_t>(config_.max_seq_len, int64_t(prompt.size()) + max_tokens);
-  const uint64_t need =
-      kvstore::preflight(layout, need_tokens, std::vector<int>(size_t(layout.shape.n_kv_heads), 0)).total_bytes;
+Engine::Cached& Engine::new_sequence(uint64_t need_bytes) {
   const uint64_t budget = config_.dram_budget != 0 ? config_.dram_budget : kvstore::default_dram_budget();
-  while (!cache_.empty() && cache_bytes() + need > budget) {
+  while (!cache_.empty() && cache_bytes() + need_bytes > budget) {
     auto lru = std::min_element(cache_.begin(), cache_.end(),
                                 [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
+    spill(**lru);
     cache_.erase(lru);
   }
   auto fresh = std::make_unique<Cached>();
@@ -169,8 +157,73 @@ Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_
   }
   fresh->last_used = ++use_clock_;
   cache_.push_back(std::move(fresh));
-  cached = 0;
   return *cache_.back();
+}
+
+void Engine::spill(Cached& c) {
+  if (!disk_ || c.on_disk || c.tokens.empty()) return;
+  try {
+    disk_->save(c.seq->store(), c.tokens);
+    c.on_disk = true;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "longctx-server: the disk cache could not keep a sequence of %zu tokens: %s\n",
+                 c.tokens.size(), e.what());
+  }
+}
+
+Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_t max_tokens, int64_t& cached) {
+  const int64_t bs = config_.block_size;
+  // Whole blocks of a common prefix, leaving at least one token to prefill.
+  const auto reusable = [&](size_t common) { return int64_t(std::min(common, prompt.size() - 1)) / bs * bs; };
+  Cached* best = nullptr;
+  int64_t best_keep = 0;
+  for (const auto& c : cache_) {
+    const size_t n = std::min(c->tokens.size(), prompt.size());
+    const size_t common =
+        size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), c->tokens.begin()).first - prompt.begin());
+    if (const int64_t keep = reusable(common); keep > best_keep) best = c.get(), best_keep = keep;
+  }
+  const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model_.spec().kv_shape(), config_);
+  const int64_t need_tokens = std::min<int64_t>(config_.max_seq_len, int64_t(prompt.size()) + max_tokens);
+  const uint64_t need =
+      kvstore::preflight(layout, need_tokens, std::vector<int>(size_t(layout.shape.n_kv_heads), 0)).total_bytes;
+
+  // A longer prefix on disk: read it back instead of prefilling it.
+  size_t disk_common = 0;
+  const DiskCache::Entry* on_disk = disk_ ? disk_->best_match(prompt, disk_common) : nullptr;
+  if (on_disk != nullptr && reusable(disk_common) > best_keep) {
+    const DiskCache::Entry entry = *on_disk;  // new_sequence may spill to disk, which may evict it
+    Cached& c = new_sequence(need);
+    try {
+      disk_->load(entry, c.seq->store());
+      c.seq->sync_with_store();
+      if (c.seq->n_past() != int64_t(entry.tokens.size()))
+        fail(ErrorCode::kCorrupt, "the snapshot holds ", c.seq->n_past(), " tokens, its list ", entry.tokens.size());
+      c.tokens = entry.tokens;
+      c.on_disk = true;
+      const int64_t keep = reusable(disk_common);
+      c.seq->truncate(keep);
+      c.tokens.resize(size_t(keep));
+      cached = keep;
+      return c;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "longctx-server: disk cache entry %s not used: %s\n", entry.name.c_str(), e.what());
+      c.seq->reset();
+      c.tokens.clear();
+      c.on_disk = false;
+      cached = 0;
+      return c;
+    }
+  }
+  if (best != nullptr) {
+    if (best->seq->n_past() > best_keep) best->seq->truncate(best_keep);
+    best->tokens.resize(size_t(best_keep));
+    best->last_used = ++use_clock_;
+    cached = best_keep;
+    return *best;
+  }
+  cached = 0;
+  return new_sequence(need);
 }
 
 void Engine::run(Job& job) {
@@ -183,6 +236,7 @@ void Engine::run(Job& job) {
   int64_t cached = 0;
   Cached& entry = take_sequence(prompt, req.max_tokens, cached);
   scheduler::Sequence& seq = *entry.seq;
+  entry.on_disk = false;  // it holds other tokens from here on
   seq.reset_stats();
   Usage usage;
   usage.prompt_tokens = int64_t(prompt.size());
@@ -253,10 +307,19 @@ void Engine::run(Job& job) {
   finish(job, reason, usage);
 }
 
+void Engine::count_cache() {
+  metrics_.kv_dram_bytes = cache_bytes();
+  metrics_.cached_sequences = int64_t(cache_.size());
+  metrics_.kv_disk_bytes = disk_ ? disk_->bytes() : 0;
+  metrics_.disk_sequences = disk_ ? int64_t(disk_->size()) : 0;
+}
+
 void Engine::finish(Job& job, const std::string& reason, const Usage& usage) {
-  if (reason == "cancelled") {
+  {
+    // Before the client hears of the end, so that /metrics already counts it.
     std::lock_guard lock(mutex_);
-    ++metrics_.cancelled;
+    if (reason == "cancelled") ++metrics_.cancelled;
+    count_cache();
   }
   job.push(Event{Event::kDone, "", reason, usage, 0});
 }

@@ -7,9 +7,12 @@
 // it: the sequence is cut to the whole blocks of the common prefix
 // (Sequence::truncate; at least one prompt token is always prefilled, for its
 // logits) and only the rest is prefilled. Otherwise a new sequence is made;
-// cached sequences are dropped least recently used first while their KV
+// cached sequences leave DRAM least recently used first while their KV
 // (slabs reserved) and what the new request needs (its prompt + max_tokens)
-// would exceed dram_budget.
+// would exceed dram_budget. With a cache directory they go to disk
+// (DiskCache) as they leave, and all of them at shutdown; a request that
+// shares a longer prefix with a disk entry than with any sequence in DRAM
+// loads it (a snapshot read instead of a prefill).
 //
 // Requests: submit() tokenizes and checks a request, then queues it
 // (ApiError 400 if it cannot fit max_seq_len, 503 when the queue is full or
@@ -35,6 +38,7 @@
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
 #include "server_api.h"
+#include "server_disk_cache.h"
 
 namespace longctx::server {
 
@@ -80,6 +84,8 @@ class Job {
 struct EngineOptions {
   std::string model_id = "longctx";  // the name /v1/models lists and requests may give
   size_t max_queued = 64;            // requests waiting (not counting the one running); more get 503
+  std::string cache_dir;             // empty: no disk cache
+  uint64_t cache_bytes = 0;          // its budget
 };
 
 // Counters for /metrics, totals since start.
@@ -90,6 +96,8 @@ struct Metrics {
   int64_t prefilled_tokens = 0, decoded_tokens = 0;
   uint64_t kv_dram_bytes = 0;  // slabs reserved by the cached sequences
   int64_t cached_sequences = 0;
+  uint64_t kv_disk_bytes = 0;  // the disk cache's files
+  int64_t disk_sequences = 0;
   int64_t queued = 0;   // waiting
   int64_t running = 0;  // 0 or 1
 };
@@ -116,6 +124,7 @@ class Engine {
     std::unique_ptr<scheduler::Sequence> seq;
     std::vector<int32_t> tokens;  // what its KV holds
     uint64_t last_used = 0;
+    bool on_disk = false;  // the disk cache holds exactly these tokens
   };
 
   std::vector<int32_t> tokenize(const CompletionRequest& request) const;
@@ -126,6 +135,13 @@ class Engine {
   // A sequence ready to prefill prompt[cached:]; `cached` is set.
   Cached& take_sequence(const std::vector<int32_t>& prompt, int64_t max_tokens, int64_t& cached);
   uint64_t cache_bytes() const;
+  // The cache's sizes into metrics_ (mutex_ held, worker thread).
+  void count_cache();
+  // A new sequence in the cache, after dropping least recently used ones
+  // (to disk) while the cache's KV + need_bytes exceed the budget.
+  Cached& new_sequence(uint64_t need_bytes);
+  // Writes a sequence to the disk cache unless it is there (or there is none).
+  void spill(Cached& c);
 
   const LongContextConfig config_;
   model::Model& model_;
@@ -142,7 +158,8 @@ class Engine {
   std::atomic<bool> accepting_{true};
   std::shared_ptr<Job> running_;  // under mutex_
 
-  std::vector<std::unique_ptr<Cached>> cache_;  // worker thread only
+  std::vector<std::unique_ptr<Cached>> cache_;  // worker thread only (and shutdown, after it)
+  std::unique_ptr<DiskCache> disk_;             // null without --cache-dir
   uint64_t use_clock_ = 0;
   std::thread worker_;
 };

@@ -196,3 +196,16 @@ std::string number_yaml(double value) {
 }
 
 }  // namespace longctx::config_detail
+
+namespace longctx {
+
+uint64_t parse_byte_count(const std::string& text, const std::string& what) {
+  if (config_detail::lower(config_detail::trim(text)) == "auto") fail(ErrorCode::kInvalidArgument, what, ": expected a byte count, got 'auto'");
+  try {
+    return config_detail::read_bytes(YAML::Node(text));
+  } catch (const config_detail::BadValue& e) {
+    fail(ErrorCode::kInvalidArgument, what, ": ", e.problem);
+  }
+}
+
+}  // namespace longctx

@@ -292,6 +292,122 @@ def sigterm_finishes_running(demo, long_doc, key):
     check("finishing requests" in out, "SIGTERM: says it is finishing", out)
 
 
+def ask(server, doc, question=QUESTION, stream=False):
+    """(answer text, usage) of one question about `doc`."""
+    body = {"messages": [{"role": "user", "content": doc.strip() + "\n\n" + question}]}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    code, _, text = server.request("/v1/chat/completions", body)
+    check(code == 200, "a question is answered", text[-500:])
+    if stream:
+        return streamed_text(text), json.loads(events(text)[-2])["usage"]
+    j = json.loads(text)
+    return j["choices"][0]["message"]["content"], j["usage"]
+
+
+def disk_cache(tmp, demo, docs):
+    """Sequences that leave DRAM go to --cache-dir and come back from it, also
+    after a restart; torn or damaged entries are removed, never served."""
+    cache = os.path.join(tmp, "cache")
+    # DRAM for one 32K-token document's KV at a time: the second evicts the first.
+    args = ["--cache-dir", cache, "--set", "dram_budget=64MiB"]
+    (doc1, key1), (doc2, key2) = docs
+    server = Server(demo, *args)
+    try:
+        answer, usage = ask(server, doc1)
+        check(key1 in answer and usage["prompt_tokens_details"]["cached_tokens"] == 0, "doc 1, uncached", answer)
+        answer, usage = ask(server, doc2)
+        check(key2 in answer and usage["prompt_tokens_details"]["cached_tokens"] == 0, "doc 2, uncached", answer)
+        check(metric(server, "longctx_disk_sequences") == 1, "doc 1 went to disk when doc 2 needed the DRAM")
+        answer, usage = ask(server, doc1, "Tell me the pass key.")
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        check(key1 in answer and cached > usage["prompt_tokens"] - 64, "doc 1 comes back from disk",
+              f"{answer!r} {usage}")
+        check(metric(server, "longctx_kv_disk_bytes") > 0, "/metrics: disk bytes")
+    finally:
+        server.stop()  # SIGTERM: what is in DRAM goes to disk
+    entries = sorted(f for f in os.listdir(cache) if f.endswith(".kv"))
+    check(len(entries) >= 2, "after SIGTERM the disk holds both documents", str(os.listdir(cache)))
+
+    # A restart reads them back: both documents answer from the cache.
+    server = Server(demo, *args)
+    try:
+        for doc, key in docs:
+            answer, usage = ask(server, doc, stream=True)
+            check(key in answer and usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] - 64,
+                  "after a restart, a document answers from the disk cache", f"{answer!r} {usage}")
+    finally:
+        server.stop()
+
+    # What a crash leaves: a temp file, half an entry, a damaged snapshot.
+    open(os.path.join(cache, "seq-0badf00d-12.kv.tmp.999"), "wb").write(b"partial")
+    open(os.path.join(cache, "seq-0badf00d-12.tokens"), "wb").write(b"LCTXTOKS")
+    for name in sorted(f for f in os.listdir(cache) if f.endswith(".kv")):
+        path = os.path.join(cache, name)
+        with open(path, "r+b") as f:  # a byte in the middle of the blocks
+            f.seek(os.path.getsize(path) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0x5A]))
+    server = Server(demo, *args)
+    try:
+        for doc, key in docs:
+            answer, usage = ask(server, doc)
+            check(key in answer and usage["prompt_tokens_details"]["cached_tokens"] == 0,
+                  "a damaged entry is not served: the document is prefilled again", f"{answer!r} {usage}")
+        log = "".join(server.lines)
+        check("removed seq-0badf00d-12.kv.tmp.999" in log and "removed seq-0badf00d-12 " in log,
+              "the torn files are removed at the start", log)
+        check("not used" in log and "checksum" in log, "the damaged snapshot is named and dropped", log)
+        check(not os.path.exists(os.path.join(cache, "seq-0badf00d-12.tokens")), "the half entry is gone")
+    finally:
+        server.stop()
+
+    # A cache directory that cannot be written: a clear error at the start.
+    not_dir = os.path.join(tmp, "a-file")
+    open(not_dir, "w").close()
+    for bad in (not_dir, "/proc/version/cache"):
+        rc, _, err = run([SERVER, "--config", CONFIG, "--model", demo, "--port", "0", "--cache-dir", bad])
+        check(rc == 1 and "--cache-dir" in err and bad in err, f"--cache-dir {bad}: exit 1 naming it", err)
+
+
+def sigkill_mid_snapshot(tmp, demo, docs):
+    """SIGKILL at random moments while documents go to disk; every restart
+    serves the right answers (a torn entry is dropped, never served)."""
+    import random
+    cache = os.path.join(tmp, "cache-kill")
+    args = ["--cache-dir", cache, "--set", "dram_budget=64MiB"]
+    rng = random.Random(5)
+    for round_ in range(3):
+        server = Server(demo, *args)
+        try:
+            for doc, key in docs:
+                answer, _ = ask(server, doc)
+                check(key in answer, f"round {round_}: the right key after a kill and restart", answer)
+            # Another document evicts one to disk; kill while that is going on.
+            done = threading.Event()
+
+            def evict():
+                try:
+                    server.request("/v1/chat/completions", {"messages": [{"role": "user", "content":
+                                   f"Round {round_}. " + docs[0][0]}]})
+                except Exception:
+                    pass
+                done.set()
+            threading.Thread(target=evict, daemon=True).start()
+            time.sleep(rng.uniform(0.0, 1.0))
+        finally:
+            server.proc.kill()
+            server.proc.wait()
+    server = Server(demo, *args)
+    try:
+        for doc, key in docs:
+            answer, _ = ask(server, doc)
+            check(key in answer, "after the kills: the right keys", answer)
+    finally:
+        server.stop()
+
+
 def run_all(tmp):
     demo = os.path.join(tmp, "demo.gguf")
     subprocess.run([os.path.join(BIN_DIR, "longctx-make-demo"), "--out", demo], check=True, capture_output=True)
@@ -325,6 +441,10 @@ def run_all(tmp):
         server.stop()
     api_key(demo)
     sigterm_finishes_running(demo, long_doc, long_key)
+    other_doc, other_key, _ = make_doc(tmp, "other", 32000, 7)
+    docs = [(long_doc, long_key), (other_doc, other_key)]
+    disk_cache(tmp, demo, docs)
+    sigkill_mid_snapshot(tmp, demo, docs)
 
 
 def main():

@@ -154,6 +154,11 @@ struct LongContextConfig {
 // attends, initial_len + second_select_num * block_size + local_windows_len.
 int64_t h2o_budget_tokens(const LongContextConfig& config);
 
+// A byte count as dram_budget takes it: "123456", "256MiB", "4 GB" (units
+// B, KiB..TiB, KB..TB, any case). Error(kInvalidArgument) starting with `what`
+// (a flag's name, say) otherwise; "auto" is not accepted.
+uint64_t parse_byte_count(const std::string& text, const std::string& what);
+
 // Parses YAML text; `source` names it in error messages (a path or "<string>").
 // `overrides` are "key=value" or "section.key=value" strings applied on top of
 // the file (value parsed as YAML), as from a command line; errors name them.
