@@ -12,7 +12,10 @@ packages=(
   libcpp-httplib-dev nlohmann-json3-dev
   pybind11-dev python3-dev python3-numpy python3-yaml python3-pytest python3-torch
   tmux gnuplot-nox
+  nodejs chromium
 )
+# npm comes with some nodejs builds (NodeSource's); Debian packages it apart.
+if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
@@ -23,9 +26,21 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages already installed"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The server's client tests (tests/node): the OpenAI Node client and
+# puppeteer-core, at the versions in package-lock.json.
+node_dir="$(dirname "$0")/../tests/node"
+stamp="$node_dir/node_modules/.longctx-installed-from-lock"  # the lock file npm ci last installed
+if ! cmp -s "$node_dir/package-lock.json" "$stamp" 2>/dev/null; then
+  echo "install-deps: npm ci in tests/node"
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$node_dir/package-lock.json" "$stamp"
+else
+  echo "install-deps: tests/node packages already installed"
+fi
