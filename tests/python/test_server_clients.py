@@ -19,9 +19,10 @@ NODE_DIR = os.path.join(SOURCE_DIR, "tests", "node")
 OUTPUT_DIR = os.path.join(BIN_DIR, "..", "test-output")
 
 
-def node(script, *args):
+def node(tmp, script, *args):
+    # TMPDIR: Chromium's profile and scratch files go inside the test's folder, removed after.
     p = subprocess.run(["node", os.path.join(NODE_DIR, script), *args], capture_output=True, text=True,
-                       timeout=300, cwd=NODE_DIR)
+                       timeout=300, cwd=NODE_DIR, env={**os.environ, "TMPDIR": tmp})
     check(p.returncode == 0, f"{script} passes", p.stdout + p.stderr)
     print(p.stdout.strip())
 
@@ -46,11 +47,11 @@ def main():
         server = Server(demo)
         try:
             base = f"http://127.0.0.1:{server.port}"
-            node("openai_client.mjs", base, doc_path, key, expected_path)
+            node(tmp, "openai_client.mjs", base, doc_path, key, expected_path)
             screenshot = os.path.abspath(os.path.join(OUTPUT_DIR, "server-page.png"))
             # Another document, so that the page's first question is prefilled whole.
             _, page_key, page_doc_path = make_doc(tmp, "page-doc", 4096, 9)
-            node("web_page.mjs", base + "/", page_doc_path, page_key, screenshot, chromium)
+            node(tmp, "web_page.mjs", base + "/", page_doc_path, page_key, screenshot, chromium)
             print(f"test_server_clients: screenshot of the chat page: {screenshot}")
         finally:
             server.stop()
