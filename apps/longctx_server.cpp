@@ -188,6 +188,21 @@ std::string metrics_text(const Metrics& m, const RequestCounts& counts) {
   return out;
 }
 
+// A response writer that cannot take the server down: an exception (a bug)
+// ends this response, cancels its job, and is logged.
+template <typename F>
+auto guarded(std::shared_ptr<Job> job, F write) {
+  return [job, write = std::move(write)](size_t offset, httplib::DataSink& sink) mutable -> bool {
+    try {
+      return write(offset, sink);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "longctx-server: a response ended early: %s\n", e.what());
+      job->cancel();
+      return false;
+    }
+  };
+}
+
 // One completion request: parse, queue, and answer as JSON or as events.
 class CompletionHandler {
  public:
@@ -240,7 +255,7 @@ class CompletionHandler {
     auto state = std::make_shared<std::pair<std::optional<Event>, std::string>>(std::move(first), std::string());
     res.set_chunked_content_provider(
         "application/json",
-        [this, job, state, id, created](size_t, httplib::DataSink& sink) {
+        guarded(job, [this, job, state, id, created](size_t, httplib::DataSink& sink) {
           std::string& text = state->second;
           for (;;) {
             std::optional<Event> e = std::move(state->first);
@@ -269,12 +284,12 @@ class CompletionHandler {
               body["usage"] = usage_json(e->usage);
               body["timings"] = timings_json(e->usage);
             }
-            const std::string s = body.dump();
+            const std::string s = json_text(body);
             sink.write(s.data(), s.size());
             sink.done();
             return true;
           }
-        },
+        }),
         [job](bool success) {
           if (!success) job->cancel();
         });
@@ -288,9 +303,9 @@ class CompletionHandler {
     auto first = std::make_shared<bool>(true);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, first, id, created](size_t, httplib::DataSink& sink) {
+        guarded(job, [this, job, first, id, created](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& j) {
-            const std::string s = "data: " + j.dump() + "\n\n";
+            const std::string s = "data: " + json_text(j) + "\n\n";
             return sink.write(s.data(), s.size());
           };
           auto gone = [&] {
@@ -327,7 +342,7 @@ class CompletionHandler {
             sink.done();
             return true;
           }
-        },
+        }),
         [job](bool success) {
           if (!success) job->cancel();
         });
@@ -411,7 +426,7 @@ int run(const Args& a) {
   http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     const json model_entry = {{"id", engine.limits().model_id}, {"object", "model"}, {"created", started},
                               {"owned_by", "longctx"}, {"meta", {{"max_seq_len", config.max_seq_len}}}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({model_entry})}}.dump(), "application/json");
+    res.set_content(json_text(json{{"object", "list"}, {"data", json::array({model_entry})}}), "application/json");
   });
   http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(engine.metrics(), counts), "text/plain; version=0.0.4");

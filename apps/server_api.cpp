@@ -43,13 +43,13 @@ int64_t get_integer(const json& body, const char* key, int64_t fallback, int64_t
   if (!body.contains(key) || body[key].is_null()) return fallback;
   const json& v = body[key];
   if (!v.is_number_integer())
-    bad(key, str_cat("'", key, "' must be an integer, got ", v.is_number() ? v.dump() : type_name(v)));
+    bad(key, str_cat("'", key, "' must be an integer, got ", v.is_number() ? json_text(v) : type_name(v)));
   // Unsigned values above int64 come out negative from get<int64_t>: compare as what they are.
   const bool in_range = v.is_number_unsigned()
                             ? v.get<uint64_t>() <= uint64_t(hi) && (lo <= 0 || v.get<uint64_t>() >= uint64_t(lo))
                             : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
   if (!in_range)
-    bad(key, str_cat("'", key, "' is ", v.dump(), "; it must be in [", lo, ", ", hi, "]"));
+    bad(key, str_cat("'", key, "' is ", json_text(v), "; it must be in [", lo, ", ", hi, "]"));
   return v.get<int64_t>();
 }
 
@@ -71,10 +71,12 @@ std::string message_content(const json& content, const std::string& param) {
 
 }  // namespace
 
+std::string json_text(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 std::string error_body(int status, const std::string& message, const std::string& param) {
   json error = {{"message", message}, {"type", error_type(status)}, {"code", nullptr}};
   error["param"] = param.empty() ? json(nullptr) : json(param);
-  return json{{"error", error}}.dump();
+  return json_text(json{{"error", error}});
 }
 
 CompletionRequest parse_completion_request(std::string_view text, bool chat, const RequestLimits& limits) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ class ApiError : public std::runtime_error {
   int status_;
   std::string param_;
 };
+
+// JSON text in which invalid UTF-8 in strings reads as U+FFFD: a model's
+// tokens can be bytes that are not UTF-8, and the JSON must stay valid.
+std::string json_text(const nlohmann::json& value);
 
 // OpenAI's error JSON for `status`: type invalid_request_error (4xx but the
 // ones below), authentication_error (401), not_found_error (404),

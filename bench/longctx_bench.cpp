@@ -25,14 +25,15 @@ int run_gpu(const std::vector<std::string>& args);
 }
 
 namespace {
-// The end-to-end benchmark drives the real binaries, so it is a script
-// (tools/bench_e2e.py); this hands it the directory of longctx-bench.
-int run_e2e_script(const std::vector<std::string>& args) {
+// The end-to-end and server benchmarks drive the real binaries, so they are
+// scripts (tools/bench_e2e.py, tools/bench_server.py); this hands one the
+// directory of longctx-bench.
+int run_script(const std::string& script, const std::vector<std::string>& args) {
   std::vector<char> self(4096, '\0');
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   std::string bin_dir = n > 0 ? std::string(self.data(), size_t(n)) : std::string("build/bin/longctx-bench");
   bin_dir = bin_dir.substr(0, bin_dir.find_last_of('/'));
-  std::vector<std::string> argv_s{"/usr/bin/python3", LONGCTX_SOURCE_DIR "/tools/bench_e2e.py", "--bin-dir", bin_dir};
+  std::vector<std::string> argv_s{"/usr/bin/python3", LONGCTX_SOURCE_DIR "/tools/" + script, "--bin-dir", bin_dir};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv_c;
   for (std::string& a : argv_s) argv_c.push_back(a.data());
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   }
   const bool help = std::find(args.begin(), args.end(), "--help") != args.end() ||
                     std::find(args.begin(), args.end(), "-h") != args.end();
-  if (help && command != "e2e") {  // e2e's script prints its own
+  if (help && command != "e2e" && command != "server") {  // the scripts print their own
     const std::optional<std::string> text = longctx::bench::usage_of(command);
     if (!text) {
       std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), overview.c_str());
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
     if (command == "matmul") return longctx::bench::run_matmul(args);
     if (command == "prefill") return longctx::bench::run_prefill(args);
     if (command == "gpu") return longctx::bench::run_gpu(args);
-    if (command == "e2e") return run_e2e_script(args);
+    if (command == "e2e") return run_script("bench_e2e.py", args);
+    if (command == "server") return run_script("bench_server.py", args);
     std::fprintf(stderr, "longctx-bench: unknown subcommand '%s'\n%s", command.c_str(), overview.c_str());
     return 2;
   } catch (const longctx::Error& e) {

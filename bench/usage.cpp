@@ -16,7 +16,7 @@ struct Usage {
   const char* options;
 };
 
-const std::array<Usage, 8> kUsages{{
+const std::array<Usage, 9> kUsages{{
     {"kvstore", "KV store append throughput vs memcpy bandwidth",
      "  --tokens N       tokens in the appended chunk (4096)\n"
      "  --layers N       layers (32)\n"
@@ -80,6 +80,8 @@ const std::array<Usage, 8> kUsages{{
      "  --quick          history 32768, windows 4096,65536, context 32768, 3 repetitions\n"},
     {"e2e", "the demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot",
      "  runs tools/bench_e2e.py with /usr/bin/python3; `longctx-bench e2e --help` prints its options\n"},
+    {"server", "longctx-server: time to first token cached vs not, decode tokens/s vs longctx-chat, load",
+     "  runs tools/bench_server.py with /usr/bin/python3; `longctx-bench server --help` prints its options\n"},
 }};
 
 }  // namespace

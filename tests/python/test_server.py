@@ -32,10 +32,10 @@ QUESTION = "What is the pass key?"
 class Server:
     """A longctx-server on a free port; stderr kept for the checks."""
 
-    def __init__(self, model, *args, max_seq_len=40000):
+    def __init__(self, model, *args, max_seq_len=40000, env=None):
         self.proc = subprocess.Popen([SERVER, "--config", CONFIG, "--model", model, "--port", "0",
                                       "--set", f"max_seq_len={max_seq_len}", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.lines = []
         self.port = None
         deadline = time.time() + 60
@@ -408,6 +408,29 @@ def sigkill_mid_snapshot(tmp, demo, docs):
         server.stop()
 
 
+def not_utf8(tmp):
+    """A random-weight model emits byte tokens that are not UTF-8: the answers
+    stay valid JSON (U+FFFD in their place), streaming and not."""
+    model = os.path.join(tmp, "mha-64.gguf")
+    subprocess.run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "mha-64", "--seed", "1",
+                    "--out", model], check=True, capture_output=True)
+    server = Server(model, max_seq_len=4096)
+    try:
+        replaced = 0
+        for seed in range(4):
+            body = {"prompt": "hello world", "max_tokens": 48, "temperature": 1.0, "seed": seed}
+            code, _, text = server.request("/v1/completions", body)
+            check(code == 200, "random bytes: a JSON answer", text[:300])
+            plain = json.loads(text)["choices"][0]["text"]
+            replaced += "\ufffd" in plain
+            code, _, text = server.request("/v1/completions", {**body, "stream": True})
+            check(code == 200 and events(text)[-1] == "[DONE]", "random bytes: a whole stream", text[-300:])
+            check(streamed_text(text, chat=False) == plain, "random bytes: the stream has the same text")
+        check(replaced > 0, "the model did emit bytes that are not UTF-8 (else this test tests nothing)")
+    finally:
+        server.stop()
+
+
 def run_all(tmp):
     demo = os.path.join(tmp, "demo.gguf")
     subprocess.run([os.path.join(BIN_DIR, "longctx-make-demo"), "--out", demo], check=True, capture_output=True)
@@ -440,6 +463,7 @@ def run_all(tmp):
     finally:
         server.stop()
     api_key(demo)
+    not_utf8(tmp)
     sigterm_finishes_running(demo, long_doc, long_key)
     other_doc, other_key, _ = make_doc(tmp, "other", 32000, 7)
     docs = [(long_doc, long_key), (other_doc, other_key)]
