@@ -252,6 +252,9 @@ class CompletionHandler {
     while (!(first = job->next(std::chrono::milliseconds(1000)))) {
     }
     if (first->kind == Event::kError) return send_error(res, first->status, first->text);
+    // Cancelled before its first token: the server is shutting down (or nobody is listening).
+    if (first->kind == Event::kDone && first->finish_reason == "cancelled")
+      return send_error(res, 503, "the request was cancelled: the server is shutting down");
     auto state = std::make_shared<std::pair<std::optional<Event>, std::string>>(std::move(first), std::string());
     res.set_chunked_content_provider(
         "application/json",
