@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "int_flag.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
@@ -63,15 +64,6 @@ struct Args {
   bool bos = true;
 };
 
-int64_t parse_count(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value < 1)
-    fail(ErrorCode::kInvalidArgument, flag, ": expected a positive integer, got '", text, "'");
-  return value;
-}
-
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -85,7 +77,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tokens") a.tokens_text = value();
     else if (flag == "--config") a.config_path = value();
     else if (flag == "--set") a.overrides.push_back(value());
-    else if (flag == "--context") a.context = parse_count(flag, value());
+    else if (flag == "--context") a.context = apps::parse_int_flag(flag, value(), 1, INT64_MAX);
     else if (flag == "--dump-logits") a.dump_path = value();
     else if (flag == "--no-bos") a.bos = false;
     else if (flag == "--weights") {

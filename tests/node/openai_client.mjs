@@ -2,20 +2,14 @@
 //   node openai_client.mjs BASE_URL DOCUMENT_FILE KEY EXPECTED_ANSWER_FILE
 // Exits 1 with a message on the first failed check.
 import fs from "node:fs";
+
+import { check, checks } from "./check.mjs";
 import OpenAI from "openai";
 
 const [baseURL, docPath, key, expectedPath] = process.argv.slice(2);
 const doc = fs.readFileSync(docPath, "utf8").trim();
 const expected = fs.readFileSync(expectedPath, "utf8");
 const client = new OpenAI({ baseURL: baseURL + "/v1", apiKey: "unused", maxRetries: 0 });
-let passed = 0;
-function check(ok, what, detail = "") {
-  if (!ok) {
-    console.error("FAIL:", what, detail);
-    process.exit(1);
-  }
-  passed++;
-}
 
 const models = await client.models.list();
 check(models.data.length === 1 && models.data[0].id === "demo", "models.list", JSON.stringify(models.data));
@@ -61,4 +55,4 @@ try {
 } catch (e) {
   check(e instanceof OpenAI.APIError && e.status === 400 && e.param === "messages", "empty messages: 400", String(e));
 }
-console.log(`openai_client: ${passed} checks passed`);
+console.log(`openai_client: ${checks.passed} checks passed`);

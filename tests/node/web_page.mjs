@@ -4,18 +4,12 @@
 // the stats off the page, asks again (the document then comes from the cache),
 // and saves a screenshot. Exits 1 with a message on the first failed check.
 import fs from "node:fs";
+
+import { check, checks } from "./check.mjs";
 import puppeteer from "puppeteer-core";
 
 const [url, docPath, key, screenshot, chromium = "/usr/bin/chromium"] = process.argv.slice(2);
 const doc = fs.readFileSync(docPath, "utf8");
-let passed = 0;
-function check(ok, what, detail = "") {
-  if (!ok) {
-    console.error("FAIL:", what, detail);
-    process.exit(1);
-  }
-  passed++;
-}
 
 const browser = await puppeteer.launch({
   executablePath: chromium, headless: true,
@@ -61,4 +55,4 @@ try {
 } finally {
   await browser.close();
 }
-console.log(`web_page: ${passed} checks passed`);
+console.log(`web_page: ${checks.passed} checks passed`);
