@@ -372,63 +372,35 @@ def disk_cache(tmp, demo, docs):
 
 
 def sigkill_mid_snapshot(tmp, demo, docs):
-    """SIGKILL at random moments while documents go to disk; every restart
-    serves the right answers (a torn entry is dropped, never served)."""
+    """SIGKILL while the disk cache is being written (SIGTERM writes every
+    sequence in DRAM, ~70 ms each here; the kill lands inside that); every
+    restart drops what was torn and serves the right answers."""
     import random
     cache = os.path.join(tmp, "cache-kill")
-    args = ["--cache-dir", cache, "--set", "dram_budget=64MiB"]
     rng = random.Random(5)
-    for round_ in range(3):
-        server = Server(demo, *args)
+    torn = 0
+    for round_ in range(4):
+        server = Server(demo, "--cache-dir", cache)
         try:
-            for doc, key in docs:
-                answer, _ = ask(server, doc)
+            torn += sum(1 for line in server.lines if "disk cache: removed" in line)
+            for doc, key in docs:  # new token lists each round: written again at exit
+                answer, _ = ask(server, doc, f"Round {round_}: what is the pass key?")
                 check(key in answer, f"round {round_}: the right key after a kill and restart", answer)
-            # Another document evicts one to disk; kill while that is going on.
-            done = threading.Event()
-
-            def evict():
-                try:
-                    server.request("/v1/chat/completions", {"messages": [{"role": "user", "content":
-                                   f"Round {round_}. " + docs[0][0]}]})
-                except Exception:
-                    pass
-                done.set()
-            threading.Thread(target=evict, daemon=True).start()
-            time.sleep(rng.uniform(0.0, 1.0))
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(rng.uniform(0.0, 0.12))
         finally:
             server.proc.kill()
             server.proc.wait()
-    server = Server(demo, *args)
+    server = Server(demo, "--cache-dir", cache)
     try:
+        time.sleep(0.2)  # the start's log lines
+        torn += sum(1 for line in server.lines if "disk cache: removed" in line)
         for doc, key in docs:
             answer, _ = ask(server, doc)
             check(key in answer, "after the kills: the right keys", answer)
     finally:
         server.stop()
-
-
-def not_utf8(tmp):
-    """A random-weight model emits byte tokens that are not UTF-8: the answers
-    stay valid JSON (U+FFFD in their place), streaming and not."""
-    model = os.path.join(tmp, "mha-64.gguf")
-    subprocess.run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "mha-64", "--seed", "1",
-                    "--out", model], check=True, capture_output=True)
-    server = Server(model, max_seq_len=4096)
-    try:
-        replaced = 0
-        for seed in range(4):
-            body = {"prompt": "hello world", "max_tokens": 48, "temperature": 1.0, "seed": seed}
-            code, _, text = server.request("/v1/completions", body)
-            check(code == 200, "random bytes: a JSON answer", text[:300])
-            plain = json.loads(text)["choices"][0]["text"]
-            replaced += "\ufffd" in plain
-            code, _, text = server.request("/v1/completions", {**body, "stream": True})
-            check(code == 200 and events(text)[-1] == "[DONE]", "random bytes: a whole stream", text[-300:])
-            check(streamed_text(text, chat=False) == plain, "random bytes: the stream has the same text")
-        check(replaced > 0, "the model did emit bytes that are not UTF-8 (else this test tests nothing)")
-    finally:
-        server.stop()
+    print(f"test_server: SIGKILL during the exit's writes left {torn} torn files, removed at the next start")
 
 
 def run_all(tmp):
