@@ -403,6 +403,29 @@ def sigkill_mid_snapshot(tmp, demo, docs):
     print(f"test_server: SIGKILL during the exit's writes left {torn} torn files, removed at the next start")
 
 
+def not_utf8(tmp):
+    """A random-weight model emits byte tokens that are not UTF-8: the answers
+    stay valid JSON (U+FFFD in their place), streaming and not."""
+    model = os.path.join(tmp, "mha-64.gguf")
+    subprocess.run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "mha-64", "--seed", "1",
+                    "--out", model], check=True, capture_output=True)
+    server = Server(model, max_seq_len=4096)
+    try:
+        replaced = 0
+        for seed in range(4):
+            body = {"prompt": "hello world", "max_tokens": 48, "temperature": 1.0, "seed": seed}
+            code, _, text = server.request("/v1/completions", body)
+            check(code == 200, "random bytes: a JSON answer", text[:300])
+            plain = json.loads(text)["choices"][0]["text"]
+            replaced += "\ufffd" in plain
+            code, _, text = server.request("/v1/completions", {**body, "stream": True})
+            check(code == 200 and events(text)[-1] == "[DONE]", "random bytes: a whole stream", text[-300:])
+            check(streamed_text(text, chat=False) == plain, "random bytes: the stream has the same text")
+        check(replaced > 0, "the model did emit bytes that are not UTF-8 (else this test tests nothing)")
+    finally:
+        server.stop()
+
+
 def run_all(tmp):
     demo = os.path.join(tmp, "demo.gguf")
     subprocess.run([os.path.join(BIN_DIR, "longctx-make-demo"), "--out", demo], check=True, capture_output=True)
