@@ -118,6 +118,13 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(error_body(status, message, param), "application/json");
 }
 
+// Compares in time that depends on the lengths only, not on where the texts differ.
+bool same_secret(const std::string& given, const std::string& expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ expected[i % expected.size()]);
+  return diff == 0;
+}
+
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
@@ -403,7 +410,7 @@ int run(const Args& a) {
   });
   http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     const bool guarded = req.path.starts_with("/v1/") || req.path == "/metrics";
-    if (!a.api_key.empty() && guarded && req.get_header_value("Authorization") != "Bearer " + a.api_key) {
+    if (!a.api_key.empty() && guarded && !same_secret(req.get_header_value("Authorization"), "Bearer " + a.api_key)) {
       send_error(res, 401, req.has_header("Authorization") ? "invalid API key" : "missing API key: send 'Authorization: Bearer KEY'");
       return httplib::Server::HandlerResponse::Handled;
     }

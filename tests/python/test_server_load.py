@@ -84,16 +84,26 @@ def main():
         fresh = [make_doc(tmp, f"fresh-{i}", 1024, 100 + i) for i in range(CLIENTS * REQUESTS // 2)]
         # Room in DRAM for a few sequences only: the cache stays bounded under load.
         # In a sanitized build ASan holds freed memory back (its quarantine, 256 MiB by
-        # default), which would read as growth: keep it small for this process.
-        env = {**os.environ, "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4"}
+        # default, and free lists it returns to the system only when told), which
+        # would read as growth: a small quarantine, and release every 100 ms.
+        asan = os.environ.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4:allocator_release_to_os_interval_ms=100"
+        env = {**os.environ, "ASAN_OPTIONS": asan}
         server = Server(demo, "--max-queued", "24", "--set", "dram_budget=48MiB", max_seq_len=4096, env=env)
         try:
-            # Idle: the cache full (dram_budget), after requests of each kind, so
-            # that what stays is what any busy server holds.
+            # Idle: the cache full (dram_budget), after requests of each kind and one
+            # burst of concurrent ones (every HTTP thread has run), so that what
+            # stays is what any server that has seen traffic holds.
             warm = [make_doc(tmp, f"warm-{i}", 1024, 300 + i) for i in range(12)] + shared
             for i, (doc, key, _) in enumerate(warm):
                 status, answer = one_request(server.port, doc, i % 2 == 0, False, random.Random(0))
                 check(status == 200 and key in answer, "warm-up request", str(answer))
+            burst = [threading.Thread(target=one_request, args=(server.port, shared[i % 4][0], i % 2 == 0, False,
+                                                                random.Random(i))) for i in range(CLIENTS)]
+            for t in burst:
+                t.start()
+            for t in burst:
+                t.join()
+            time.sleep(1.0)
             time.sleep(0.5)
             idle = rss_bytes(server.proc.pid)
 
@@ -142,7 +152,7 @@ def main():
                 if "longctx_queue_length 0" in text and "longctx_requests_running 0" in text:
                     break
                 time.sleep(0.2)
-            time.sleep(0.5)
+            time.sleep(1.0)
             after = rss_bytes(server.proc.pid)
             print(f"test_server_load: {CLIENTS}x{REQUESTS} requests in {elapsed:.1f} s: "
                   f"{statuses.count(200)} x 200, {statuses.count(503)} x 503; RSS idle {idle >> 20} MiB, "
