@@ -15,6 +15,14 @@
 namespace longctx::config_detail {
 namespace {
 
+const char* budget_mode_name(BudgetConfig::Mode mode) {
+  switch (mode) {
+    case BudgetConfig::Mode::kTopK: return "top_k";
+    case BudgetConfig::Mode::kTopP: return "top_p";
+  }
+  return "invalid";
+}
+
 const char* budget_policy_name(BudgetConfig::Policy policy) {
   switch (policy) {
     case BudgetConfig::Policy::kUniform: return "uniform";
@@ -421,6 +429,18 @@ const std::vector<Key>& keys() {
                              budget_policy_name, "uniform, or adaptive per-kv-head budgets (Ada-KV)"));
     k.push_back(number_key("budget.alpha", field(&Config::budget, &BudgetConfig::alpha), 0.0, 1.0,
                            "adaptive: each kv head keeps >= alpha * its uniform share"));
+    k.push_back(enum_key<BudgetConfig::Mode>(
+        "budget.mode", field(&Config::budget, &BudgetConfig::mode),
+        {{"top_k", BudgetConfig::Mode::kTopK}, {"top_p", BudgetConfig::Mode::kTopP}}, 2, budget_mode_name,
+        "blocks per kv head and step: top_k = second_select_num; top_p = the fewest whose estimated attention "
+        "mass reaches budget.p"));
+    k.push_back(number_key("budget.p", field(&Config::budget, &BudgetConfig::p), 0.0, 1.0,
+                           "top_p: the share of the estimated attention mass (sinks and local window included) "
+                           "the kept blocks reach"));
+    k.push_back(int_key("budget.min_blocks", field(&Config::budget, &BudgetConfig::min_blocks), 0, kIntMax,
+                        "top_p: context blocks kept per kv head at least"));
+    k.push_back(int_key("budget.max_blocks", field(&Config::budget, &BudgetConfig::max_blocks), 0, kIntMax,
+                        "top_p: context blocks kept per kv head at most; 0 = no limit"));
     // razor
     k.push_back(string_key("razor.retrieval_heads", field(&Config::razor, &RazorConfig::retrieval_heads),
                            "file listing the retrieval heads; empty = RazorAttention off"));

@@ -71,6 +71,13 @@ const std::vector<Rule>& rules() {
                                   c.preselect_block_count, " * ", c.block_size, " = ", tokens,
                                   " tokens is larger than max_seq_len (", c.max_seq_len, ")");
                  }});
+    r.push_back({{"budget.min_blocks", "budget.max_blocks"},
+                 "`budget.min_blocks` <= `budget.max_blocks` unless `budget.max_blocks` is 0 (no limit)",
+                 [](const Config& c) -> std::string {
+                   if (c.budget.max_blocks == 0 || c.budget.min_blocks <= c.budget.max_blocks) return {};
+                   return str_cat("budget.min_blocks = ", c.budget.min_blocks, " is more than budget.max_blocks = ",
+                                  c.budget.max_blocks);
+                 }});
     r.push_back({{"representative_num", "representative_type", "block_size"},
                  "`representative_num` is 1 for MAX and MEAN, 2 for QUEST, 1..`block_size` for FIX "
                  "and DYNAMIC",

@@ -141,8 +141,8 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
       break;
   }
   const auto& preselected = preselected_[size_t(layer)];
-  Selection selection = select_blocks(store_, layer, q, SelectSpec::from_config(config_, include_local),
-                                      preselected ? &*preselected : nullptr);
+  Selection selection = select_blocks(store_, layer, q, SelectSpec::from_config(config_, include_local, attention_.scale),
+                                      preselected ? &*preselected : nullptr, &stats_.estimated_mass);
   cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
   stats_.reselected = true;
   return selection;

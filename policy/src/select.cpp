@@ -2,27 +2,78 @@
 // choice and the spans of one re-selection.
 #include "longctx/policy/select.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <utility>
 
 #include "longctx/core/error.h"
+#include "longctx/kvstore/kv_store.h"
 #include "longctx/policy/preselect.h"
+#include "longctx/policy/top_p.h"
 
 namespace longctx::policy {
 
 using kvstore::Partition;
 
-SelectSpec SelectSpec::from_config(const LongContextConfig& config, bool include_local) {
+SelectSpec SelectSpec::from_config(const LongContextConfig& config, bool include_local, float attn_scale) {
   SelectSpec spec;
   spec.blocks = config.second_select_num;
   spec.mode = config.head_select_mode;
   spec.budget = config.budget;
   spec.score = cpu::ScoreParams{config.gqa_reduce, config.dynamic_reduce};
   spec.include_local = include_local;
+  spec.attn_scale = attn_scale;
   return spec;
 }
 
+std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
+                                       Reduce reduce) {
+  cpu::check_decode_query(store, layer, q, "fixed_part_logsums");
+  const kvstore::StoreLayout& L = store.layout();
+  const int n_kv_heads = L.shape.n_kv_heads;
+  const int d = L.shape.head_dim;
+  const int bs = L.block_size;
+  const int group = int(q.shape[0]) / n_kv_heads;
+  const Partition part = store.partition(layer);
+  const std::pair<int64_t, int64_t> ranges[2] = {{0, part.initial_end}, {part.local_begin, part.n_tokens}};
+  const float* qd = static_cast<const float*>(q.data);
+  std::vector<double> out(size_t(n_kv_heads), -std::numeric_limits<double>::infinity());
+  std::vector<float> keys(size_t(d) * size_t(bs));
+  std::vector<double> logits;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    logits.clear();
+    for (const auto& [begin, end] : ranges) {
+      for (int64_t t = begin; t < end;) {
+        const int64_t b = t / bs;
+        const int t0 = int(t - b * bs);
+        const int n = int(std::min<int64_t>(end, (b + 1) * bs) - t);
+        kvstore::read_keys_t(L, store.block(layer, h, b), t0, n, keys.data(), size_t(n));
+        for (int i = 0; i < n; ++i) {
+          double combined = reduce == Reduce::kMax ? -std::numeric_limits<double>::infinity() : 0.0;
+          for (int g = 0; g < group; ++g) {
+            const float* qh = qd + (int64_t(h) * group + g) * q.strides[0];
+            double dot = 0.0;
+            for (int c = 0; c < d; ++c) dot += double(qh[c]) * double(keys[size_t(c) * size_t(n) + size_t(i)]);
+            combined = reduce == Reduce::kMax ? std::max(combined, dot) : combined + dot;
+          }
+          if (reduce != Reduce::kMax) combined /= group;
+          logits.push_back(combined * scale);
+        }
+        t += n;
+      }
+    }
+    if (logits.empty()) continue;
+    const double m = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (const double x : logits) sum += std::exp(x - m);
+    out[size_t(h)] = m + std::log(sum);
+  }
+  return out;
+}
+
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
-                             const Preselected* preselected) {
+                             const Preselected* preselected, std::vector<double>* estimated_mass) {
   cpu::check_decode_query(store, layer, q, "select_blocks");
   if (spec.blocks < 0)
     fail(ErrorCode::kInvalidArgument, "select_blocks: SelectSpec::blocks is ", spec.blocks, ", must be >= 0");
@@ -33,6 +84,33 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   const auto build = [&](const std::vector<std::vector<int64_t>>& chosen) {
     return cpu::build_selection(partition, block_size, n_kv_heads, chosen, spec.include_local);
   };
+
+  if (estimated_mass != nullptr) estimated_mass->clear();
+  if (spec.budget.mode == BudgetConfig::Mode::kTopP) {
+    std::vector<float> logits(size_t(n_kv_heads) * size_t(n_context));
+    if (n_context > 0)
+      cpu::score_blocks(store, layer, q, spec.score,
+                        make_mutable_view(logits.data(), DType::kF32, {n_kv_heads, n_context}));
+    if (preselected != nullptr) restrict_scores_to(preselected->blocks, n_kv_heads, partition, logits);
+    // Scores are the group's sum (or max) of unscaled q.k estimates: to the group's logit.
+    const int group = int(q.shape[0]) / n_kv_heads;
+    const double scale = spec.attn_scale > 0.f ? spec.attn_scale : 1.0 / std::sqrt(double(store.layout().shape.head_dim));
+    const double to_logit = spec.score.gqa_reduce == Reduce::kMax ? scale : scale / group;
+    for (float& x : logits) x = float(double(x) * to_logit);
+    std::vector<int64_t> tokens(static_cast<size_t>(n_context));
+    for (int64_t i = 0; i < n_context; ++i) {
+      const int64_t b = partition.first_context_block + i;
+      tokens[size_t(i)] = partition.context_end_of(b, block_size) - partition.context_begin_of(b, block_size);
+    }
+    const MassChoice choice =
+        choose_by_mass(logits, n_kv_heads, n_context, tokens,
+                       fixed_part_logsums(store, layer, q, scale, spec.score.gqa_reduce), spec.mode, spec.budget);
+    std::vector<std::vector<int64_t>> chosen = choice.chosen;
+    for (auto& list : chosen)
+      for (int64_t& i : list) i += partition.first_context_block;
+    if (estimated_mass != nullptr) *estimated_mass = choice.mass;
+    return build(chosen);
+  }
 
   // Choices that need no scores: the preselected set kept as is, or every block.
   if (preselected != nullptr && spec.blocks >= preselected->count) return build(preselected->blocks);

@@ -260,6 +260,16 @@ TEST(ConfigValidate, NamesTheKeyWithoutALocation) {
   EXPECT_EQ(validation_error(c), "key 'budget.alpha': must be in [0, 1], got nan");
 
   c = LongContextConfig{};
+  c.budget.p = 1.5;
+  EXPECT_EQ(validation_error(c), "key 'budget.p': must be in [0, 1], got 1.5");
+
+  c = LongContextConfig{};
+  c.budget.min_blocks = 9;
+  c.budget.max_blocks = 4;
+  EXPECT_NE(validation_error(c).find("budget.min_blocks = 9 is more than budget.max_blocks = 4"), std::string::npos)
+      << validation_error(c);
+
+  c = LongContextConfig{};
   c.max_seq_len = int64_t{1} << 40;
   EXPECT_EQ(validation_error(c), "key 'max_seq_len': must be in 1..2147483647, got 1099511627776");
 

@@ -74,8 +74,16 @@ struct H2OConfig {
 
 struct BudgetConfig {
   enum class Policy { kUniform, kAdaptive };
+  // How many blocks a decode step keeps per kv head: top_k = second_select_num;
+  // top_p = the fewest whose estimated attention mass (with the sinks and the
+  // local window) reaches p, within [min_blocks, max_blocks] (policy/top_p.h).
+  enum class Mode { kTopK, kTopP };
   Policy policy = Policy::kUniform;  // adaptive = Ada-KV per-kv-head budgets
   double alpha = 0.2;                // adaptive: each head keeps >= alpha * uniform share
+  Mode mode = Mode::kTopK;
+  double p = 0.95;           // top_p: the estimated mass to reach, in [0, 1]
+  int64_t min_blocks = 1;    // top_p: at least this many context blocks per kv head
+  int64_t max_blocks = 0;    // top_p: at most this many; 0 = no limit
 };
 
 struct RazorConfig {

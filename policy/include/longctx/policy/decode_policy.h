@@ -43,6 +43,9 @@ class DecodePolicy {
     bool reselected = false;      // select policy: this call chose blocks (not dense, not reused)
     double select_seconds = 0;    // select policy: scoring and choosing (or reusing) the blocks
     double attend_seconds = 0;    // the attention over the selection (everything else of the call)
+    // budget.mode top_p, when this call chose blocks: each kv head's estimated
+    // share of its attention mass that the selection attends (policy/top_p.h).
+    std::vector<double> estimated_mass;
   };
 
   // `store` must outlive the policy; it is written only by on_prefill_end

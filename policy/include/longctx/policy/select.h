@@ -19,14 +19,15 @@
 namespace longctx::policy {
 
 struct SelectSpec {
-  int64_t blocks = 0;  // context blocks kept per kv head (second_select_num)
+  int64_t blocks = 0;  // context blocks kept per kv head (second_select_num; top_k mode)
   HeadSelectMode mode = HeadSelectMode::kShared;
-  BudgetConfig budget;  // SEPARATE: uniform top-k or Ada-KV
+  BudgetConfig budget;  // top_k (uniform or Ada-KV in SEPARATE) or top_p (policy/top_p.h)
   cpu::ScoreParams score;
   bool include_local = true;  // attend the local window here (false when the GPU does)
+  float attn_scale = 0.f;     // top_p's logits: the model's scale; 0 = 1/sqrt(head_dim)
 
-  // The spec of `config`'s select policy.
-  static SelectSpec from_config(const LongContextConfig& config, bool include_local);
+  // The spec of `config`'s select policy at the model's attention scale.
+  static SelectSpec from_config(const LongContextConfig& config, bool include_local, float attn_scale = 0.f);
 };
 
 // Blocks a layer may still choose from after SnapKV preselection: one list
@@ -38,13 +39,24 @@ struct Preselected {
 };
 
 // The selection of `layer` for decode query q (f32 [n_q_heads, head_dim]).
-// Without `preselected`: when spec.blocks covers every context block, all of
-// them without scoring; otherwise score, choose, build. With it: the
+// top_k: without `preselected`, when spec.blocks covers every context block,
+// all of them without scoring; otherwise score, choose, build. With it: the
 // preselected set as is (no scoring) when spec.blocks >= preselected->count,
-// else choose among the preselected blocks only. Throws
-// Error(kInvalidArgument) naming the argument for a bad layer or q, or
-// spec.blocks < 0.
+// else choose among the preselected blocks only. top_p: score (restricted to
+// the preselected blocks when given), then choose_by_mass with the exact
+// logits of the sinks and the local window as the fixed part;
+// `estimated_mass`, when given, receives each kv head's estimated attended
+// share (empty in top_k mode). Throws Error(kInvalidArgument) naming the
+// argument for a bad layer or q, or spec.blocks < 0.
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
-                             const Preselected* preselected = nullptr);
+                             const Preselected* preselected = nullptr, std::vector<double>* estimated_mass = nullptr);
+
+// log sum_t exp(e_t) over the always-attended tokens of `layer` (the sinks
+// [0, initial_end) and the local window [local_begin, n_tokens)) per kv
+// head, with e_t = the group's query heads' q.k_t combined by `reduce` (sum:
+// their mean; max) times `scale`; -inf for a head with no such tokens. fp32
+// products summed in double.
+std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
+                                       Reduce reduce);
 
 }  // namespace longctx::policy
