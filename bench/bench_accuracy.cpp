@@ -18,6 +18,8 @@
 //   quest        QUEST, SHARED
 //   quest-sep    QUEST, SEPARATE, uniform budgets   } Ada-KV vs uniform at
 //   adakv-sep    QUEST, SEPARATE, adaptive, alpha 0.2 } the same total
+//   topp95-sep   QUEST, SEPARATE, budget.mode top_p, p 0.95 (topp50-sep: 0.5), at
+//                most the budget's blocks per kv head: fewer where the mass allows
 //   quest+pre    QUEST + SnapKV preselection of 2x second_select_num blocks
 //   dynamic+pre  DYNAMIC (4 reps, max) + the same preselection (its votes pick the reps)
 //   snapkv       preselection of second_select_num blocks, used as is (SnapKV)
@@ -144,6 +146,18 @@ const std::vector<Policy>& all_policies() {
                    c.budget.policy = BudgetConfig::Policy::kAdaptive;
                    c.budget.alpha = 0.2;
                  }});
+    // top_p: each kv head the fewest blocks reaching p of its estimated mass,
+    // never more than the budget's blocks (attended_pct says how many fewer).
+    for (const auto& [name, p_mass] : {std::pair{"topp95-sep", 0.95}, std::pair{"topp50-sep", 0.50}}) {
+      p.push_back({name, RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
+                     blocks(c, b);
+                     c.head_select_mode = HeadSelectMode::kSeparate;
+                     c.budget.mode = BudgetConfig::Mode::kTopP;
+                     c.budget.p = p_mass;
+                     c.budget.min_blocks = 1;
+                     c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
+                   }});
+    }
     p.push_back({"quest+pre", RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
                    blocks(c, b);
                    preselect(c, 2 * b.blocks);
