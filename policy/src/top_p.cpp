@@ -42,23 +42,36 @@ Shares shares_of(const float* logits, int64_t n, const std::vector<int64_t>& tok
 }
 
 // The fewest eligible blocks, largest share first (ties: lower index), whose
-// shares with `fixed` reach p, clamped; indices increasing.
+// shares with `fixed` reach p, clamped; indices increasing. Sorts only as far
+// as it must: a few times the blocks kept, not the whole row.
 std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std::vector<char>& eligible, double fixed,
                                      const BudgetConfig& budget) {
   std::vector<int64_t> order;
-  for (int64_t b = 0; b < int64_t(share.size()); ++b)
-    if (eligible[size_t(b)]) order.push_back(b);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return share[size_t(a)] > share[size_t(b)]; });
   double total = fixed;
-  for (const int64_t b : order) total += share[size_t(b)];
+  for (int64_t b = 0; b < int64_t(share.size()); ++b)
+    if (eligible[size_t(b)]) order.push_back(b), total += share[size_t(b)];
+  const int64_t n = int64_t(order.size());
+  const auto larger = [&](int64_t a, int64_t b) {
+    return share[size_t(a)] > share[size_t(b)] || (share[size_t(a)] == share[size_t(b)] && a < b);
+  };
+  int64_t sorted = 0;  // order[0, sorted) is the best `sorted` blocks, best first
+  const auto sort_best = [&](int64_t k) {
+    if (k <= sorted) return;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), larger);
+    sorted = k;
+  };
   // p = 1 is every eligible block, those whose weight underflows to 0 too.
+  int64_t k = budget.p >= 1.0 ? n : 0;
   const double target = budget.p * total;  // the shares sum to 1 up to rounding
   double reached = fixed;
-  int64_t k = budget.p >= 1.0 ? int64_t(order.size()) : 0;
-  while (k < int64_t(order.size()) && reached < target) reached += share[size_t(order[size_t(k++)])];
+  for (int64_t want = std::min<int64_t>(n, 64); k < n && reached < target; want = std::min(n, 4 * want)) {
+    sort_best(want);
+    while (k < want && reached < target) reached += share[size_t(order[size_t(k++)])];
+  }
   k = std::max(k, budget.min_blocks);
   if (budget.max_blocks > 0) k = std::min(k, budget.max_blocks);
-  k = std::min(k, int64_t(order.size()));
+  k = std::min(k, n);
+  if (k < n) sort_best(k);  // all n: any order, sorted below
   std::vector<int64_t> kept(order.begin(), order.begin() + k);
   std::sort(kept.begin(), kept.end());
   return kept;
