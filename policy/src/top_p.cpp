@@ -61,10 +61,13 @@ std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std
     sorted = k;
   };
   // p = 1 is every eligible block, those whose weight underflows to 0 too.
+  // No more than max_blocks are kept: the search stops there.
+  const int64_t limit = budget.max_blocks > 0 ? std::min(n, budget.max_blocks) : n;
   int64_t k = budget.p >= 1.0 ? n : 0;
   const double target = budget.p * total;  // the shares sum to 1 up to rounding
   double reached = fixed;
-  for (int64_t want = std::min<int64_t>(n, 64); k < n && reached < target; want = std::min(n, 4 * want)) {
+  for (int64_t want = std::min<int64_t>(limit, 64); k < limit && reached < target;
+       want = std::min(limit, 4 * want)) {
     sort_best(want);
     while (k < want && reached < target) reached += share[size_t(order[size_t(k++)])];
   }
