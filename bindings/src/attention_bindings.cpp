@@ -238,8 +238,11 @@ void bind_attention(py::module_& m) {
              py::dict d;
              d["attended_tokens"] = p.policy->last_stats().attended_tokens;
              d["reselected"] = p.policy->last_stats().reselected;
+             d["estimated_mass"] = p.policy->last_stats().estimated_mass;  // per kv head; [] unless top_p
              return d;
-           })
+           },
+           "What the last decode did: attended_tokens (summed over kv heads), reselected, and with "
+           "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended).")
       .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
       .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
       .def_property_readonly("scale", [](const Policy& p) { return p.policy->attn_scale(); })

@@ -599,6 +599,16 @@ class DecodePolicyTest(unittest.TestCase):
         self.assertTrue(stats["reselected"])
         self.assertEqual(stats["attended_tokens"], sum(e - s for spans in sel for s, e in spans))
         self.assertLess(stats["attended_tokens"], n_kv * n_tokens)
+        self.assertEqual(stats["estimated_mass"], [])  # top_k
+        # top_p from a dict: per kv head, the fewest blocks holding half the estimated mass.
+        top_p = lc.DecodePolicy(dict(cfg.to_dict(), budget=dict(cfg.to_dict()["budget"], mode="top_p", p=0.5),
+                                     head_select_mode="SEPARATE"), store)
+        top_p.decode(0, 0, q)
+        mass = top_p.last_stats()["estimated_mass"]
+        self.assertEqual(len(mass), n_kv)
+        self.assertTrue(all(0.5 <= m <= 1.0 for m in mass), mass)
+        for h, b in needles.items():
+            self.assertTrue(any(s <= b * 16 and b * 16 + 16 <= e for s, e in top_p.last_selection()[h]))
         assert_close(self, out, lse, ref_spans(q.astype(np.float64), k.astype(np.float32).astype(np.float64),
                                                v.astype(np.float32).astype(np.float64), sel, 1 / np.sqrt(d)))
         policy.on_prefill_end(0, np.tile(q, (4, 1, 1)))
