@@ -227,38 +227,41 @@ Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_
 }
 
 void Engine::run(Job& job) {
-  const CompletionRequest& req = job.request_;
-  const std::vector<int32_t>& prompt = job.prompt_;
   if (job.cancelled()) {
     finish(job, "cancelled", {});
     return;
   }
   int64_t cached = 0;
-  Cached& entry = take_sequence(prompt, req.max_tokens, cached);
-  scheduler::Sequence& seq = *entry.seq;
+  Cached& entry = take_sequence(job.prompt_, job.request_.max_tokens, cached);
   entry.on_disk = false;  // it holds other tokens from here on
+  try {
+    generate(job, entry, cached);
+  } catch (...) {
+    // The KV holds part of this request (or the sequence is broken): start it over next time.
+    entry.seq->reset();
+    entry.tokens.clear();
+    if (!job.cancelled()) throw;
+    Usage usage;
+    usage.prompt_tokens = job.prompt_tokens();
+    usage.cached_tokens = cached;
+    finish(job, "cancelled", usage);
+  }
+}
+
+void Engine::generate(Job& job, Cached& entry, int64_t cached) {
+  const CompletionRequest& req = job.request_;
+  const std::vector<int32_t>& prompt = job.prompt_;
+  scheduler::Sequence& seq = *entry.seq;
   seq.reset_stats();
   Usage usage;
   usage.prompt_tokens = int64_t(prompt.size());
   usage.cached_tokens = cached;
 
-  std::vector<float> logits;
-  try {
-    scheduler::PrefillOptions options;
-    options.progress = [&](int64_t, int64_t) {
-      if (job.cancelled()) throw Cancelled{};
-    };
-    logits = seq.prefill(std::span<const int32_t>(prompt).subspan(size_t(cached)), options);
-  } catch (...) {
-    // The KV holds part of the prompt (or is broken): start it over next time.
-    seq.reset();
-    entry.tokens.clear();
-    if (job.cancelled()) {
-      finish(job, "cancelled", usage);
-      return;
-    }
-    throw;
-  }
+  scheduler::PrefillOptions options;
+  options.progress = [&](int64_t, int64_t) {
+    if (job.cancelled()) throw Cancelled{};
+  };
+  std::vector<float> logits = seq.prefill(std::span<const int32_t>(prompt).subspan(size_t(cached)), options);
   entry.tokens.assign(prompt.begin(), prompt.end());
 
   model::Sampler sampler(model::SamplerParams{req.temperature, req.top_k, req.top_p, req.seed});

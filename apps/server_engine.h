@@ -130,6 +130,9 @@ class Engine {
   std::vector<int32_t> tokenize(const CompletionRequest& request) const;
   void work();
   void run(Job& job);
+  // Prefills what the cache lacks and generates; on an exception the caller
+  // starts the sequence over.
+  void generate(Job& job, Cached& entry, int64_t cached);
   // Ends the job with its done event (finish_reason: stop, length, cancelled).
   void finish(Job& job, const std::string& reason, const Usage& usage);
   // A sequence ready to prefill prompt[cached:]; `cached` is set.
