@@ -68,6 +68,11 @@ uint64_t file_bytes(const std::string& path) {
 
 }  // namespace
 
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  return size_t(std::mismatch(a.begin(), a.begin() + ptrdiff_t(n), b.begin()).first - a.begin());
+}
+
 std::string DiskCache::layout_key(const kvstore::StoreLayout& l) {
   return str_cat("layers=", l.shape.n_layers, "/kv_heads=", l.shape.n_kv_heads, "/head_dim=", l.shape.head_dim,
                  "/kv_type=", dtype_name(l.kv_type), "/block_size=", l.block_size,
@@ -147,12 +152,8 @@ void DiskCache::scan() {
 const DiskCache::Entry* DiskCache::best_match(const std::vector<int32_t>& prompt, size_t& common) const {
   const Entry* best = nullptr;
   common = 0;
-  for (const Entry& e : entries_) {
-    const size_t n = std::min(e.tokens.size(), prompt.size());
-    const size_t c = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), e.tokens.begin()).first -
-                            prompt.begin());
-    if (c > common) best = &e, common = c;
-  }
+  for (const Entry& e : entries_)
+    if (const size_t c = common_prefix(prompt, e.tokens); c > common) best = &e, common = c;
   return best;
 }
 

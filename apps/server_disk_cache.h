@@ -23,6 +23,10 @@
 
 namespace longctx::server {
 
+// How many tokens two lists share from the start: how the prompt cache, in
+// DRAM and on disk, measures what a cached sequence can give a prompt.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
 class DiskCache {
  public:
   struct Entry {

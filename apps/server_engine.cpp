@@ -177,23 +177,21 @@ Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_
   const auto reusable = [&](size_t common) { return int64_t(std::min(common, prompt.size() - 1)) / bs * bs; };
   Cached* best = nullptr;
   int64_t best_keep = 0;
-  for (const auto& c : cache_) {
-    const size_t n = std::min(c->tokens.size(), prompt.size());
-    const size_t common =
-        size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), c->tokens.begin()).first - prompt.begin());
-    if (const int64_t keep = reusable(common); keep > best_keep) best = c.get(), best_keep = keep;
-  }
-  const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model_.spec().kv_shape(), config_);
-  const int64_t need_tokens = std::min<int64_t>(config_.max_seq_len, int64_t(prompt.size()) + max_tokens);
-  const uint64_t need =
-      kvstore::preflight(layout, need_tokens, std::vector<int>(size_t(layout.shape.n_kv_heads), 0)).total_bytes;
+  for (const auto& c : cache_)
+    if (const int64_t keep = reusable(common_prefix(prompt, c->tokens)); keep > best_keep) best = c.get(), best_keep = keep;
+  // What a new sequence for this request will hold: asked only when one is made.
+  const auto need = [&] {
+    const kvstore::StoreLayout layout = kvstore::StoreLayout::make(model_.spec().kv_shape(), config_);
+    const int64_t tokens = std::min<int64_t>(config_.max_seq_len, int64_t(prompt.size()) + max_tokens);
+    return kvstore::preflight(layout, tokens, std::vector<int>(size_t(layout.shape.n_kv_heads), 0)).total_bytes;
+  };
 
   // A longer prefix on disk: read it back instead of prefilling it.
   size_t disk_common = 0;
   const DiskCache::Entry* on_disk = disk_ ? disk_->best_match(prompt, disk_common) : nullptr;
   if (on_disk != nullptr && reusable(disk_common) > best_keep) {
     const DiskCache::Entry entry = *on_disk;  // new_sequence may spill to disk, which may evict it
-    Cached& c = new_sequence(need);
+    Cached& c = new_sequence(need());
     try {
       disk_->load(entry, c.seq->store());
       c.seq->sync_with_store();
@@ -223,7 +221,7 @@ Engine::Cached& Engine::take_sequence(const std::vector<int32_t>& prompt, int64_
     return *best;
   }
   cached = 0;
-  return new_sequence(need);
+  return new_sequence(need());
 }
 
 void Engine::run(Job& job) {
