@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(PrefillTraits<D>::kThreads)
         p_warp[rr * Tr::kLdP + lane + 32 * t] = from_f32<T>(pr);
       }
       sum = group_sum<32>(sum);
+      __syncwarp();  // every lane has read row_m/row_d[r] before lane 0 rewrites them
       if (lane == 0) row_m[r] = state.m, row_d[r] = state.d + sum, row_alpha[r] = alpha;
     }
     __syncwarp();
