@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   CublasOwner cublas_;
   CudaContext context_;
   PoolBlock x_scratch_;  // x converted to the weight dtype for cuBLAS
+  PoolBlock f16_scale_;  // f16 weights: x's scale word, then cuBLAS's alpha and beta (device pointer mode)
   std::vector<std::pair<std::vector<float>, PoolBlock>> rope_tables_;
   std::unique_ptr<DeviceAttention> attention_;
 };
@@ -233,21 +234,33 @@ void CudaBackend::matmul(const BackendTensor& x, const BackendTensor& w, const B
     cuda_check(cudaMemsetAsync(yp, 0, size_t(n * out) * sizeof(float), compute_.stream), "matmul: cudaMemsetAsync");
   } else {
     const void* xp = xt.data();
+    const float one_zero[2] = {1.f, 0.f};
+    const float* alpha_beta = one_zero;  // host pointer mode, unless f16 below
     if (weight_dtype_ != DType::kF32) {
       // cuBLAS multiplies matching types: x rounded to the weight dtype, fp32 accumulation.
       const size_t bytes = size_t(n * in) * dtype_size(weight_dtype_);
       if (x_scratch_.bytes() < bytes)
         x_scratch_ = context_.device_pool->alloc(bytes, str_cat("CudaBackend::matmul: ", dtype_name(weight_dtype_),
                                                                  " copy of x ", x.describe()));
-      convert_from_f32(static_cast<const float*>(xp), x_scratch_.get(), weight_dtype_, n * in, compute_.stream);
+      if (weight_dtype_ == DType::kF16) {  // scaled so that large activations do not overflow f16
+        if (f16_scale_.get() == nullptr) f16_scale_ = context_.device_pool->alloc(4 * sizeof(float), "CudaBackend::matmul: f16 scale");
+        auto* words = static_cast<float*>(f16_scale_.get());
+        convert_to_f16_scaled(static_cast<const float*>(xp), static_cast<__half*>(x_scratch_.get()), n * in,
+                              reinterpret_cast<unsigned*>(words), words + 1, compute_.stream);
+        alpha_beta = words + 1;
+      } else {
+        convert_from_f32(static_cast<const float*>(xp), x_scratch_.get(), weight_dtype_, n * in, compute_.stream);
+      }
       xp = x_scratch_.get();
     }
     // Column-major view: y^T [out, n] = w [in, out]^T · x^T [in, n].
-    const float alpha = 1.f, beta = 0.f;
+    const bool on_device = alpha_beta != one_zero;
+    cublas_check(cublasSetPointerMode(cublas_.handle, on_device ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
+                 "matmul: cublasSetPointerMode");
     const cudaDataType_t type = cuda_type(weight_dtype_);
-    cublas_check(cublasGemmEx(cublas_.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(n), int(in), &alpha, wt.data(),
-                              type, int(in), xp, type, int(in), &beta, yp, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
+    cublas_check(cublasGemmEx(cublas_.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(n), int(in), alpha_beta,
+                              wt.data(), type, int(in), xp, type, int(in), alpha_beta + 1, yp, CUDA_R_32F, int(out),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "matmul: cublasGemmEx");
   }
   if (bias != nullptr) add_bias_rows(yp, bias->data(), bias->dtype(), n, out, compute_.stream);

@@ -39,6 +39,35 @@ __global__ void to_f16_kernel(const float* src, __half* dst, int64_t count) {
     dst[i] = __float2half_rn(src[i]);
 }
 
+// max |x| into *max_bits as float bits (non-negative floats order as their
+// unsigned bits; NaN is skipped: it stays NaN through the product anyway).
+__global__ void abs_max_kernel(const float* src, int64_t count, unsigned* max_bits) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    m = fmaxf(m, fabsf(src[i]));
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (threadIdx.x % 32 == 0) atomicMax(max_bits, __float_as_uint(m));
+}
+
+// The power of two 2^e (e >= 0) that brings max |x| to at most 2^15, well
+// inside f16's 65504; e = 0 when it is already there or not finite.
+__device__ int f16_exponent(unsigned max_bits) {
+  const float m = __uint_as_float(max_bits);
+  if (!(m > 32768.f) || isinf(m)) return 0;
+  int e = 0;
+  frexpf(m / 32768.f, &e);  // m / 2^15 = f * 2^e, f in [0.5, 1): m / 2^e <= 2^15
+  return e;
+}
+
+__global__ void to_f16_scaled_kernel(const float* src, __half* dst, int64_t count, const unsigned* max_bits,
+                                     float* alpha_beta) {
+  const int e = f16_exponent(*max_bits);
+  const float scale = ldexpf(1.f, -e);  // exact: a power of two
+  if (blockIdx.x == 0 && threadIdx.x == 0) alpha_beta[0] = ldexpf(1.f, e), alpha_beta[1] = 0.f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2half_rn(src[i] * scale);
+}
+
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = __float2bfloat16_rn(src[i]);
@@ -129,6 +158,15 @@ void convert_from_f32(const float* src, void* dst, DType dtype, int64_t count, c
     case DType::kQ8_0: fail(ErrorCode::kInvalidArgument, "convert_from_f32: q8_0 is not an element type");
   }
   check_launch("convert_from_f32 launch");
+}
+
+void convert_to_f16_scaled(const float* src, __half* dst, int64_t count, unsigned* max_bits, float* alpha_beta,
+                           cudaStream_t stream) {
+  if (count == 0) return;
+  cuda_check(cudaMemsetAsync(max_bits, 0, sizeof(unsigned), stream), "convert_to_f16_scaled: cudaMemsetAsync");
+  abs_max_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, count, max_bits);
+  to_f16_scaled_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, dst, count, max_bits, alpha_beta);
+  check_launch("convert_to_f16_scaled launch");
 }
 
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n, cudaStream_t stream) {

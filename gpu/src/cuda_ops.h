@@ -5,6 +5,7 @@
 // be f32, f16 or bf16 and are widened exactly to f32.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,6 +17,13 @@ namespace longctx::gpu::detail {
 // dst[i] = src[i] rounded to `dtype` (f16/bf16: round to nearest even, like
 // core's convert; f32: a copy).
 void convert_from_f32(const float* src, void* dst, DType dtype, int64_t count, cudaStream_t stream);
+// x for an f16 GEMM: dst = src * 2^-e rounded to f16, with the smallest e >= 0
+// that keeps max |src| * 2^-e <= 2^15 (f16 overflows past 65504; e = 0 for
+// the usual activations, so dst is then exactly convert_from_f32's), and
+// alpha_beta[0] = 2^e, alpha_beta[1] = 0 on the device for cuBLAS's device
+// pointer mode. max_bits: one device word of scratch.
+void convert_to_f16_scaled(const float* src, __half* dst, int64_t count, unsigned* max_bits, float* alpha_beta,
+                           cudaStream_t stream);
 // y[r, i] += bias[i] for r < rows, i < n.
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n, cudaStream_t stream);
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; y may be x.

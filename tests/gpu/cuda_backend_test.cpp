@@ -133,6 +133,42 @@ TEST_F(CudaBackendTest, MatmulMatchesFp64ReferenceAndCpuForEachWeightDtype) {
   }
 }
 
+// f16 holds |x| <= 65504: a GEMM on f16 weights scales activations beyond
+// 2^15 by a power of two before rounding them to f16 and scales the product
+// back, so they give finite, accurate results instead of inf.
+TEST_F(CudaBackendTest, F16MatmulTakesActivationsBeyondTheF16Range) {
+  Backend& backend = gpu(DType::kF16);
+  std::mt19937 rng(7);
+  const int64_t n = 5, in = 96, out = 40;
+  std::vector<float> x = random_values(rng, n * in);
+  x[3] = 3.0e5f, x[size_t(in) + 7] = -7.0e4f, x[size_t(2 * in) + 1] = 1.0e5f;
+  const std::vector<float> w = random_values(rng, out * in, 0.1f);
+  auto xt = upload(backend, x, {n, in});
+  auto wt = weight(backend, w, {out, in});
+  auto yt = backend.alloc({n, out});
+  backend.matmul(*xt, *wt, nullptr, *yt);
+  const std::vector<float> got = download(backend, *yt);
+
+  // max |x| = 3e5 = 9.16 * 2^15: x is divided by 2^4 (exact), rounded to f16.
+  std::vector<float> scaled(x.size());
+  for (size_t i = 0; i < x.size(); ++i) scaled[i] = x[i] / 16.f;
+  std::vector<float> xr = rounded(scaled, DType::kF16);
+  for (float& v : xr) v *= 16.f;
+  const std::vector<float> wr = rounded(w, DType::kF16);
+  std::vector<double> want(size_t(n * out)), bound(want.size());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0.0, mag = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double p = double(xr[size_t(r * in + i)]) * wr[size_t(o * in + i)];
+        sum += p, mag += std::abs(p);
+      }
+      want[size_t(r * out + o)] = sum;
+      bound[size_t(r * out + o)] = gamma_n(double(in + 2)) * mag;
+    }
+  expect_within(got, want, bound, "f16 matmul with activations up to 3e5");
+}
+
 TEST_F(CudaBackendTest, MatmulRejectsBadShapesAndDtypes) {
   Backend& backend = gpu(DType::kBF16);
   auto x = backend.alloc({3, 8});
