@@ -15,6 +15,12 @@
 //   prefill_e2e        tokens/s of a whole prefill of the generated "bench"
 //                      model (tools/test_model.h) through scheduler::Sequence
 //                      on the CUDA backend, per context.
+//   decode_e2e         then decode steps at that depth (QUEST, 4096-token
+//                      budget): the median step in ms, and the CPU's part
+//                      of it (store append, selection, sparse attention)
+//                      while the device attends the local window; and the
+//                      same with overlap_decode off (the host waits for the
+//                      window's attention before its part: the serial baseline).
 // Without a CUDA device it prints {"bench":"gpu","skipped":"no CUDA device: ..."}.
 //
 //   longctx-bench gpu [--histories 32768,131072] [--chunk 4096] [--windows 4096,8192,16384,32768,65536]
@@ -82,21 +88,25 @@ std::string json_field(const std::string& line, const std::string& key) {
 }
 
 
-// tokens/s of one prefill of `context` tokens; throws kUnsupported when the
-// CUDA backend is not available.
-Record e2e_record(int64_t context) {
+// One prefill of `context` tokens (tokens/s), then decode steps at that depth
+// with QUEST at a 4096-token budget (the device attends the local window, the
+// CPU the sinks and the selected blocks): the median step, and where the
+// steps' time went. Throws kUnsupported when the CUDA backend is not available.
+std::vector<Record> e2e_records(int64_t context, int reps, bool overlap) {
   const TempModel file("bench");
-  auto backend = gpu::make_cuda_backend();
+  gpu::CudaBackendOptions options;
+  options.overlap_decode = overlap;
+  auto backend = gpu::make_cuda_backend(options);
   const auto model = model::Model::open(file.path, *backend);
   LongContextConfig c;
-  c.max_seq_len = context;
+  c.max_seq_len = context + 64;
   c.chunk_size = 4096;
   c.block_size = 128;
   c.initial_len = 128;
   c.local_windows_len = 1024;
   c.kv_type = DType::kF16;
   c.dense_layer_num = 0;
-  c.policy = SelectionPolicy::kDense;
+  c.policy = SelectionPolicy::kSelect;
   c.second_select_num = 22;  // a 4096-token budget, as longctx-bench decode
   scheduler::Sequence seq(*backend, model->transformer(), c);
   std::vector<int32_t> tokens(static_cast<size_t>(context));
@@ -105,10 +115,30 @@ Record e2e_record(int64_t context) {
   const double start = now_seconds();
   seq.prefill(tokens);
   const double seconds = now_seconds() - start;
-  Record r;
-  r.set("bench", "gpu").set("part", "prefill_e2e").set("model", "bench").set("context", context);
-  r.set("backend", backend->name()).set("seconds", seconds).set("tokens_per_s", double(context) / seconds);
-  return r;
+  Record pre;
+  pre.set("bench", "gpu").set("part", "prefill_e2e").set("model", "bench").set("context", context);
+  pre.set("backend", backend->name()).set("seconds", seconds).set("tokens_per_s", double(context) / seconds);
+
+  const int warmup = 4, steps = std::max(8, 8 * reps);
+  for (int i = 0; i < warmup; ++i) seq.decode(int32_t(i % vocab));
+  seq.reset_stats();
+  std::vector<double> step_seconds;
+  for (int i = 0; i < steps; ++i) {
+    const double t0 = now_seconds();
+    seq.decode(int32_t((i * 7 + 3) % vocab));
+    step_seconds.push_back(now_seconds() - t0);
+  }
+  const scheduler::SequenceStats& st = seq.stats();
+  const double per_step = 1e3 / double(steps);
+  Record dec;
+  dec.set("bench", "gpu").set("part", "decode_e2e").set("model", "bench").set("context", context);
+  dec.set("device_attention", seq.uses_device_attention() ? "yes" : seq.device_declined());
+  dec.set("overlap", overlap ? "yes" : "no");
+  dec.set("steps", steps).set("step_ms", 1e3 * median(step_seconds));
+  dec.set("append_ms", st.decode_append_seconds * per_step).set("select_ms", st.decode_select_seconds * per_step);
+  dec.set("cpu_attend_ms", st.decode_attend_seconds * per_step);
+  dec.set("attended", st.mean_attended_fraction());
+  return {pre, dec};
 }
 
 
@@ -244,10 +274,16 @@ int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
   for (int64_t window : a.windows)
     for (bool split : {false, true}) emit(local, local_record(a, window, split, copy_gbps));
 
+  std::vector<Record> decode;
   if (a.e2e) {
     for (int64_t context : a.contexts) {
       try {
-        emit(e2e, e2e_record(context));
+        // The decode step with the CPU part beside the device's window, then serially.
+        for (bool overlap : {true, false}) {
+          const std::vector<Record> both = e2e_records(context, a.reps, overlap);
+          if (overlap) emit(e2e, both[0]);
+          emit(decode, both[1]);
+        }
       } catch (const Error& e) {  // the CUDA backend is missing or failed: report, keep the rest
         Record r;
         r.set("bench", "gpu").set("part", "prefill_e2e").set("context", context).set("skipped", e.what());
@@ -269,6 +305,10 @@ int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
   if (!e2e.empty()) {
     std::printf("\n");
     print_table(e2e, {"context", "backend", "seconds", "tokens_per_s", "skipped"});
+  }
+  if (!decode.empty()) {
+    std::printf("\ndecode steps after that prefill (QUEST, 4096-token budget; append/select/cpu_attend: the CPU's part)\n");
+    print_table(decode, {"context", "device_attention", "overlap", "step_ms", "append_ms", "select_ms", "cpu_attend_ms", "attended"});
   }
   return 0;
 }

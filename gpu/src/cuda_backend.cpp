@@ -147,6 +147,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options)
   context_.copy = copy_.stream;
   context_.device_pool = MemoryPool::create(MemoryPool::Kind::kDevice, device_, device_budget(options, device_));
   context_.pinned_pool = MemoryPool::create(MemoryPool::Kind::kPinned, device_, options.pinned_budget_bytes);
+  context_.overlap_decode = options.overlap_decode;
   cublas_check(cublasSetStream(cublas_.handle, compute_.stream), "cublasSetStream");
   // Plain fp32 for f32 weights (no TF32): the f32 path is the exact one.
   cublas_check(cublasSetMathMode(cublas_.handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");

@@ -7,8 +7,12 @@
 // an event recorded right after the chunk's K/V are stored, so the copy
 // overlaps the chunk's attention and whatever the backend queues next. Two
 // pinned slots alternate, so a chunk's host K/V stay intact while the next
-// chunk copies. The CPU part of a decode step comes in through a pinned
-// staging buffer and is merged on the compute stream.
+// chunk copies. A decode step's q/k/v go to pinned host memory on the copy
+// stream behind one event while the compute stream stores k/v in the ring
+// and attends the window, so the host waits for three small copies, not for
+// the attention, and computes the CPU part while the device attends. The CPU
+// part comes back through a pinned staging buffer and is merged on the
+// compute stream.
 //
 // The ring never attends a slot it was not given: each layer remembers the
 // first position of the run of tokens its ring has seen without a gap
@@ -54,6 +58,7 @@ struct Buffers {
   PoolBlock local_workspace;                // split-K scratch of local_window_attention
   PoolBlock cpu_part;                       // [n_heads * head_dim + n_heads] f32: out then lse
   PoolBlock cpu_staging;                    // the same, pinned host
+  PoolBlock decode_qkv;                     // pinned host f32: q, k, v of the last decode_local
 };
 
 class CudaDeviceAttention final : public DeviceAttention {
@@ -69,8 +74,8 @@ class CudaDeviceAttention final : public DeviceAttention {
   void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
                      const BackendTensor& v, BackendTensor& out) override;
   HostKV chunk_kv() override;
-  int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                       const BackendTensor& v) override;
+  DecodeLocal decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                           const BackendTensor& v) override;
   void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) override;
 
  protected:
@@ -99,6 +104,8 @@ class CudaDeviceAttention final : public DeviceAttention {
   Slot slots_[2];
   EventOwner kv_stored_;     // compute stream: a chunk's K/V are in the layer buffer
   EventOwner cpu_uploaded_;  // compute stream: the staging of decode_merge was read
+  EventOwner qkv_ready_;     // compute stream: a decode step's q/k/v are computed
+  EventOwner qkv_copied_;    // copy stream: they are in decode_qkv
   int next_slot_ = 0;
   int pending_slot_ = -1;  // slot of the last prefill_chunk, -1 = none
   int prefill_layer_ = -1;
@@ -185,6 +192,9 @@ void CudaDeviceAttention::configure_buffers(const Shape& s) {
   b.cpu_part = dev.alloc((out_floats + s.n_heads) * sizeof(float), "DeviceAttention::configure: CPU part");
   b.cpu_staging = ctx_.pinned_pool->alloc((out_floats + s.n_heads) * sizeof(float),
                                           "DeviceAttention::configure: pinned staging of the CPU part");
+  const size_t kv_floats = size_t(s.n_kv_heads) * s.head_dim;
+  b.decode_qkv = ctx_.pinned_pool->alloc((out_floats + 2 * kv_floats) * sizeof(float),
+                                         "DeviceAttention::configure: pinned copy of a decode step's q/k/v");
   buf_ = std::move(b);
   for (Slot& slot : slots_) slot.pinned.reset();  // sized for the old rows
   shape_ = s;
@@ -344,8 +354,8 @@ DeviceAttention::HostKV CudaDeviceAttention::chunk_kv() {
   return kv;
 }
 
-int64_t CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                                       const BackendTensor& v) {
+DeviceAttention::DecodeLocal CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendTensor& q,
+                                                              const BackendTensor& k, const BackendTensor& v) {
   const char* op = "decode_local";
   check_layer(layer, op);
   const int64_t q_row = int64_t(shape_.n_heads) * shape_.head_dim;
@@ -357,6 +367,18 @@ int64_t CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendT
     fail(ErrorCode::kInvalidArgument, "DeviceAttention::decode_local: pos ", pos, " reaches max_tokens ",
          shape_.max_tokens);
   activate(ctx_);
+  // q/k/v to the host on the copy stream, beside the window's attention.
+  const int64_t kv_row = row_elems();
+  auto* host = static_cast<float*>(buf_.decode_qkv.get());
+  cuda_check(cudaEventRecord(qkv_ready_.event, ctx_.compute), "decode_local: cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(ctx_.copy, qkv_ready_.event, 0), "decode_local: cudaStreamWaitEvent");
+  const std::pair<const BackendTensor*, int64_t> parts[] = {{&q, 0}, {&k, q_row}, {&v, q_row + kv_row}};
+  for (const auto& [t, at] : parts)
+    cuda_check(cudaMemcpyAsync(host + at, t->data(), size_t(t->numel()) * sizeof(float), cudaMemcpyDeviceToHost,
+                               ctx_.copy),
+               "decode_local: cudaMemcpyAsync");
+  cuda_check(cudaEventRecord(qkv_copied_.event, ctx_.copy), "decode_local: cudaEventRecord");
+
   if (pos != ring_seen_[size_t(layer)]) ring_from_[size_t(layer)] = pos;  // a gap: the run restarts
   // Sinks are the CPU part's; before the first non-sink token the range is empty.
   const int64_t first = shape_.window > 0
@@ -388,7 +410,14 @@ int64_t CudaDeviceAttention::decode_local(int layer, int64_t pos, const BackendT
   decode_layer_ = layer;
   if (prefill_layer_ == layer) prefill_layer_ = -1;
   pending_slot_ = -1;
-  return first;
+  cuda_check(cudaEventSynchronize(qkv_copied_.event), "decode_local: cudaEventSynchronize");  // the one host wait
+  if (!ctx_.overlap_decode) cuda_check(cudaStreamSynchronize(ctx_.compute), "decode_local: cudaStreamSynchronize");
+  DecodeLocal r;
+  r.first_pos = first;
+  r.q = make_view(host, DType::kF32, {shape_.n_heads, shape_.head_dim});
+  r.k = make_view(host + q_row, DType::kF32, {1, shape_.n_kv_heads, shape_.head_dim});
+  r.v = make_view(host + q_row + kv_row, DType::kF32, {1, shape_.n_kv_heads, shape_.head_dim});
+  return r;
 }
 
 void CudaDeviceAttention::decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse,

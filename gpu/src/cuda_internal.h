@@ -36,6 +36,7 @@ struct CudaContext {
   cudaStream_t copy = nullptr;
   std::shared_ptr<MemoryPool> device_pool;
   std::shared_ptr<MemoryPool> pinned_pool;
+  bool overlap_decode = true;  // CudaBackendOptions::overlap_decode
 };
 
 // Makes the context's device current for this thread.

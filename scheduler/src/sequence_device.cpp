@@ -69,13 +69,14 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
   Backend& b = backend_;
   const TransformerSpec& s = model_.spec;
   attention_inputs(layer, pos, x, ws);
-  // The token enters the ring, which attends [ring_first, pos].
-  const int64_t ring_first = device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);
+  // The token enters the ring, which attends [ring_first, pos] on the device
+  // while the CPU appends it to the store and attends the rest.
   if (b.host_memory()) b.synchronize();
-  const TensorView q = host_view(b, *ws.q, ws.host_q);
+  const DeviceAttention::DecodeLocal step = device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);
+  const int64_t ring_first = step.first_pos;
   {
     const PhaseTimer timer(&stats_.decode_append_seconds);
-    store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
+    store_->append(layer, step.k, step.v);
   }
 
   // The CPU part (include_local = false: sinks + context) is the store's
@@ -86,12 +87,11 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
     fail(ErrorCode::kInternal, "Sequence::decode: layer ", layer, " at position ", pos, ": store local range [",
          part.local_begin, ", ", part.n_tokens, ") is not the device ring's [", ring_first, ", ", pos + 1, ")");
 
-  const TensorView q2 = make_view(q.data, DType::kF32, {s.n_heads, s.head_dim});
   const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads});
   // A host buffer of its own: cpu_out must not alias ws.attn, merge's output.
   ws.host_attn.resize(size_t(s.n_heads) * size_t(s.head_dim));
   const MutableTensorView cpu_out = make_mutable_view(ws.host_attn.data(), DType::kF32, {s.n_heads, s.head_dim});
-  policy_->decode(layer, token_idx, q2, /*include_local=*/false, cpu_out, lse);
+  policy_->decode(layer, token_idx, step.q, /*include_local=*/false, cpu_out, lse);
   device_->decode_merge(layer, as_const(cpu_out), as_const(lse), *ws.attn);
   attention_output(layer, x, ws);
   return policy_->last_stats().attended_tokens + (part.n_tokens - part.local_begin) * s.n_kv_heads;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -163,9 +164,17 @@ void decode_and_check(Backend& backend, const Shape& s, int64_t prompt, int step
     auto qt = upload(backend, q, {1, q_row});
     auto kt = upload(backend, k, {1, kv_row});
     auto vt = upload(backend, v, {1, kv_row});
-    da.decode_local(0, pos, *qt, *kt, *vt);
+    const DeviceAttention::DecodeLocal step = da.decode_local(0, pos, *qt, *kt, *vt);
     // The CPU part: every token the window does not attend (sinks and older).
     const int64_t local_lo = std::min(std::max(s.initial_len, pos + 1 - s.window), pos + 1);
+    EXPECT_EQ(step.first_pos, local_lo) << what;
+    // The host copies of q/k/v are exact.
+    const std::pair<const TensorView*, const std::vector<float>*> copies[] = {{&step.q, &q}, {&step.k, &k}, {&step.v, &v}};
+    for (const auto& [got, want] : copies) {
+      ASSERT_EQ(got->dtype, DType::kF32) << what;
+      ASSERT_EQ(got->numel(), int64_t(want->size())) << what;
+      EXPECT_EQ(std::memcmp(got->data, want->data(), want->size() * sizeof(float)), 0) << what;
+    }
     const std::vector<float> qr = rounded(q, s.kv_dtype), kr = rounded(all_k, s.kv_dtype),
                              vr = rounded(all_v, s.kv_dtype);
     Reference cpu = attend(qr, kr, vr, s, {0}, {local_lo});
@@ -193,7 +202,9 @@ void restart_and_check(Backend& backend, const Shape& s, int layer, int64_t from
     auto qt = upload(backend, q, {1, q_row});
     auto kt = upload(backend, k, {1, kv_row});
     auto vt = upload(backend, v, {1, kv_row});
-    da.decode_local(layer, pos, *qt, *kt, *vt);
+    const int64_t window_lo = std::min(std::max(s.initial_len, pos + 1 - s.window), pos + 1);
+    EXPECT_EQ(da.decode_local(layer, pos, *qt, *kt, *vt).first_pos, std::max(window_lo, from))
+        << "layer " << layer << " restarted at " << from << ", pos " << pos;
     const std::vector<float> qr = rounded(q, s.kv_dtype), kr = rounded(all_k, s.kv_dtype),
                              vr = rounded(all_v, s.kv_dtype);
     const Reference cpu = attend(qr, kr, vr, s, {0}, {from});
@@ -275,7 +286,7 @@ TEST_F(CudaDeviceAttentionTest, RejectsBadShapesAndCallsOutOfOrder) {
 TEST_F(CudaDeviceAttentionTest, BudgetsThrowOutOfMemoryAndKeepTheOldState) {
   std::mt19937 rng(23);
   // Device: a second configuration beyond the budget leaves the first working.
-  auto backend = make_backend(DType::kBF16, 8u << 20, 4096);
+  auto backend = make_backend(DType::kBF16, 8u << 20, 7168);
   DeviceAttention& da = *backend->device_attention();
   Shape s;
   s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.head_dim = 64, s.kv_dtype = DType::kF16;
@@ -284,7 +295,8 @@ TEST_F(CudaDeviceAttentionTest, BudgetsThrowOutOfMemoryAndKeepTheOldState) {
   Shape huge = s;
   huge.max_tokens = 1 << 20;  // 256 MiB per K
   EXPECT_EQ(error_code_of([&] { da.configure(huge); }), ErrorCode::kOutOfMemory);
-  // Pinned: 4 KiB hold the merge staging (1040 bytes) and chunks of up to 3 rows, not 16.
+  // Pinned: 7 KiB hold the merge staging (1040 bytes), the decode step's q/k/v
+  // (2048 bytes) and chunks of up to 3 rows (512 bytes a row), not 16.
   const TensorView empty = make_view(nullptr, DType::kF32, {0, 2, 64});
   da.begin_prefill_layer(0, empty, empty);
   auto q = upload(*backend, random_values(rng, 16 * 256), {16, 256});

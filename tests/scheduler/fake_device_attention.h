@@ -158,8 +158,8 @@ class FakeDeviceAttention final : public DeviceAttention {
     return kv;
   }
 
-  int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                    const BackendTensor& v) override {
+  DecodeLocal decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                           const BackendTensor& v) override {
     ++calls_.decode_local;
     check_layer(layer, "decode_local");
     check_tensor(q, 1, q_row(), "decode_local q");
@@ -193,7 +193,17 @@ class FakeDeviceAttention final : public DeviceAttention {
              ring_v_[size_t(layer)].data(), [w](int64_t p) { return p % w; },
              pending_out_.data() + h * shape_.head_dim, &pending_lse_[size_t(h)]);
     pending_layer_ = layer;
-    return first;
+    // The host copies, as the CUDA device's pinned ones.
+    const auto* qp = static_cast<const float*>(q.data());
+    step_qkv_.assign(qp, qp + q_row());
+    step_qkv_.insert(step_qkv_.end(), static_cast<const float*>(k.data()), static_cast<const float*>(k.data()) + row_);
+    step_qkv_.insert(step_qkv_.end(), static_cast<const float*>(v.data()), static_cast<const float*>(v.data()) + row_);
+    DecodeLocal r;
+    r.first_pos = first;
+    r.q = make_view(step_qkv_.data(), DType::kF32, {shape_.n_heads, shape_.head_dim});
+    r.k = make_view(step_qkv_.data() + q_row(), DType::kF32, {1, shape_.n_kv_heads, shape_.head_dim});
+    r.v = make_view(step_qkv_.data() + q_row() + int64_t(row_), DType::kF32, {1, shape_.n_kv_heads, shape_.head_dim});
+    return r;
   }
 
   void decode_merge(int layer, const TensorView& cpu_out, const TensorView& cpu_lse, BackendTensor& out) override {
@@ -318,6 +328,7 @@ class FakeDeviceAttention final : public DeviceAttention {
   int pending_layer_ = -1;
   bool pending_stale_ = false;
   std::vector<float> pending_out_;
+  std::vector<float> step_qkv_;  // decode_local's host copies of q, k, v
   std::vector<double> pending_lse_;
   Calls calls_;
   std::vector<int64_t> history_rows_;

@@ -196,14 +196,24 @@ class DeviceAttention {
   // position `pos` (= tokens the layer held before) go into the layer's ring;
   // the local part of the attention of q [1, n_heads*head_dim] over the ring's
   // tokens in [local_window_begin(pos + 1, initial_len, window), pos]
-  // (core/local_window.h) is computed on the device (out and lse kept inside
-  // until decode_merge). Returns the first position it attends (pos + 1 for
-  // an empty range), so the caller can check that its CPU part is the rest.
-  // `pos` must be the number of tokens the layer's ring has seen (set by
-  // begin_prefill_layer, advanced by prefill_chunk and decode_local), else
-  // Error(kInvalidArgument).
-  virtual int64_t decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
-                               const BackendTensor& v) = 0;
+  // (core/local_window.h) is queued on the device (out and lse kept inside
+  // until decode_merge). Returns once host f32 copies of q, k and v are ready
+  // (the caller appends k/v to the KV store and computes the CPU part from
+  // them while the device attends the window), with the first position the
+  // local part attends (pos + 1 for an empty range), so the caller can check
+  // that its CPU part is the rest. The copies stay valid until the next call
+  // of this object. `pos` is normally the number of tokens the layer's ring
+  // has seen (set by begin_prefill_layer, advanced by prefill_chunk and
+  // decode_local); another `pos` is a gap, after which the local part starts
+  // at `pos` (first_pos says so) until the window is full again.
+  struct DecodeLocal {
+    int64_t first_pos = 0;
+    TensorView q;  // host f32 [n_heads, head_dim]
+    TensorView k;  // host f32 [1, n_kv_heads, head_dim] (as KVStore::append takes it)
+    TensorView v;
+  };
+  virtual DecodeLocal decode_local(int layer, int64_t pos, const BackendTensor& q, const BackendTensor& k,
+                                   const BackendTensor& v) = 0;
   // Merges the CPU part (host f32 cpu_out [n_heads, head_dim], cpu_lse
   // [n_heads], numerical contract of DESIGN.md) with the local part of the
   // last decode_local into out [1, n_heads*head_dim].

@@ -23,6 +23,10 @@ struct CudaBackendOptions {
   DType weight_dtype = DType::kBF16;     // kBF16 or kF16 (kF32: fp32 GEMMs, for tests)
   uint64_t device_budget_bytes = 0;      // 0 = 90% of the device's free memory at creation
   uint64_t pinned_budget_bytes = 256ull << 20;  // pinned host staging (counted like DRAM)
+  // A decode step's CPU part runs while the device attends the local window.
+  // false: DeviceAttention::decode_local returns only after the window's
+  // attention too (the serial baseline that longctx-bench gpu compares with).
+  bool overlap_decode = true;
 };
 
 // Throws Error(kUnsupported) without CUDA or without a device ("no CUDA
