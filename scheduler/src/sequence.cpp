@@ -64,7 +64,6 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     : backend_(backend), model_(model), config_(config) {
   model_.validate();
   validate_config(config_);
-  prefill_kernel_ = cpu::prefill_kernel_for(config_.prefill_kernel);
   if (!topology) {
     owned_topology_ = std::make_unique<kvstore::NumaTopology>(kvstore::NumaTopology::detect());
     topology = owned_topology_.get();
@@ -90,7 +89,7 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     fail(ErrorCode::kOutOfMemory, e.what(), " (", format_bytes(history_bytes),
          " of it are held for the device path's host staging of one layer's K/V)");
   }
-  policy_ = new_policy();
+  attention_ = std::make_unique<LayerAttention>(*store_, config_, model_.spec.attn_scale);
   if (device_path) {
     const TransformerSpec& s = model_.spec;
     DeviceAttention::Shape& shape = device_shape_;
@@ -115,10 +114,6 @@ void Sequence::claim_device() {
 }
 
 Sequence::~Sequence() = default;
-
-std::unique_ptr<policy::DecodePolicy> Sequence::new_policy() {
-  return std::make_unique<policy::DecodePolicy>(config_, *store_, model_.spec.attn_scale);
-}
 
 void Sequence::check_usable(const char* what) const {
   if (broken_)
@@ -168,7 +163,7 @@ void Sequence::attention_output(int layer, BackendTensor& x, Workspace& ws) {
 // The CPU path of one layer (and the device path's decode steps whose local
 // window the rings do not hold yet).
 void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
-                             int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries) {
+                             const std::function<void(const float* q, int64_t n)>& on_queries) {
   Backend& b = backend_;
   const TransformerSpec& s = model_.spec;
   const int64_t n = ws.n;
@@ -177,22 +172,16 @@ void Sequence::layer_forward(int layer, int64_t first_pos, BackendTensor& x, Wor
   b.synchronize();
 
   const TensorView q = host_view(b, *ws.q, ws.host_q);
-  {
-    const PhaseTimer timer(decode_step ? &stats_.decode_append_seconds : nullptr);
-    store_->append(layer, host_view(b, *ws.k, ws.host_k), host_view(b, *ws.v, ws.host_v));
-  }
+  const TensorView k = host_view(b, *ws.k, ws.host_k), v = host_view(b, *ws.v, ws.host_v);
   const MutableTensorView out = host_out(b, *ws.attn, ws.host_attn);
   if (decode_step) {
-    policy_->decode(layer, token_idx, make_view(q.data, DType::kF32, {s.n_heads, s.head_dim}),
-                    /*include_local=*/true, make_mutable_view(out.data, DType::kF32, {s.n_heads, s.head_dim}),
-                    make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads}));
+    attention_->decode(layer, make_view(q.data, DType::kF32, {s.n_heads, s.head_dim}), k, v, /*include_local=*/true,
+                       make_mutable_view(out.data, DType::kF32, {s.n_heads, s.head_dim}),
+                       make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads}));
+    stats_.decode_append_seconds += attention_->last_append_seconds();
   } else {
-    const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {n, s.n_heads});
-    if (config_.quoka.enabled)
-      policy::quoka_prefill_attention(*store_, layer, first_pos, q, config_.quoka, config_.initial_len,
-                                      config_.chunk_size, s.attn_scale, out, lse, prefill_kernel_);
-    else
-      cpu::prefill_attention(*store_, layer, first_pos, q, s.attn_scale, out, lse, prefill_kernel_);
+    attention_->prefill_chunk(layer, first_pos, q, k, v, out,
+                              make_mutable_view(ws.lse.data(), DType::kF32, {n, s.n_heads}));
   }
   if (on_queries) on_queries(static_cast<const float*>(q.data), n);
   if (!b.host_memory()) b.upload(as_const(out), *ws.attn);
@@ -263,14 +252,12 @@ std::vector<float> Sequence::prefill(std::span<const int32_t> tokens, const Pref
         device_prefill_chunk(layer, n_past_ + first, x, workspace(rows),
                              first + rows > n - w ? keep_window : std::function<void(const float*, int64_t)>());
       else
-        layer_forward(layer, n_past_ + first, x, workspace(rows), false, 0, keep_window);
+        layer_forward(layer, n_past_ + first, x, workspace(rows), false, keep_window);
       if (options.progress) options.progress(int64_t(layer) * n + first + rows, int64_t(s.n_layers) * n);
     }
-    if (w > 0)
-      policy_->on_prefill_end(layer, make_view(window_q.data(), DType::kF32, {w, s.n_heads, s.head_dim}));
+    attention_->end_prefill(layer, make_view(window_q.data(), DType::kF32, {w, s.n_heads, s.head_dim}));
   }
   n_past_ += n;
-  decode_idx_ = 0;
   broken_ = false;
 
   if (options.on_logits) {
@@ -305,17 +292,16 @@ std::vector<float> Sequence::decode(int32_t token) {
   int64_t attended = 0, cached = 0;
   for (int layer = 0; layer < s.n_layers; ++layer) {
     if (on_device) {
-      attended += device_decode_layer(layer, n_past_, *ws.x, ws, decode_idx_);
+      attended += device_decode_layer(layer, n_past_, *ws.x, ws);
     } else {
-      layer_forward(layer, n_past_, *ws.x, ws, true, decode_idx_, nullptr);
-      attended += policy_->last_stats().attended_tokens;
+      layer_forward(layer, n_past_, *ws.x, ws, true, nullptr);
+      attended += policy().last_stats().attended_tokens;
     }
-    stats_.decode_select_seconds += policy_->last_stats().select_seconds;
-    stats_.decode_attend_seconds += policy_->last_stats().attend_seconds;
+    stats_.decode_select_seconds += policy().last_stats().select_seconds;
+    stats_.decode_attend_seconds += policy().last_stats().attend_seconds;
     cached += store_->n_tokens(layer) * s.n_kv_heads;
   }
   ++n_past_;
-  ++decode_idx_;
   broken_ = false;
 
   std::vector<float> logits = logits_of(*ws.x, &ws);
@@ -332,14 +318,13 @@ void Sequence::sync_with_store() {
     if (store_->n_tokens(layer) != n)
       fail(ErrorCode::kInvalidArgument, "Sequence::sync_with_store: layer ", layer, " holds ",
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
-  policy_ = new_policy();
+  attention_->restart();
   if (device_) {
     claim_device();
     broken_ = true;  // until every layer's ring holds the store's last tokens
     for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_begin_layer(layer);
   }
   n_past_ = n;
-  decode_idx_ = 0;
   broken_ = false;
 }
 
@@ -357,9 +342,8 @@ void Sequence::reset() {
     device_->clear();
     device_epoch_ = device_->epoch();
   }
-  policy_ = new_policy();
+  attention_->restart();
   n_past_ = 0;
-  decode_idx_ = 0;
   broken_ = false;
 }
 

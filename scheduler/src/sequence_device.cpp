@@ -65,7 +65,7 @@ void Sequence::device_prefill_chunk(int layer, int64_t first_pos, BackendTensor&
   }
 }
 
-int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws, int64_t token_idx) {
+int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws) {
   Backend& b = backend_;
   const TransformerSpec& s = model_.spec;
   attention_inputs(layer, pos, x, ws);
@@ -74,27 +74,23 @@ int64_t Sequence::device_decode_layer(int layer, int64_t pos, BackendTensor& x, 
   if (b.host_memory()) b.synchronize();
   const DeviceAttention::DecodeLocal step = device_->decode_local(layer, pos, *ws.q, *ws.k, *ws.v);
   const int64_t ring_first = step.first_pos;
-  {
-    const PhaseTimer timer(&stats_.decode_append_seconds);
-    store_->append(layer, step.k, step.v);
-  }
-
-  // The CPU part (include_local = false: sinks + context) is the store's
-  // Partition below its local range; it and the ring's range must partition
-  // the tokens, or a token would be attended twice or not at all.
-  const kvstore::Partition part = store_->partition(layer);
-  if (part.n_tokens != pos + 1 || part.local_begin != ring_first)
-    fail(ErrorCode::kInternal, "Sequence::decode: layer ", layer, " at position ", pos, ": store local range [",
-         part.local_begin, ", ", part.n_tokens, ") is not the device ring's [", ring_first, ", ", pos + 1, ")");
-
   const MutableTensorView lse = make_mutable_view(ws.lse.data(), DType::kF32, {s.n_heads});
   // A host buffer of its own: cpu_out must not alias ws.attn, merge's output.
   ws.host_attn.resize(size_t(s.n_heads) * size_t(s.head_dim));
   const MutableTensorView cpu_out = make_mutable_view(ws.host_attn.data(), DType::kF32, {s.n_heads, s.head_dim});
-  policy_->decode(layer, token_idx, step.q, /*include_local=*/false, cpu_out, lse);
+  attention_->decode(layer, step.q, step.k, step.v, /*include_local=*/false, cpu_out, lse);
+  stats_.decode_append_seconds += attention_->last_append_seconds();
+  // The CPU part (include_local = false: sinks + context) is the store's
+  // Partition below its local range; it and the ring's range must partition
+  // the tokens, or a token would be attended twice or not at all (checked
+  // before the merge uses it).
+  const kvstore::Partition part = store_->partition(layer);
+  if (part.n_tokens != pos + 1 || part.local_begin != ring_first)
+    fail(ErrorCode::kInternal, "Sequence::decode: layer ", layer, " at position ", pos, ": store local range [",
+         part.local_begin, ", ", part.n_tokens, ") is not the device ring's [", ring_first, ", ", pos + 1, ")");
   device_->decode_merge(layer, as_const(cpu_out), as_const(lse), *ws.attn);
   attention_output(layer, x, ws);
-  return policy_->last_stats().attended_tokens + (part.n_tokens - part.local_begin) * s.n_kv_heads;
+  return policy().last_stats().attended_tokens + (part.n_tokens - part.local_begin) * s.n_kv_heads;
 }
 
 }  // namespace longctx::scheduler

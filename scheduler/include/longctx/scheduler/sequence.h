@@ -70,6 +70,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/decode_policy.h"
+#include "longctx/scheduler/layer_attention.h"
 #include "longctx/scheduler/transformer.h"
 
 namespace longctx::scheduler {
@@ -137,7 +138,7 @@ class Sequence {
   const SequenceStats& stats() const { return stats_; }
   void reset_stats() { stats_ = SequenceStats{}; }
   // The policy's record of the last decode step.
-  const policy::DecodePolicy& policy() const { return *policy_; }
+  const policy::DecodePolicy& policy() const { return attention_->policy(); }
 
   // The KV store, e.g. for snapshots. After load_snapshot into it, call
   // sync_with_store().
@@ -168,7 +169,7 @@ class Sequence {
   // Why not ("" when it does), e.g. "policy h2o (it attends its recent tokens on the CPU)".
   const std::string& device_declined() const { return device_declined_; }
   // The CPU prefill attention kernel the config chose (prefill_kernel).
-  cpu::PrefillKernel prefill_kernel() const { return prefill_kernel_; }
+  cpu::PrefillKernel prefill_kernel() const { return attention_->prefill_kernel(); }
   // True while the device's buffers hold this sequence's tokens: it was the
   // last to configure or clear the backend's DeviceAttention (DeviceAttention::epoch).
   bool owns_device() const { return device_ != nullptr && device_->epoch() == device_epoch_; }
@@ -176,15 +177,13 @@ class Sequence {
  private:
   struct Workspace;
 
-  // A fresh decode policy over the store, at the model's attention scale.
-  std::unique_ptr<policy::DecodePolicy> new_policy();
   void check_usable(const char* what) const;
   void check_tokens(std::span<const int32_t> tokens, const char* what) const;
   // One layer over the rows of x [n, n_embd] at positions first_pos.., in
   // place. on_queries (may be empty) sees the rows' queries after RoPE, host
   // f32 [n, n_heads, head_dim].
   void layer_forward(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws, bool decode_step,
-                     int64_t token_idx, const std::function<void(const float* q, int64_t n)>& on_queries);
+                     const std::function<void(const float* q, int64_t n)>& on_queries);
   // The two halves of a layer around attention: norm, q/k/v (+ bias), RoPE
   // into ws.q/k/v; then output projection, residual and MLP from ws.attn.
   void attention_inputs(int layer, int64_t first_pos, const BackendTensor& x, Workspace& ws);
@@ -199,7 +198,7 @@ class Sequence {
   void device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,
                             const std::function<void(const float* q, int64_t n)>& on_queries);
   // Returns the tokens the step attended exactly, summed over kv heads.
-  int64_t device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws, int64_t token_idx);
+  int64_t device_decode_layer(int layer, int64_t pos, BackendTensor& x, Workspace& ws);
   // Logits f32 [rows, n_vocab] of every row of x [rows, n_embd]; `ws`, when
   // given, holds the [1, ...] tensors of the decode step's logits.
   std::vector<float> logits_of(const BackendTensor& x, Workspace* ws = nullptr);
@@ -207,12 +206,11 @@ class Sequence {
   Backend& backend_;
   const Transformer& model_;
   LongContextConfig config_;
-  cpu::PrefillKernel prefill_kernel_ = cpu::PrefillKernel::kF32;  // CPU path's prefill attention (config)
   std::unique_ptr<kvstore::NumaTopology> owned_topology_;
   const kvstore::NumaTopology* topology_ = nullptr;
   std::unique_ptr<kvstore::MemoryBudget> budget_;
   std::unique_ptr<kvstore::KVStore> store_;
-  std::unique_ptr<policy::DecodePolicy> policy_;
+  std::unique_ptr<LayerAttention> attention_;  // the store's attention and decode policy, at the model's scale
   std::unique_ptr<Workspace> decode_ws_;
   DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
   std::string device_declined_;         // why device_ is null ("" when it is not)
@@ -220,7 +218,6 @@ class Sequence {
   uint64_t device_epoch_ = UINT64_MAX;   // the device's epoch when this sequence configured or cleared it
   std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back
   int64_t n_past_ = 0;
-  int64_t decode_idx_ = 0;  // decode steps since the last prefill (DecodePolicy's token_idx)
   bool broken_ = false;
   SequenceStats stats_;
 };
