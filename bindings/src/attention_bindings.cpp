@@ -9,6 +9,7 @@
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/policy/decode_policy.h"
+#include "longctx/scheduler/layer_attention.h"
 #include "store_handle.h"
 
 namespace longctx::bindings {
@@ -164,6 +165,59 @@ Policy make_policy(py::handle config, const StoreHandle& store, py::handle retri
   return p;
 }
 
+py::dict stats_dict(const policy::DecodePolicy& p) {
+  py::dict d;
+  d["attended_tokens"] = p.last_stats().attended_tokens;
+  d["reselected"] = p.last_stats().reselected;
+  d["estimated_mass"] = p.last_stats().estimated_mass;  // per kv head; [] unless top_p
+  return d;
+}
+
+// longctx.LayerAttention: scheduler::LayerAttention and the store it attends (kept alive).
+struct PyLayerAttention {
+  StoreHandle store;
+  std::unique_ptr<scheduler::LayerAttention> attention;
+};
+
+PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& store, float scale) {
+  if (store.sequence != nullptr)
+    fail(ErrorCode::kInvalidArgument,
+         "LayerAttention: this store is a Model's (Model.store), which the model attends itself; make a KVStore "
+         "of your own");
+  const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
+  PyLayerAttention a{store, nullptr};
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(*store.mutex);
+  a.attention = std::make_unique<scheduler::LayerAttention>(*store.store, c, scale);
+  return a;
+}
+
+py::tuple layer_prefill_chunk(PyLayerAttention& a, int layer, int64_t first_pos, py::handle q, py::handle k,
+                              py::handle v, py::handle out, py::handle lse) {
+  const kvstore::KVShape shape = a.store.store->layout().shape;
+  const Arg qa = tensor_arg(q, "q", {"n", "n_q_heads", shape.head_dim}, kF32Only);
+  const int64_t n = qa.view.shape[0], heads = qa.view.shape[1];
+  const Arg ka = tensor_arg(k, "k", {n, shape.n_kv_heads, shape.head_dim}, kKVTypes);
+  const Arg va = tensor_arg(v, "v", {n, shape.n_kv_heads, shape.head_dim}, kKVTypes);
+  Out o = output(out, "out", {n, heads, shape.head_dim});
+  Out l = output(lse, "lse", {n, heads});
+  run_locked(a.store, [&] { a.attention->prefill_chunk(layer, first_pos, qa.cview(), ka.cview(), va.cview(), o.view, l.view); });
+  return py::make_tuple(o.object, l.object);
+}
+
+py::tuple layer_decode(PyLayerAttention& a, int layer, py::handle q, py::handle k, py::handle v, bool include_local,
+                       py::handle out, py::handle lse) {
+  const kvstore::KVShape shape = a.store.store->layout().shape;
+  const Arg qa = tensor_arg(q, "q", {"n_q_heads", shape.head_dim}, kF32Only);
+  const int64_t heads = qa.view.shape[0];
+  const Arg ka = tensor_arg(k, "k", {1, shape.n_kv_heads, shape.head_dim}, kKVTypes);
+  const Arg va = tensor_arg(v, "v", {1, shape.n_kv_heads, shape.head_dim}, kKVTypes);
+  Out o = output(out, "out", {heads, shape.head_dim});
+  Out l = output(lse, "lse", {heads});
+  run_locked(a.store, [&] { a.attention->decode(layer, qa.cview(), ka.cview(), va.cview(), include_local, o.view, l.view); });
+  return py::make_tuple(o.object, l.object);
+}
+
 }  // namespace
 
 void bind_attention(py::module_& m) {
@@ -233,20 +287,50 @@ void bind_attention(py::module_& m) {
           "head_dim]. Returns (out, lse).")
       .def("last_selection", [](const Policy& p) { return selection_list(p.policy->last_selection()); },
            "Per kv head, the (begin, end) token spans the last decode attended exactly.")
-      .def("last_stats",
-           [](const Policy& p) {
-             py::dict d;
-             d["attended_tokens"] = p.policy->last_stats().attended_tokens;
-             d["reselected"] = p.policy->last_stats().reselected;
-             d["estimated_mass"] = p.policy->last_stats().estimated_mass;  // per kv head; [] unless top_p
-             return d;
-           },
+      .def("last_stats", [](const Policy& p) { return stats_dict(*p.policy); },
            "What the last decode did: attended_tokens (summed over kv heads), reselected, and with "
            "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended).")
       .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
       .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
       .def_property_readonly("scale", [](const Policy& p) { return p.policy->attn_scale(); })
       .def_property_readonly("store", [](const Policy& p) { return p.store; });
+
+  py::class_<PyLayerAttention>(m, "LayerAttention",
+                               "What a layer does with its q/k/v over a KV store, as longctx-chat runs it "
+                               "(scheduler/layer_attention.h): append + prefill attention (QUOKA when "
+                               "quoka.enabled), the policy's prefill-end window, the decode step.")
+      .def(py::init(&make_layer_attention), py::arg("config"), py::arg("store"), py::arg("scale") = 0.0f,
+           "config: Config, path, dict, or None for the store's config. scale: the model's score scale for every "
+           "attention, prefill and decode (0 = 1/sqrt(head_dim)).")
+      .def("prefill_chunk", &layer_prefill_chunk, py::arg("layer"), py::arg("first_pos"), py::arg("q"), py::arg("k"),
+           py::arg("v"), py::arg("out") = py::none(), py::arg("lse") = py::none(),
+           "A chunk of `layer` at first_pos (= the tokens it holds): k, v [n, n_kv_heads, head_dim] (f32, f16 or "
+           "bf16) are appended, q f32 [n, n_q_heads, head_dim] attends every earlier token and the chunk "
+           "causally. Returns (out f32 [n, n_q_heads, head_dim], lse f32 [n, n_q_heads]).")
+      .def(
+          "end_prefill",
+          [](PyLayerAttention& a, int layer, py::handle window_q) {
+            const int d = a.store.store->layout().shape.head_dim;
+            const Arg q = tensor_arg(window_q, "window_q", {"w", "n_q_heads", d}, kF32Only);
+            run_locked(a.store, [&] { a.attention->end_prefill(layer, q.cview()); });
+          },
+          py::arg("layer"), py::arg("window_q"),
+          "The end of `layer`'s prefill: window_q f32 [w, n_q_heads, head_dim], its last w <= preselect.window "
+          "prompt queries (w may be 0); the layer's next decode is its first step.")
+      .def("decode", &layer_decode, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
+           py::arg("include_local") = true, py::arg("out") = py::none(), py::arg("lse") = py::none(),
+           "A decode step of `layer`: k, v [1, n_kv_heads, head_dim] appended, q f32 [n_q_heads, head_dim] "
+           "attends what the config's policy selects. Returns (out, lse).")
+      .def(
+          "restart", [](PyLayerAttention& a) { run_locked(a.store, [&] { a.attention->restart(); }); },
+          "A new sequence over the store as it is now (clear it first for an empty one): a fresh policy.")
+      .def("last_stats", [](const PyLayerAttention& a) { return stats_dict(a.attention->policy()); },
+           "As DecodePolicy.last_stats, for the last decode step.")
+      .def("last_selection",
+           [](const PyLayerAttention& a) { return selection_list(a.attention->policy().last_selection()); },
+           "As DecodePolicy.last_selection.")
+      .def_property_readonly("scale", [](const PyLayerAttention& a) { return a.attention->policy().attn_scale(); })
+      .def_property_readonly("store", [](const PyLayerAttention& a) { return a.store; });
 }
 
 }  // namespace longctx::bindings

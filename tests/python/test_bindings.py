@@ -634,6 +634,59 @@ class DecodePolicyTest(unittest.TestCase):
             lc.DecodePolicy(None, store, scale=-1.0)
 
 
+class LayerAttentionTest(unittest.TestCase):
+    """longctx.LayerAttention runs what the parts do: the same results as
+    KVStore.append + prefill_attention, DecodePolicy.on_prefill_end +
+    decode on a second store fed the same tokens."""
+
+    def test_matches_the_parts_and_checks_its_inputs(self):
+        cfg = small_config(kv_type="f16", representative_type="QUEST", second_select_num=2, local_windows_len=16)
+        n_kv, group, d = 2, 2, 64
+        rng = np.random.default_rng(11)
+        step = lc.KVStore(cfg, 2, n_kv, d)
+        parts = lc.KVStore(cfg, 2, n_kv, d)
+        attention = lc.LayerAttention(None, step, scale=0.2)
+        policy = lc.DecodePolicy(None, parts, scale=0.2)
+        self.assertAlmostEqual(attention.scale, 0.2, places=7)
+        q_all = rng.standard_normal((300, n_kv * group, d)).astype(np.float32)
+        k_all = rng.standard_normal((300, n_kv, d)).astype(np.float32)
+        v_all = rng.standard_normal((300, n_kv, d)).astype(np.float32)
+        for layer in range(2):
+            for s, e in ((0, 128), (128, 250)):  # two chunks
+                out, lse = attention.prefill_chunk(layer, s, q_all[s:e], k_all[s:e], v_all[s:e])
+                parts.append(layer, k_all[s:e], v_all[s:e])
+                want, want_lse = lc.prefill_attention(parts, layer, s, q_all[s:e], 0.2, kernel=cfg.prefill_kernel)
+                np.testing.assert_array_equal(out, want)
+                np.testing.assert_array_equal(lse, want_lse)
+            attention.end_prefill(layer, q_all[250 - 8:250])
+            policy.on_prefill_end(layer, q_all[250 - 8:250])
+        for i, t in enumerate(range(250, 260)):  # decode steps: the step index is counted per layer
+            for layer in range(2):
+                out, lse = attention.decode(layer, q_all[t], k_all[t:t + 1], v_all[t:t + 1])
+                parts.append(layer, k_all[t:t + 1], v_all[t:t + 1])
+                want, want_lse = policy.decode(layer, i, q_all[t])
+                np.testing.assert_array_equal(out, want)
+                np.testing.assert_array_equal(lse, want_lse)
+                self.assertEqual(attention.last_selection(), policy.last_selection())
+                self.assertEqual(attention.last_stats(), policy.last_stats())
+        self.assertEqual(step.n_tokens(1), 260)
+        # Errors name what is wrong and append nothing.
+        with self.assertRaisesRegex(lc.Error, "starts at position 100 but layer 0 holds 260"):
+            attention.prefill_chunk(0, 100, q_all[:2], k_all[:2], v_all[:2])
+        with self.assertRaisesRegex(lc.Error, r"k: expected \[2, 2, 64\]"):
+            attention.prefill_chunk(0, 260, q_all[:2], k_all[:3], v_all[:2])
+        with self.assertRaisesRegex(lc.Error, "layer 5"):
+            attention.decode(5, q_all[0], k_all[:1], v_all[:1])
+        self.assertEqual(step.n_tokens(0), 260)
+        with self.assertRaisesRegex(lc.Error, "block_size"):
+            lc.LayerAttention(small_config(block_size=32), step)
+        # restart: a new sequence over the cleared store.
+        step.clear()
+        attention.restart()
+        out, _ = attention.prefill_chunk(0, 0, q_all[:5], k_all[:5], v_all[:5])
+        self.assertEqual(out.shape, (5, n_kv * group, d))
+
+
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=1).result
     n_bad = len({getattr(t, "test_case", t).id() for t, _ in result.failures + result.errors})

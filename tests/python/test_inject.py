@@ -138,7 +138,7 @@ def test_select_full_budget_and_rules_file():
     got, _ = trace(model, prompt, cont)
     for step, (a, b) in enumerate(zip(got, expect)):
         close(a, b, f"select, every block selected: logits of step {step}")
-    stats = model.model.layers[0].self_attn.session.policy.last_stats()
+    stats = model.model.layers[0].self_attn.session.attention.last_stats()
     check(stats["reselected"], "select policy: the last step selected blocks", str(stats))
     longctx.uninject(model)
 
@@ -186,7 +186,7 @@ def test_module_scaling():
         longctx.inject(model, [{"match": {"class": "LlamaAttention"},
                                 "replace": {"class": "longctx.torch.SparseAttention", "kwargs": {"config": config}}}])
         got, tokens = trace(model, prompt, cont)
-        scale = model.model.layers[0].self_attn.session.policy.scale  # f32
+        scale = model.model.layers[0].self_attn.session.attention.scale  # f32
         check(abs(scale - 0.6) < 1e-7, f"{name}: the policy's scale is {scale}")
         check(tokens == expect_tokens, f"{name}, scaling 0.6: greedy tokens", f"{tokens} != {expect_tokens}")
         for step, (a, b) in enumerate(zip(got, expect)):

@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 import time
 
+import numpy as np
+
 import longctx
 import longctx.torch
 import _env
@@ -65,7 +67,7 @@ def main():
         injected = torch_model.generate(ids, 10, eos=engine.eos)
         check(injected == expect, f"{what}: the injected model (QUEST) answers {key}", f"{injected} != {expect}")
         session = torch_model.model.layers[1].self_attn.session
-        attended = session.policy.last_stats()["attended_tokens"]
+        attended = session.attention.last_stats()["attended_tokens"]
         cached = session.store.n_tokens(1) * session.store.shape[1]
         check(attended <= 0.15 * cached, f"{what}: QUEST attends a small part of the cache",
               f"{attended} of {cached}")
@@ -79,6 +81,24 @@ def main():
               f"{what}: longctx.Model.generate gives the injected model's tokens",
               f"{answer} + eos != {injected} ({text_out!r}, {engine.stats['stop_reason']})")
         check(text_out.strip() == key, f"{what}: longctx.Model answers {key}", repr(text_out))
+
+    # QUOKA's restricted prefill (chunks of 512 tokens, each attending 256
+    # chosen cached keys besides sinks and the previous chunk): the injected
+    # modules run longctx-chat's own step (LayerAttention), so the logits after
+    # the prompt are longctx.Model's, and not the dense prefill's.
+    quoka = config.with_overrides(["chunk_size=512", "quoka.enabled=true", "quoka.b_sa=256"])
+    text, key = haystack(tmp, 2500, 0.5, 24)
+    ids = engine.tokenize(text)
+    cpp_quoka = np.asarray(longctx.Model(demo, quoka).prefill(ids), dtype=np.float64)
+    cpp_dense = np.asarray(longctx.Model(demo, config.with_overrides(["chunk_size=512"])).prefill(ids),
+                           dtype=np.float64)
+    longctx.inject(torch_model, RULES, config=quoka)
+    seen = []
+    torch_model.generate(ids, 1, on_logits=lambda l: seen.append(l.double().numpy()))
+    longctx.uninject(torch_model)
+    off_model, off_dense = np.abs(seen[0] - cpp_quoka).max(), np.abs(cpp_quoka - cpp_dense).max()
+    check(off_model <= 0.02 * off_dense, "QUOKA: the injected model's logits are longctx.Model's",
+          f"max difference {off_model:.3g}; QUOKA vs dense prefill {off_dense:.3g}")
 
     # StreamingLLM keeps the sinks and the last 64 tokens: the key is out of sight.
     text, key = haystack(tmp, 1500, 0.5, 23)

@@ -10,16 +10,17 @@ so the state_dict keys do not change) and per forward, for one sequence
   - q, k, v = projections (+ bias) of hidden_states in the model's dtype,
     rotary embedding from position_embeddings=(cos, sin) or the module's
     own rotary_emb(x, position_ids) (HF's "halves" layout);
+  - then the session's longctx.LayerAttention, the C++ step longctx-chat
+    runs on its CPU path (scheduler/layer_attention.h), does the rest:
   - a forward of n > 1 tokens (or one token at position 0) is a prefill:
-    per chunk of chunk_size tokens, the chunk's K/V are appended to the
-    store and longctx.prefill_attention attends the chunk's queries over
-    every earlier token and the chunk causally; then the policy is given the
-    last preselect.window queries (DecodePolicy.on_prefill_end);
-  - a forward of one token is a decode step: its K/V are appended and
-    DecodePolicy.decode attends what the config selects (local window
-    included).
-Both score with the module's `scaling` (default head_dim ** -0.5): prefill
-passes it to prefill_attention, the session's DecodePolicy is built with it.
+    per chunk of chunk_size tokens, prefill_chunk appends the chunk's K/V
+    and attends its queries over every earlier token and the chunk causally
+    (QUOKA's restricted history when quoka.enabled); then end_prefill gives
+    the policy the last preselect.window queries;
+  - a forward of one token is a decode step: decode appends its K/V and
+    attends what the config selects (local window included).
+Both score with the module's `scaling` (default head_dim ** -0.5), which the
+session's LayerAttention is built with.
 Positions come from position_ids, else cache_position, else continue the
 store. Position 0 starts a new sequence (the store is cleared); any other
 first position must be the number of tokens the store holds for the layer.
@@ -63,22 +64,21 @@ def _as_config(config):
 class Session:
     """What the SparseAttention modules of one model share: the config, the
     attention scale, the KV store (created on first use: n_layers x
-    n_kv_heads x head_dim), the decode policy and each layer's decode step
-    index."""
+    n_kv_heads x head_dim) and the LayerAttention over it (policy state and
+    each layer's decode step)."""
 
     def __init__(self, config, n_layers, scale):
         self.config = _as_config(config)
         self.n_layers = n_layers
         self.scale = scale
         self.store = None
-        self.policy = None
-        self.decode_idx = [0] * n_layers
+        self.attention = None
         self.window = int(self.config.to_dict()["preselect"]["window"])
 
     def ensure_store(self, n_kv_heads, head_dim):
         if self.store is None:
             self.store = _core.KVStore(self.config, self.n_layers, n_kv_heads, head_dim)
-            self.policy = _core.DecodePolicy(self.config, self.store, scale=self.scale)
+            self.attention = _core.LayerAttention(self.config, self.store, scale=self.scale)
         elif tuple(self.store.shape) != (self.n_layers, n_kv_heads, head_dim):
             raise ValueError(f"longctx.torch: a module with {n_kv_heads} kv heads of {head_dim} shares the KV "
                              f"store of shape {tuple(self.store.shape)} (n_layers, n_kv_heads, head_dim)")
@@ -91,11 +91,10 @@ class Session:
         """Drops every token and the policy's state."""
         if self.store is not None:
             self.store.clear()
-            self.policy = _core.DecodePolicy(self.config, self.store, scale=self.scale)
-        self.decode_idx = [0] * self.n_layers
+            self.attention.restart()
 
     def release(self):
-        self.store = self.policy = None
+        self.store = self.attention = None
 
 
 def _attr(obj, *names):
@@ -292,19 +291,15 @@ class SparseAttention(nn.Module):
             if p0 == 0 and store.n_tokens(layer) > 0:
                 session.new_sequence()
             out = torch.empty(n, self.num_heads, self.head_dim, dtype=torch.float32)
+            attention = session.attention
             if n > 1 or p0 == 0:
                 for s in range(0, n, self.chunk_size):
                     e = min(n, s + self.chunk_size)
-                    store.append(layer, kf[s:e], vf[s:e])
-                    _core.prefill_attention(store, layer, p0 + s, qf[s:e], self.scaling, out=out[s:e],
-                                            kernel=self.longctx_config.prefill_kernel)
+                    attention.prefill_chunk(layer, p0 + s, qf[s:e], kf[s:e], vf[s:e], out=out[s:e])
                 w = min(session.window, n)
-                session.policy.on_prefill_end(layer, qf[n - w:])
-                session.decode_idx[layer] = 0
+                attention.end_prefill(layer, qf[n - w:])
             else:
-                store.append(layer, kf, vf)
-                session.policy.decode(layer, session.decode_idx[layer], qf[0], True, out=out[0])
-                session.decode_idx[layer] += 1
+                attention.decode(layer, qf[0], kf, vf, out=out[0])
             out = out.to(hidden_states.device, hidden_states.dtype).reshape(1, n, self.num_heads * self.head_dim)
         if self._returns_cache:
             return self.o_proj(out), None, past_key_value
