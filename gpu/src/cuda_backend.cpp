@@ -145,8 +145,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options)
   context_.device = device_;
   context_.compute = compute_.stream;
   context_.copy = copy_.stream;
-  context_.device_pool = MemoryPool::create(MemoryPool::Kind::kDevice, device_, device_budget(options, device_));
-  context_.pinned_pool = MemoryPool::create(MemoryPool::Kind::kPinned, device_, options.pinned_budget_bytes);
+  const std::vector<cudaStream_t> streams{compute_.stream, copy_.stream};
+  context_.device_pool =
+      MemoryPool::create(MemoryPool::Kind::kDevice, device_, device_budget(options, device_), streams);
+  context_.pinned_pool = MemoryPool::create(MemoryPool::Kind::kPinned, device_, options.pinned_budget_bytes, streams);
   context_.overlap_decode = options.overlap_decode;
   cublas_check(cublasSetStream(cublas_.handle, compute_.stream), "cublasSetStream");
   // Plain fp32 for f32 weights (no TF32): the f32 path is the exact one.

@@ -34,14 +34,19 @@ void PoolBlock::reset() {
   bytes_ = capacity_ = 0;
 }
 
-std::shared_ptr<MemoryPool> MemoryPool::create(Kind kind, int device, uint64_t budget) {
-  return std::shared_ptr<MemoryPool>(new MemoryPool(kind, device, budget));
+std::shared_ptr<MemoryPool> MemoryPool::create(Kind kind, int device, uint64_t budget,
+                                               std::vector<cudaStream_t> streams) {
+  return std::shared_ptr<MemoryPool>(new MemoryPool(kind, device, budget, std::move(streams)));
 }
 
 MemoryPool::~MemoryPool() {
   // Every block is back (each holds a reference); free the list. Errors are
   // ignored: at process exit the CUDA runtime may already be gone.
-  for (auto& [capacity, ptr] : free_) raw_free(ptr);
+  for (auto& [capacity, freed] : free_) {
+    raw_free(freed.ptr);
+    for (cudaEvent_t e : freed.fences) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
 }
 
 uint64_t MemoryPool::in_use() const {
@@ -83,7 +88,10 @@ void MemoryPool::release_cached_locked() {
   // Blocks in the free list may still be read by queued work (see the header).
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
-  for (auto& [capacity, ptr] : free_) raw_free(ptr);
+  for (auto& [capacity, freed] : free_) {
+    raw_free(freed.ptr);
+    spare_events_.insert(spare_events_.end(), freed.fences.begin(), freed.fences.end());
+  }
   free_.clear();
   cached_ = 0;
 }
@@ -103,8 +111,17 @@ PoolBlock MemoryPool::alloc(size_t bytes, const std::string& what) {
   // A free block of about this size (at most 1/4 larger).
   auto it = free_.lower_bound(capacity);
   if (it != free_.end() && it->first - capacity <= capacity / 4) {
+    // Work queued before the free may still use it: wait for it (usually long done).
+    cudaSetDevice(device_);
+    for (cudaEvent_t e : it->second.fences) {
+      const cudaError_t status = cudaEventSynchronize(e);
+      if (status != cudaSuccess)
+        fail(ErrorCode::kInternal, what, ": waiting for earlier work on a reused ", name(),
+             " block: ", cudaGetErrorString(status));
+    }
     block.capacity_ = it->first;
-    block.ptr_ = it->second;
+    block.ptr_ = it->second.ptr;
+    spare_events_.insert(spare_events_.end(), it->second.fences.begin(), it->second.fences.end());
     free_.erase(it);
     cached_ -= block.capacity_;
   } else {
@@ -138,7 +155,28 @@ PoolBlock MemoryPool::alloc(size_t bytes, const std::string& what) {
 void MemoryPool::give_back(void* ptr, size_t capacity) {
   std::lock_guard lock(mutex_);
   in_use_ -= capacity;
-  free_.emplace(capacity, ptr);
+  Freed freed{ptr, {}};
+  cudaSetDevice(device_);
+  for (cudaStream_t stream : streams_) {
+    cudaEvent_t e = nullptr;
+    if (!spare_events_.empty()) {
+      e = spare_events_.back();
+      spare_events_.pop_back();
+    } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      e = nullptr;
+    }
+    if (e == nullptr || cudaEventRecord(e, stream) != cudaSuccess) {
+      // No fence (a broken context): do not reuse this block, free it after the device is idle.
+      cudaGetLastError();
+      if (e != nullptr) spare_events_.push_back(e);
+      for (cudaEvent_t f : freed.fences) spare_events_.push_back(f);
+      cudaDeviceSynchronize();
+      raw_free(ptr);
+      return;
+    }
+    freed.fences.push_back(e);
+  }
+  free_.emplace(capacity, std::move(freed));
   cached_ += capacity;
 }
 

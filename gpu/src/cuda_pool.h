@@ -4,15 +4,19 @@
 //
 // Freed blocks are kept in a free list and handed out again for a request of
 // about the same size (within 1/4), so the per-call tensors of a forward pass
-// do not cudaMalloc/cudaFree (which synchronize) every step. Reuse is safe
-// because every user of a device block is ordered on the backend's streams:
-// a block freed while a queued kernel still reads it is only reused by work
-// queued after that kernel. When a request does not fit the budget (or
+// do not cudaMalloc/cudaFree (which synchronize) every step. Stream-aware: a
+// freed block carries an event recorded at the free on each of the streams
+// the pool was made with (the backend's compute and copy streams), and is
+// handed out again only once they completed (the host waits when needed), so
+// work queued on any of them before the free is done with it, whichever
+// stream or host code the next user writes from. When a request does not fit the budget (or
 // cudaMalloc fails), the free list is released (after a device
 // synchronization) and the request is tried once more; then it throws
 // Error(kOutOfMemory) naming the bytes asked and available, and the pool is
 // as it was (apart from the released free list).
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace longctx::gpu::detail {
 
@@ -51,8 +56,10 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
  public:
   enum class Kind : uint8_t { kDevice, kPinned };
 
-  // `device` is made current around every CUDA call; budget 0 = nothing fits.
-  static std::shared_ptr<MemoryPool> create(Kind kind, int device, uint64_t budget);
+  // `device` is made current around every CUDA call; budget 0 = nothing fits;
+  // `streams`: where queued work may use the blocks (they outlive the pool).
+  static std::shared_ptr<MemoryPool> create(Kind kind, int device, uint64_t budget,
+                                            std::vector<cudaStream_t> streams);
   ~MemoryPool();
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
@@ -68,7 +75,13 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
   void release_cached();
 
  private:
-  MemoryPool(Kind kind, int device, uint64_t budget) : kind_(kind), device_(device), budget_(budget) {}
+  MemoryPool(Kind kind, int device, uint64_t budget, std::vector<cudaStream_t> streams)
+      : kind_(kind), device_(device), budget_(budget), streams_(std::move(streams)) {}
+  // A free block: its memory and one event per stream, recorded when it was freed.
+  struct Freed {
+    void* ptr = nullptr;
+    std::vector<cudaEvent_t> fences;
+  };
   void give_back(void* ptr, size_t capacity);
   void release_cached_locked();
   void* raw_alloc(size_t bytes);  // nullptr on failure
@@ -79,8 +92,10 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
   const Kind kind_;
   const int device_;
   const uint64_t budget_;
+  const std::vector<cudaStream_t> streams_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> free_;  // capacity -> block
+  std::multimap<size_t, Freed> free_;  // capacity -> block
+  std::vector<cudaEvent_t> spare_events_;  // fences of blocks handed out again, for reuse
   uint64_t in_use_ = 0;
   uint64_t cached_ = 0;
 };
