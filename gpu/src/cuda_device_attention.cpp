@@ -71,6 +71,7 @@ class CudaDeviceAttention final : public DeviceAttention {
   }
 
   void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) override;
+  HostKVBuffer history_buffer(int64_t rows) override;
   void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
                      const BackendTensor& v, BackendTensor& out) override;
   HostKV chunk_kv() override;
@@ -106,6 +107,14 @@ class CudaDeviceAttention final : public DeviceAttention {
   EventOwner cpu_uploaded_;  // compute stream: the staging of decode_merge was read
   EventOwner qkv_ready_;     // compute stream: a decode step's q/k/v are computed
   EventOwner qkv_copied_;    // copy stream: they are in decode_qkv
+  EventOwner history_read_;  // compute stream: the last upload of history_ is done
+  // Pinned host memory for a layer's history (history_buffer), K then V
+  // halves. Not from the pinned pool: Sequence counts it in its DRAM budget.
+  struct PinnedHistory {
+    void* ptr = nullptr;
+    size_t half_bytes = 0;  // bytes of the K half (= of the V half)
+    ~PinnedHistory() { cudaFreeHost(ptr); }
+  } history_;
   int next_slot_ = 0;
   int pending_slot_ = -1;  // slot of the last prefill_chunk, -1 = none
   int prefill_layer_ = -1;
@@ -236,15 +245,23 @@ void CudaDeviceAttention::begin_prefill_layer(int layer, const TensorView& histo
     const TensorView* sides[2] = {&history_k, &history_v};
     void* layer_buf[2] = {buf_.layer_k.get(), buf_.layer_v.get()};
     void* ring_buf[2] = {buf_.ring_k[size_t(layer)].get(), buf_.ring_v[size_t(layer)].get()};
+    const auto* pinned = static_cast<const std::byte*>(history_.ptr);
     for (int side = 0; side < 2; ++side) {
       const TensorView& h = *sides[side];
       const void* src = h.data;  // as it is when it already has the device layout
-      if (!h.is_contiguous() || h.dtype != shape_.kv_dtype) {
-        staging.resize(bytes);
-        gather_view(h, staging.data(), shape_.kv_dtype);
-        src = staging.data();
+      const bool layout_ok = h.is_contiguous() && h.dtype == shape_.kv_dtype;
+      if (layout_ok && pinned != nullptr && src == pinned + size_t(side) * history_.half_bytes) {
+        // history_buffer's pinned memory: the copy runs while the host goes on.
+        cuda_check(cudaMemcpyAsync(layer_buf[side], src, bytes, cudaMemcpyHostToDevice, ctx_.compute),
+                   "begin_prefill_layer: cudaMemcpyAsync");
+      } else {
+        if (!layout_ok) {
+          staging.resize(bytes);
+          gather_view(h, staging.data(), shape_.kv_dtype);
+          src = staging.data();
+        }
+        copy_host_to_device(layer_buf[side], src, bytes, ctx_.compute, "begin_prefill_layer: cudaMemcpyAsync");
       }
-      copy_host_to_device(layer_buf[side], src, bytes, ctx_.compute, "begin_prefill_layer: cudaMemcpyAsync");
       // The last `window` history tokens into the ring: at most two runs of slots.
       const int64_t w = shape_.window, m = std::min(w, n);
       for (int64_t p = n - m; p < n;) {
@@ -257,12 +274,45 @@ void CudaDeviceAttention::begin_prefill_layer(int layer, const TensorView& histo
       }
     }
   }
-  cuda_check(cudaStreamSynchronize(ctx_.compute), "begin_prefill_layer: cudaStreamSynchronize");
+  // No wait: later work is ordered behind the copies on the compute stream,
+  // pageable sources are staged by the time cudaMemcpyAsync returns, and
+  // history_buffer() waits for this event before handing its memory out again.
+  cuda_check(cudaEventRecord(history_read_.event, ctx_.compute), "begin_prefill_layer: cudaEventRecord");
   prefill_layer_ = layer;
   layer_tokens_ = n;
   ring_seen_[size_t(layer)] = n;
   ring_from_[size_t(layer)] = 0;
   if (decode_layer_ == layer) decode_layer_ = -1;
+}
+
+DeviceAttention::HostKVBuffer CudaDeviceAttention::history_buffer(int64_t rows) {
+  check_configured("history_buffer");
+  if (rows < 0 || rows > shape_.max_tokens)
+    fail(ErrorCode::kInvalidArgument, "DeviceAttention::history_buffer: ", rows, " rows outside [0, max_tokens ",
+         shape_.max_tokens, "]");
+  activate(ctx_);
+  cuda_check(cudaEventSynchronize(history_read_.event), "history_buffer: cudaEventSynchronize");
+  const size_t half = size_t(std::max<int64_t>(rows, 1)) * row_bytes();  // never null, even for 0 rows
+  if (half > history_.half_bytes) {
+    // Grown by at least half again (up to max_tokens), so a growing conversation pins memory rarely.
+    const size_t cap = size_t(shape_.max_tokens) * row_bytes();
+    const size_t want = std::min(cap, std::max(half, history_.half_bytes + history_.half_bytes / 2));
+    void* ptr = nullptr;
+    const cudaError_t err = cudaHostAlloc(&ptr, 2 * want, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorCode::kOutOfMemory, "DeviceAttention::history_buffer: cudaHostAlloc of ", format_bytes(2 * want),
+           " of pinned host memory for one layer's history K/V failed: ", cudaGetErrorString(err));
+    }
+    cudaFreeHost(history_.ptr);
+    history_.ptr = ptr;
+    history_.half_bytes = want;
+  }
+  auto* base = static_cast<std::byte*>(history_.ptr);
+  HostKVBuffer b;
+  b.k = make_mutable_view(base, shape_.kv_dtype, {rows, shape_.n_kv_heads, shape_.head_dim});
+  b.v = make_mutable_view(base + history_.half_bytes, shape_.kv_dtype, {rows, shape_.n_kv_heads, shape_.head_dim});
+  return b;
 }
 
 void CudaDeviceAttention::prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,

@@ -73,8 +73,8 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   DeviceAttention* device = backend_.device_attention();
   device_declined_ = device ? device_path_declined(config_, model_.spec) : "the backend has no device attention";
   const bool device_path = device && device_declined_.empty();
-  // The device path reads a layer's cached K/V back into host staging
-  // (history_k_ / history_v_) for begin_prefill_layer: up to max_seq_len
+  // The device path reads a layer's cached K/V back into the device's pinned
+  // host memory (DeviceAttention::history_buffer) for begin_prefill_layer: up to max_seq_len
   // tokens of K and V, held in the budget before the store's preflight.
   uint64_t history_bytes = 0;
   if (device_path) {

@@ -18,15 +18,17 @@ namespace longctx::scheduler {
 // none on the first prefill) as the history of its device prefill, which also
 // puts the last local_windows_len of them in the layer's ring: [n, n_kv_heads,
 // head_dim] in kv_type, read back from the store's block pages (K transposed
-// back to token-major).
+// back to token-major) straight into the device's history_buffer (pinned:
+// the upload does not hold the host up; counted in the DRAM budget by the
+// constructor).
 void Sequence::device_begin_layer(int layer) {
   const TransformerSpec& s = model_.spec;
   const int64_t n = store_->n_tokens(layer);
   const int bs = config_.block_size;
   const int n_kv = s.n_kv_heads, d = s.head_dim;
-  // Non-empty so that even a zero-row view has a valid pointer.
-  history_k_.resize(std::max<size_t>(1, size_t(n) * n_kv * d));
-  history_v_.resize(history_k_.size());
+  const DeviceAttention::HostKVBuffer history = device_->history_buffer(n);
+  auto* history_k = static_cast<uint16_t*>(history.k.data);
+  auto* history_v = static_cast<uint16_t*>(history.v.data);
   const int64_t n_blocks = store_->n_blocks(layer);
   // The device path runs on 2-byte kv types only (device_path_declined).
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_blocks * n_kv), [&](const tbb::blocked_range<int64_t>& r) {
@@ -38,13 +40,12 @@ void Sequence::device_begin_layer(int layer) {
       const auto* v = reinterpret_cast<const uint16_t*>(view.v);
       for (int t = 0; t < view.n_filled; ++t) {
         const size_t row = (size_t(b * bs + t) * n_kv + size_t(h)) * size_t(d);
-        for (int c = 0; c < d; ++c) history_k_[row + size_t(c)] = k_t[size_t(c) * bs + size_t(t)];
-        std::memcpy(history_v_.data() + row, v + size_t(t) * d, size_t(d) * sizeof(uint16_t));
+        for (int c = 0; c < d; ++c) history_k[row + size_t(c)] = k_t[size_t(c) * bs + size_t(t)];
+        std::memcpy(history_v + row, v + size_t(t) * d, size_t(d) * sizeof(uint16_t));
       }
     }
   });
-  device_->begin_prefill_layer(layer, make_view(history_k_.data(), config_.kv_type, {n, n_kv, d}),
-                               make_view(history_v_.data(), config_.kv_type, {n, n_kv, d}));
+  device_->begin_prefill_layer(layer, as_const(history.k), as_const(history.v));
 }
 
 void Sequence::device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,

@@ -91,14 +91,25 @@ class CudaDeviceAttentionTest : public ::testing::Test {
 
 // Prefills `layer` with `history` tokens then chunks of the given sizes,
 // checking every chunk's output and K/V copy; returns all K/V (f32, unrounded).
+// pinned_history: the history goes in through history_buffer() (kv_dtype,
+// uploaded without blocking) instead of f32 host vectors.
 void prefill_and_check(Backend& backend, const Shape& s, int layer, int64_t history, const std::vector<int64_t>& chunks,
-                       std::mt19937& rng, std::vector<float>& all_k, std::vector<float>& all_v) {
+                       std::mt19937& rng, std::vector<float>& all_k, std::vector<float>& all_v,
+                       bool pinned_history = false) {
   DeviceAttention& da = *backend.device_attention();
   const int64_t kv_row = int64_t(s.n_kv_heads) * s.head_dim, q_row = int64_t(s.n_heads) * s.head_dim;
   all_k = random_values(rng, history * kv_row);
   all_v = random_values(rng, history * kv_row);
-  da.begin_prefill_layer(layer, make_view(all_k.data(), DType::kF32, {history, s.n_kv_heads, s.head_dim}),
-                         make_view(all_v.data(), DType::kF32, {history, s.n_kv_heads, s.head_dim}));
+  if (pinned_history) {
+    const DeviceAttention::HostKVBuffer h = da.history_buffer(history);
+    ASSERT_EQ(h.k.numel(), history * kv_row);
+    convert(all_k.data(), DType::kF32, h.k.data, s.kv_dtype, all_k.size());
+    convert(all_v.data(), DType::kF32, h.v.data, s.kv_dtype, all_v.size());
+    da.begin_prefill_layer(layer, as_const(h.k), as_const(h.v));
+  } else {
+    da.begin_prefill_layer(layer, make_view(all_k.data(), DType::kF32, {history, s.n_kv_heads, s.head_dim}),
+                           make_view(all_v.data(), DType::kF32, {history, s.n_kv_heads, s.head_dim}));
+  }
   int64_t first = history;
   for (int64_t n : chunks) {
     const std::string what = str_cat(dtype_name(s.kv_dtype), " heads ", s.n_heads, ":", s.n_kv_heads, " d ",
@@ -144,7 +155,11 @@ TEST_F(CudaDeviceAttentionTest, PrefillChunksMatchFp64ReferenceAndCopyTheirKV) {
       std::vector<float> k, v;
       prefill_and_check(*backend, s, 1, 5, {7, 16, 1, 33}, rng, k, v);
       prefill_and_check(*backend, s, 0, 0, {70}, rng, k, v);  // the next layer, no history
+      // The history through the pinned buffer, twice (the second call waits for the first upload).
+      prefill_and_check(*backend, s, 1, 37, {9, 20}, rng, k, v, /*pinned_history=*/true);
+      prefill_and_check(*backend, s, 0, 50, {30}, rng, k, v, /*pinned_history=*/true);
     }
+  EXPECT_EQ(error_code_of([&] { backend->device_attention()->history_buffer(81); }), ErrorCode::kInvalidArgument);
 }
 
 // Decode: the local part (ring of `window` tokens from initial_len on) merged
@@ -311,7 +326,7 @@ TEST_F(CudaDeviceAttentionTest, BudgetsThrowOutOfMemoryAndKeepTheOldState) {
 
 // ---------------------------------------------------------------- Sequence
 
-// Logits of a 40-token prefill (3 chunks, every position) and 4 decode steps.
+// Logits of a 40-token prefill in two turns of 24 and 16 (every position) and 4 decode steps.
 std::vector<float> run_sequence(Backend& backend, const model::GgufFile& file, const std::vector<int32_t>& tokens) {
   const scheduler::Transformer model = model::load_llama(file, backend);
   // f16 K/V: a dtype the device attention can hold.
@@ -320,7 +335,9 @@ std::vector<float> run_sequence(Backend& backend, const model::GgufFile& file, c
   std::vector<float> logits;
   scheduler::PrefillOptions options;
   options.on_logits = [&](int64_t, int64_t, std::span<const float> l) { logits.insert(logits.end(), l.begin(), l.end()); };
-  seq.prefill(std::span<const int32_t>(tokens).first(40), options);
+  // Two turns: the second uploads each layer's first 24 tokens back to the device (history_buffer).
+  seq.prefill(std::span<const int32_t>(tokens).first(24), options);
+  seq.prefill(std::span<const int32_t>(tokens).subspan(24, 16), options);
   for (size_t i = 40; i < tokens.size(); ++i) {
     const std::vector<float> step = seq.decode(tokens[i]);
     logits.insert(logits.end(), step.begin(), step.end());

@@ -104,6 +104,18 @@ class FakeDeviceAttention final : public DeviceAttention {
     chunk_n_ = -1;
   }
 
+  HostKVBuffer history_buffer(int64_t rows) override {
+    if (rows < 0 || rows > shape_.max_tokens)
+      fail(ErrorCode::kInvalidArgument, "FakeDeviceAttention::history_buffer: ", rows, " rows");
+    const size_t elems = std::max<size_t>(1, size_t(rows) * row_);  // never null
+    history_k_.assign(elems * dtype_size(shape_.kv_dtype), std::byte{0});
+    history_v_.assign(history_k_.size(), std::byte{0});
+    HostKVBuffer b;
+    b.k = make_mutable_view(history_k_.data(), shape_.kv_dtype, {rows, shape_.n_kv_heads, shape_.head_dim});
+    b.v = make_mutable_view(history_v_.data(), shape_.kv_dtype, {rows, shape_.n_kv_heads, shape_.head_dim});
+    return b;
+  }
+
   void prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q, const BackendTensor& k,
                      const BackendTensor& v, BackendTensor& out) override {
     ++calls_.prefill_chunk;
@@ -329,6 +341,7 @@ class FakeDeviceAttention final : public DeviceAttention {
   bool pending_stale_ = false;
   std::vector<float> pending_out_;
   std::vector<float> step_qkv_;  // decode_local's host copies of q, k, v
+  std::vector<std::byte> history_k_, history_v_;  // history_buffer's memory
   std::vector<double> pending_lse_;
   Calls calls_;
   std::vector<int64_t> history_rows_;

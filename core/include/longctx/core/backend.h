@@ -172,8 +172,20 @@ class DeviceAttention {
   // may be 0. Its last min(window, n_history) tokens also go into the
   // layer's ring, so calling it with a layer's whole cached K/V refills the
   // ring (after a KV-store snapshot load). Drops the previous layer's device
-  // K/V. Synchronous.
+  // K/V. Returns once history_k/v may be reused, except for memory from
+  // history_buffer(), which the device reads after the call returns.
   virtual void begin_prefill_layer(int layer, const TensorView& history_k, const TensorView& history_v) = 0;
+  // Host memory for a layer's history: k and v [rows, n_kv_heads, head_dim]
+  // in kv_dtype, for the caller to fill and pass to begin_prefill_layer,
+  // which then uploads it without blocking the host (pinned memory on the
+  // CUDA device). The same memory is reused by the next call, which first
+  // waits until the device has read it. Error(kOutOfMemory) when it cannot be
+  // had; valid until the next call, configure() or the object's end.
+  struct HostKVBuffer {
+    MutableTensorView k;
+    MutableTensorView v;
+  };
+  virtual HostKVBuffer history_buffer(int64_t rows) = 0;
   // One chunk of `layer` at positions [first_pos, first_pos + n), first_pos =
   // the tokens the layer holds on the device: q [n, n_heads*head_dim], k/v
   // [n, n_kv_heads*head_dim] (after RoPE), out [n, n_heads*head_dim].

@@ -216,7 +216,6 @@ class Sequence {
   std::string device_declined_;         // why device_ is null ("" when it is not)
   DeviceAttention::Shape device_shape_;  // what this sequence configures it with
   uint64_t device_epoch_ = UINT64_MAX;   // the device's epoch when this sequence configured or cleared it
-  std::vector<uint16_t> history_k_, history_v_;  // device path: a layer's cached K/V read back
   int64_t n_past_ = 0;
   bool broken_ = false;
   SequenceStats stats_;
