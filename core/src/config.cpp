@@ -62,6 +62,14 @@ const char* selection_policy_name(SelectionPolicy policy) {
   return "invalid";
 }
 
+const char* tail_mode_name(TailMode mode) {
+  switch (mode) {
+    case TailMode::kDrop: return "drop";
+    case TailMode::kEstimate: return "estimate";
+  }
+  return "invalid";
+}
+
 const char* pool_type_name(PoolType pool) {
   switch (pool) {
     case PoolType::kMax: return "max";

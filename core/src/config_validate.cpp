@@ -71,6 +71,20 @@ const std::vector<Rule>& rules() {
                                   c.preselect_block_count, " * ", c.block_size, " = ", tokens,
                                   " tokens is larger than max_seq_len (", c.max_seq_len, ")");
                  }});
+    r.push_back({{"tail", "policy"},
+                 "`tail: estimate` needs `policy: select` (the other policies select no blocks)",
+                 [](const Config& c) -> std::string {
+                   if (c.tail == TailMode::kDrop || c.policy == SelectionPolicy::kSelect) return {};
+                   return str_cat("tail: estimate estimates the context blocks a select step leaves out, but policy is ",
+                                  selection_policy_name(c.policy));
+                 }});
+    r.push_back({{"tail", "razor.retrieval_heads"},
+                 "`tail: estimate` and RazorAttention (`razor.retrieval_heads`) are not combined",
+                 [](const Config& c) -> std::string {
+                   if (c.tail == TailMode::kDrop || c.razor.retrieval_heads.empty()) return {};
+                   return "tail: estimate with razor.retrieval_heads: RazorAttention already compensates what its "
+                          "heads drop; use one or the other";
+                 }});
     r.push_back({{"budget.min_blocks", "budget.max_blocks"},
                  "`budget.min_blocks` <= `budget.max_blocks` unless `budget.max_blocks` is 0 (no limit)",
                  [](const Config& c) -> std::string {

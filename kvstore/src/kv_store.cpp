@@ -169,6 +169,10 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
     l.record_offsets_offset = end;
     end = round_up_64(end + size_t(l.rep_num) * sizeof(int32_t));
   }
+  if (config.tail == TailMode::kEstimate) {
+    l.record_tail_offset = end;
+    end = round_up_64(end + 2 * d * sizeof(float));
+  }
   l.record_bytes = end;
   l.records_per_rep_page = std::max<size_t>(1, kRepPageTargetBytes / l.record_bytes);
   l.rep_page_bytes = l.records_per_rep_page * l.record_bytes;

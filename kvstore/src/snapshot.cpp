@@ -397,8 +397,17 @@ void check_layout(const Header& h, const StoreLayout& l, const std::string& path
   field("record_importance_offset", h.record_importance_offset, l.record_importance_offset);
   field("record_offsets_offset", h.record_offsets_offset, l.record_offsets_offset);
   if (!diffs.empty()) {
+    // The records hold the tail sums only with tail: estimate, which makes them larger.
+    const std::string hint =
+        h.record_bytes != l.record_bytes
+            ? (l.record_tail_offset != 0
+                   ? " (this store keeps the tail sums of tail: estimate in its records; a snapshot saved with tail: "
+                     "drop has none: load it with tail: drop, or prefill again)"
+                   : " (if the snapshot was saved with tail: estimate, its records hold tail sums: load it with "
+                     "tail: estimate)")
+            : "";
     fail(ErrorCode::kInvalidArgument, "snapshot ", path,
-         ": its layout differs from this store's (snapshot vs store): ", diffs);
+         ": its layout differs from this store's (snapshot vs store): ", diffs, hint);
   }
 }
 

@@ -270,6 +270,19 @@ TEST(ConfigValidate, NamesTheKeyWithoutALocation) {
       << validation_error(c);
 
   c = LongContextConfig{};
+  c.tail = TailMode::kEstimate;
+  c.policy = SelectionPolicy::kStreaming;
+  EXPECT_NE(validation_error(c).find("tail: estimate estimates the context blocks a select step leaves out, but "
+                                     "policy is streaming"),
+            std::string::npos)
+      << validation_error(c);
+  c.policy = SelectionPolicy::kSelect;
+  EXPECT_NO_THROW(validate_config(c));
+  c.razor.retrieval_heads = "heads.txt";
+  EXPECT_NE(validation_error(c).find("tail: estimate with razor.retrieval_heads"), std::string::npos)
+      << validation_error(c);
+
+  c = LongContextConfig{};
   c.max_seq_len = int64_t{1} << 40;
   EXPECT_EQ(validation_error(c), "key 'max_seq_len': must be in 1..2147483647, got 1099511627776");
 

@@ -35,10 +35,11 @@ struct Case {
   int head_dim;
   int rep_num;
   std::vector<int64_t> tokens;  // per layer
+  bool tail = false;            // tail: estimate (records hold the tail sums)
   std::string describe() const {
     std::ostringstream s;
     s << representative_type_name(rep) << " " << dtype_name(kv) << " block " << block_size << " head_dim " << head_dim
-      << " R " << rep_num << " tokens";
+      << " R " << rep_num << (tail ? " tail" : "") << " tokens";
     for (int64_t n : tokens) s << " " << n;
     return s.str();
   }
@@ -102,7 +103,8 @@ void run_case(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   const int n_layers = int(c.tokens.size());
   const int64_t max_seq_len = *std::max_element(c.tokens.begin(), c.tokens.end());
-  const LongContextConfig config = small_config(c.block_size, c.kv, c.rep, c.rep_num, max_seq_len);
+  LongContextConfig config = small_config(c.block_size, c.kv, c.rep, c.rep_num, max_seq_len);
+  if (c.tail) config.tail = TailMode::kEstimate;
   const KVShape shape{n_layers, kHeads, c.head_dim};
 
   std::vector<LayerData> data;
@@ -286,6 +288,35 @@ TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
       run_case(c, 5000 + uint32_t(index));
       if (HasFatalFailure()) return;
     }
+}
+
+// tail: estimate: the records also hold fp32 sums of the stored keys and
+// values (q8_0: dequantized), next to every representative type's parts,
+// the same bits whatever way the tokens arrive.
+TEST(Representatives, TailSumsMatchReferenceForEveryTypeDtypeAndArrival) {
+  std::mt19937 rng(20261126);
+  int index = 0;
+  for (RT rep : kTypes)
+    for (DType kv : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
+      for (int bs : {1, 16, 64}) {
+        Case c;
+        c.rep = rep;
+        c.kv = kv;
+        c.block_size = bs;
+        c.head_dim = kv == DType::kQ8_0 ? 32 * (1 + index % 4) : kHeadDims[index % 4];
+        c.tail = true;
+        randomize_counts(c, rng);
+        run_case(c, 9000 + uint32_t(index++));
+        if (HasFatalFailure()) return;
+      }
+  // The layout: the sums after every other part, and they make the record larger.
+  LongContextConfig config = small_config(16, DType::kF16, RT::kDynamic, 4, 64);
+  const StoreLayout drop = StoreLayout::make({1, 1, 64}, config);
+  config.tail = TailMode::kEstimate;
+  const StoreLayout est = StoreLayout::make({1, 1, 64}, config);
+  EXPECT_EQ(drop.record_tail_offset, 0u);
+  EXPECT_EQ(est.record_tail_offset, drop.record_bytes);
+  EXPECT_EQ(est.record_bytes, drop.record_bytes + 2 * 64 * sizeof(float));
 }
 
 // QUEST's bound holds for every stored key and any query: the min/max are of

@@ -49,6 +49,37 @@ TEST_F(SnapshotTest, FingerprintMismatchIsRejected) {
   EXPECT_FALSE(fs::exists(path("longer.snap")));
 }
 
+// tail: estimate's records hold the tail sums: they round-trip, and a
+// snapshot with or without them loads only into a store with the same tail
+// mode, the refusal saying so.
+TEST_F(SnapshotTest, TailSumsRoundTripAndTailModesDoNotMix) {
+  LongContextConfig with = small_config(RepresentativeType::kQuest);
+  with.tail = TailMode::kEstimate;
+  const LongContextConfig without = small_config(RepresentativeType::kQuest);
+  auto source = make_store(with);
+  fill_source(*source, 1700);
+  save_snapshot(*source, path("tail.snap"), kFingerprint);
+  auto target = make_store(with);
+  load_snapshot(*target, path("tail.snap"), kFingerprint);
+  expect_same_content(*target, *source);  // records included, so the sums too
+
+  auto plain = make_store(without);
+  fill_target(*plain, 1800);
+  const StoreImage before = image_of(*plain);
+  Error e = error_from([&] { load_snapshot(*plain, path("tail.snap"), kFingerprint); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("saved with tail: estimate, its records hold tail sums"), std::string::npos)
+      << e.what();
+  expect_unchanged(*plain, before, "after a snapshot with tail sums");
+
+  auto plain_source = make_store(without);
+  fill_source(*plain_source, 1900);
+  save_snapshot(*plain_source, path("plain.snap"), kFingerprint);
+  e = error_from([&] { load_snapshot(*target, path("plain.snap"), kFingerprint); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("a snapshot saved with tail: drop has none"), std::string::npos) << e.what();
+}
+
 TEST_F(SnapshotTest, LayoutMismatchNamesTheFieldAndBothValues) {
   const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
   auto source = make_store(cfg);

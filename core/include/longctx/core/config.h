@@ -45,6 +45,13 @@ const char* selection_policy_name(SelectionPolicy policy);
 enum class PrefillKernelChoice { kAuto, kF32, kBf16 };
 const char* prefill_kernel_choice_name(PrefillKernelChoice choice);
 
+// What a select step does with the context blocks it does not select: drop
+// them (their attention mass counts as zero), or estimate their part from
+// each block's mean key and mean value (RetroInfer; policy/tail.h), merged
+// with the exact part by LSE. estimate keeps the means' sums in the store.
+enum class TailMode { kDrop, kEstimate };
+const char* tail_mode_name(TailMode mode);
+
 // Pooling of the SnapKV votes along the token axis.
 enum class PoolType { kMax, kAvg };
 const char* pool_type_name(PoolType pool);
@@ -147,6 +154,7 @@ struct LongContextConfig {
   NumaPolicy numa;
   uint64_t dram_budget = 0;              // bytes for the KV store; 0 = 90% of physical memory
   PrefillKernelChoice prefill_kernel = PrefillKernelChoice::kAuto;  // CPU prefill attention products
+  TailMode tail = TailMode::kDrop;       // unselected context blocks: dropped or estimated
   PreselectConfig preselect;
   BudgetConfig budget;
   RazorConfig razor;

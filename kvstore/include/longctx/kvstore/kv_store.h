@@ -38,6 +38,8 @@
 //     importance  at record_importance_offset  DYNAMIC only: [block_size] f32
 //     offsets     at record_offsets_offset     FIX/DYNAMIC: [R] i32 token
 //                                              offset (in the block) of each slot
+//     tail sums   at record_tail_offset        tail: estimate only: [2][head_dim]
+//                                              f32, the keys' sum then the values' sum
 //   Record bytes = end of the last part rounded up to 64. Bytes of a part that
 //   hold nothing (padding, slots not yet valid) are zero, except DYNAMIC's
 //   unused offsets, which are -1.
@@ -58,6 +60,10 @@
 //              given); slots 0..min(n_filled, R)-1 = the keys of the tokens of
 //              highest importance, highest first (ties: lower offset first),
 //              offsets[j] = their token offsets.
+//     tail sums  (any type, with tail: estimate) fp32 running sums of the
+//              stored keys and of the stored values (q8_0: dequantized),
+//              added token by token in token order; policy/tail.h divides
+//              them by n_filled for the block's mean key and mean value.
 //   valid slots: MAX/MEAN/QUEST all once the block has a token; FIX the slots
 //   whose offset < n_filled; DYNAMIC min(n_filled, R).
 //
@@ -120,6 +126,7 @@ struct StoreLayout {
   size_t record_sum_offset = 0;
   size_t record_importance_offset = 0;
   size_t record_offsets_offset = 0;
+  size_t record_tail_offset = 0;  // tail: estimate; 0 = the record has no tail sums
 
   // Throws Error(kInvalidArgument) naming the field for a shape or config it
   // cannot hold: n_layers or n_kv_heads < 1, head_dim not a multiple of 8 in
