@@ -20,6 +20,8 @@
 //   adakv-sep    QUEST, SEPARATE, adaptive, alpha 0.2 } the same total
 //   topp95-sep   QUEST, SEPARATE, budget.mode top_p, p 0.95 (topp50-sep: 0.5), at
 //                most the budget's blocks per kv head: fewer where the mass allows
+//   quest-tail   quest, with the unselected blocks estimated from their mean key
+//                and value (tail: estimate; topp95-tail: topp95-sep's selection)
 //   quest+pre    QUEST + SnapKV preselection of 2x second_select_num blocks
 //   dynamic+pre  DYNAMIC (4 reps, max) + the same preselection (its votes pick the reps)
 //   snapkv       preselection of second_select_num blocks, used as is (SnapKV)
@@ -120,6 +122,7 @@ struct Policy {
   bool streaming = false;  // attended with streaming_selection (its window follows the budget, the store's cannot)
   bool razor = false;      // retrieval heads = the workload's needle heads
   std::function<void(LongContextConfig&, const Budget&)> tune;
+  bool tail = false;  // tail: estimate (its store keeps the tail sums)
 };
 
 using RT = RepresentativeType;
@@ -158,6 +161,19 @@ const std::vector<Policy>& all_policies() {
                      c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
                    }});
     }
+    // The unselected blocks estimated from their means (tail: estimate), on
+    // quest's and topp95-sep's selections.
+    p.push_back({"quest-tail", RT::kQuest, false, false, blocks, true});
+    p.push_back({"topp95-tail", RT::kQuest, false, false,
+                 [=](LongContextConfig& c, const Budget& b) {
+                   blocks(c, b);
+                   c.head_select_mode = HeadSelectMode::kSeparate;
+                   c.budget.mode = BudgetConfig::Mode::kTopP;
+                   c.budget.p = 0.95;
+                   c.budget.min_blocks = 1;
+                   c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
+                 },
+                 true});
     p.push_back({"quest+pre", RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
                    blocks(c, b);
                    preselect(c, 2 * b.blocks);
@@ -220,7 +236,7 @@ LongContextConfig base_config(const Shape& s, int64_t n_tokens, RT rep) {
   return c;
 }
 
-// One store per representative type, filled with the workload. Decode steps
+// One store per representative type (and tail mode), filled with the workload. Decode steps
 // append nothing (the questions run over the prompt's cache), so a store
 // serves every policy; a DYNAMIC store is refilled for each use because
 // on_prefill_end adds the SnapKV votes to its importance.
@@ -231,13 +247,14 @@ class Stores {
 
   // The store of representative type `rep` in the workload's kv_type, or
   // (reference) a QUEST store in f16, what the dense references attend.
-  kvstore::KVStore& get(RT rep, bool reference = false) {
-    auto& slot = reference ? reference_ : stores_[int(rep)];
+  kvstore::KVStore& get(RT rep, bool reference = false, bool tail = false) {
+    auto& slot = reference ? reference_ : stores_[2 * int(rep) + int(tail)];
     if (slot && rep != RT::kDynamic) return *slot;
     if (!slot) {
       const kvstore::KVShape shape{1, w_.shape.kv_heads, w_.shape.head_dim};
       LongContextConfig config = base_config(w_.shape, w_.n_tokens, rep);
       if (reference) config.kv_type = DType::kF16;
+      if (tail) config.tail = TailMode::kEstimate;
       slot = std::make_unique<kvstore::KVStore>(shape, config, budget_, topology_);
     }
     slot->clear();
@@ -298,7 +315,8 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
   const Shape& s = w.shape;
   LongContextConfig config = base_config(s, w.n_tokens, policy.rep);
   policy.tune(config, budget);
-  kvstore::KVStore& store = stores.get(policy.rep);
+  if (policy.tail) config.tail = TailMode::kEstimate;
+  kvstore::KVStore& store = stores.get(policy.rep, /*reference=*/false, policy.tail);
   std::vector<float> out(size_t(s.q_heads) * size_t(s.head_dim)), lse(size_t(s.q_heads));
   const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {s.q_heads, s.head_dim});
   const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {s.q_heads});

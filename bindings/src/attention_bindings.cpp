@@ -170,6 +170,8 @@ py::dict stats_dict(const policy::DecodePolicy& p) {
   d["attended_tokens"] = p.last_stats().attended_tokens;
   d["reselected"] = p.last_stats().reselected;
   d["estimated_mass"] = p.last_stats().estimated_mass;  // per kv head; [] unless top_p
+  d["tail_mass"] = p.last_stats().tail_mass;            // per kv head; [] unless tail: estimate
+  d["tail_blocks"] = p.last_stats().tail_blocks;
   return d;
 }
 
@@ -288,8 +290,10 @@ void bind_attention(py::module_& m) {
       .def("last_selection", [](const Policy& p) { return selection_list(p.policy->last_selection()); },
            "Per kv head, the (begin, end) token spans the last decode attended exactly.")
       .def("last_stats", [](const Policy& p) { return stats_dict(*p.policy); },
-           "What the last decode did: attended_tokens (summed over kv heads), reselected, and with "
-           "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended).")
+           "What the last decode did: attended_tokens (summed over kv heads), reselected, with "
+           "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended), and "
+           "with tail: estimate tail_mass (per kv head, the share of the merged attention mass the unselected "
+           "blocks' estimate carries) and tail_blocks.")
       .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
       .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
       .def_property_readonly("scale", [](const Policy& p) { return p.policy->attn_scale(); })

@@ -1,5 +1,6 @@
 // DecodePolicy: config -> the policy building blocks (see decode_policy.h).
 #include "longctx/policy/decode_policy.h"
+#include "longctx/policy/tail.h"
 
 #include <chrono>
 #include <cmath>
@@ -40,6 +41,8 @@ void check_matches_store(const LongContextConfig& config, const kvstore::KVStore
   if (config.initial_len != built.initial_len) mismatch("initial_len", config.initial_len, built.initial_len);
   if (config.local_windows_len != built.local_windows_len)
     mismatch("local_windows_len", config.local_windows_len, built.local_windows_len);
+  if (config.tail == TailMode::kEstimate && layout.record_tail_offset == 0)
+    mismatch("tail", "estimate", "tail: drop (its records keep no tail sums)");
 }
 
 // The retrieval heads RazorAttention uses (none: off), after checking the config against the store.
@@ -172,6 +175,16 @@ void DecodePolicy::attend(int layer, const TensorView& q, const Selection& selec
                          lse);
 }
 
+void DecodePolicy::add_tail(int layer, const TensorView& q, const Selection& selection, const MutableTensorView& out,
+                            const MutableTensorView& lse) {
+  const TailEstimate tail = estimate_tail(store_, layer, q, selection, attention_.scale);
+  const std::vector<double> share = merge_tail(tail, out, lse);
+  const size_t n_kv = selection.spans.size(), group = share.size() / n_kv;
+  stats_.tail_mass.assign(n_kv, 0.0);
+  for (size_t h = 0; h < share.size(); ++h) stats_.tail_mass[h / group] += share[h] / double(group);
+  stats_.tail_blocks = tail.tail_blocks;
+}
+
 void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, bool include_local,
                           const MutableTensorView& out, const MutableTensorView& lse) {
   check_layer(layer, "decode");
@@ -208,6 +221,7 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
       const Selection selection = selection_for(layer, token_idx, q, include_local);
       stats_.select_seconds = seconds();
       attend(layer, q, selection, include_local, out, lse);
+      if (config_.tail == TailMode::kEstimate) add_tail(layer, q, selection, out, lse);
       break;
     }
   }

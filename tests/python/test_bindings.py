@@ -600,6 +600,7 @@ class DecodePolicyTest(unittest.TestCase):
         self.assertEqual(stats["attended_tokens"], sum(e - s for spans in sel for s, e in spans))
         self.assertLess(stats["attended_tokens"], n_kv * n_tokens)
         self.assertEqual(stats["estimated_mass"], [])  # top_k
+        self.assertEqual((stats["tail_mass"], stats["tail_blocks"]), ([], 0))  # tail: drop
         # top_p from a dict: per kv head, the fewest blocks holding half the estimated mass.
         top_p = lc.DecodePolicy(dict(cfg.to_dict(), budget=dict(cfg.to_dict()["budget"], mode="top_p", p=0.5),
                                      head_select_mode="SEPARATE"), store)
@@ -632,6 +633,18 @@ class DecodePolicyTest(unittest.TestCase):
                                                v.astype(np.float32).astype(np.float64), sel, 0.3))
         with self.assertRaisesRegex(lc.Error, "attn_scale"):
             lc.DecodePolicy(None, store, scale=-1.0)
+        # tail: estimate on a store that keeps the tail sums: the unselected blocks' share is reported.
+        tail_cfg = dict(cfg.to_dict(), tail="estimate")
+        tail_store = lc.KVStore(tail_cfg, 1, n_kv, d)
+        tail_store.append(0, k.astype(np.float32), v.astype(np.float32))
+        tailed = lc.DecodePolicy(None, tail_store)
+        tailed.decode(0, 0, q)
+        st = tailed.last_stats()
+        self.assertEqual(len(st["tail_mass"]), n_kv)
+        self.assertTrue(all(0.0 < m < 1.0 for m in st["tail_mass"]), st["tail_mass"])
+        self.assertGreater(st["tail_blocks"], 0)
+        with self.assertRaisesRegex(lc.Error, "tail"):
+            lc.DecodePolicy(tail_cfg, store)  # the store has no tail sums
 
 
 class LayerAttentionTest(unittest.TestCase):

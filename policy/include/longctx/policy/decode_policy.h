@@ -46,6 +46,13 @@ class DecodePolicy {
     // budget.mode top_p, when this call chose blocks: each kv head's estimated
     // share of its attention mass that the selection attends (policy/top_p.h).
     std::vector<double> estimated_mass;
+    // tail: estimate, select policy (not dense layers): per kv head, the
+    // estimated share of the merged attention mass that came from the
+    // unselected blocks' estimate (mean over the group's query heads; 0 when
+    // every context block was selected), and the blocks it covered, summed
+    // over kv heads (policy/tail.h).
+    std::vector<double> tail_mass;
+    int64_t tail_blocks = 0;
   };
 
   // `store` must outlive the policy; it is written only by on_prefill_end
@@ -98,6 +105,9 @@ class DecodePolicy {
                     const MutableTensorView& lse);
   void attend(int layer, const TensorView& q, const cpu::Selection& selection, bool include_local,
               const MutableTensorView& out, const MutableTensorView& lse);
+  // tail: estimate: the unselected context blocks' estimate merged into out/lse.
+  void add_tail(int layer, const TensorView& q, const cpu::Selection& selection, const MutableTensorView& out,
+                const MutableTensorView& lse);
 
   LongContextConfig config_;
   kvstore::KVStore& store_;
