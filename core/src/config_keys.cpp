@@ -398,7 +398,8 @@ const std::vector<Key>& keys() {
     k.push_back(enum_key<TailMode>("tail", field(&Config::tail),
                                    {{"drop", TailMode::kDrop}, {"estimate", TailMode::kEstimate}}, 2, tail_mode_name,
                                    "policy select: the context blocks not selected are dropped, or their part is "
-                                   "estimated from each block's mean key and value (RetroInfer) and merged by LSE"));
+                                   "estimated from each block's key mean and variance and value mean (after "
+                                   "RetroInfer) and merged by LSE"));
     k.push_back(enum_key<Reduce>("gqa_reduce", field(&Config::gqa_reduce),
                                  {{"sum", Reduce::kSum}, {"max", Reduce::kMax}}, 2, reduce_name,
                                  "combines the block scores of a GQA group's query heads"));

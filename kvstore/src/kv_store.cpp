@@ -171,7 +171,7 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   }
   if (config.tail == TailMode::kEstimate) {
     l.record_tail_offset = end;
-    end = round_up_64(end + 2 * d * sizeof(float));
+    end = round_up_64(end + 3 * d * sizeof(float));
   }
   l.record_bytes = end;
   l.records_per_rep_page = std::max<size_t>(1, kRepPageTargetBytes / l.record_bytes);

@@ -118,14 +118,16 @@ void update_mean(const StoreLayout& layout, std::byte* record, const Segment& se
   convert(mean, DType::kF32, slot(layout, record, 0), layout.rep_dtype, d);
 }
 
-// Tail sums: the keys' and the values' fp32 sums, token by token in token
-// order (like MEAN's), so chunked and whole appends give the same bits.
+// Tail sums: the keys', the values' and the squared keys' fp32 sums, token by
+// token in token order (like MEAN's), so chunked and whole appends give the
+// same bits.
 void update_tail_sums(const StoreLayout& layout, std::byte* record, const std::byte* page, const Segment& seg,
                       RepScratch& s) {
   const size_t d = size_t(layout.shape.head_dim);
   float* key_sum = reinterpret_cast<float*>(record + layout.record_tail_offset);
   float* value_sum = key_sum + d;
-  if (seg.offset == 0) std::fill_n(key_sum, 2 * d, 0.f);
+  float* key_sq = key_sum + 2 * d;
+  if (seg.offset == 0) std::fill_n(key_sum, 3 * d, 0.f);
   const auto add_rows = [d](float* sum, const float* rows, int n) {
     for (size_t c0 = 0; c0 < d; c0 += 8) {
       F32x4 acc0 = load_f32x4(sum + c0), acc1 = load_f32x4(sum + c0 + 4);
@@ -137,7 +139,19 @@ void update_tail_sums(const StoreLayout& layout, std::byte* record, const std::b
       store_f32x4(sum + c0 + 4, acc1);
     }
   };
-  for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) { add_rows(key_sum, keys, n); });
+  for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) {
+    add_rows(key_sum, keys, n);
+    for (size_t c0 = 0; c0 < d; c0 += 8) {
+      F32x4 acc0 = load_f32x4(key_sq + c0), acc1 = load_f32x4(key_sq + c0 + 4);
+      for (int t = 0; t < n; ++t) {
+        const F32x4 k0 = load_f32x4(keys + size_t(t) * d + c0), k1 = load_f32x4(keys + size_t(t) * d + c0 + 4);
+        acc0 += k0 * k0;
+        acc1 += k1 * k1;
+      }
+      store_f32x4(key_sq + c0, acc0);
+      store_f32x4(key_sq + c0 + 4, acc1);
+    }
+  });
   const BlockView view = view_of_page(layout, page, seg.offset + seg.count);
   for (int t0 = 0; t0 < seg.count; t0 += kTileTokens) {  // the values as stored, read back from the page
     const int n = std::min(kTileTokens, seg.count - t0);

@@ -33,6 +33,18 @@ float dot(const float* a, const float* b, int d) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// Σ a_c b_c²
+float dot_sq(const float* a, const float* b, int d) {
+  F32x4 acc0{}, acc1{};
+  for (int c = 0; c < d; c += 8) {
+    const F32x4 b0 = load4(b + c), b1 = load4(b + c + 4);
+    acc0 += load4(a + c) * b0 * b0;
+    acc1 += load4(a + c + 4) * b1 * b1;
+  }
+  const F32x4 acc = acc0 + acc1;
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
 // y += a x
 void axpy(float a, const float* x, float* y, int d) {
   for (int c = 0; c < d; c += 4) store4(y + c, load4(y + c) + a * load4(x + c));
@@ -84,21 +96,31 @@ TailEstimate estimate_tail(const kvstore::KVStore& store, int layer, const Tenso
     if (blocks.empty()) return;
 
     // One pass over the blocks' records (each read once), an online softmax
-    // per query head of the group: l = s (q·ksum_b) / n_filled + log n_b,
+    // per query head of the group: l = s (q·ksum_b) / n_filled + log n_b + s² var / 2,
     // out += exp(l - m) · vsum_b / n_filled, rescaled when the running max m grows.
     std::vector<float> m(static_cast<size_t>(group), -std::numeric_limits<float>::infinity());
     std::vector<double> w_sum(static_cast<size_t>(group), 0.0);
     float* out = tail.out.data() + size_t(g * group) * d;
+    std::vector<float> q_sq(size_t(group) * d);  // the group's q, squared per channel
+    for (int j = 0; j < group; ++j)
+      for (int c = 0; c < d; ++c) {
+        const float x = static_cast<const float*>(q.data)[(g * group + j) * q.strides[0] + c];
+        q_sq[size_t(j) * d + c] = x * x;
+      }
     const float log_bs = std::log(float(bs));  // log n_b of every block the context does not clip
     for (const int64_t b : blocks) {
       const auto* ksum = reinterpret_cast<const float*>(store.rep_record(layer, g, b) + layout.record_tail_offset);
       const float* vsum = ksum + d;
+      const float* ksq = ksum + 2 * d;
       const float inv_filled = 1.f / float(std::min<int64_t>(bs, part.n_tokens - b * bs));
       const int64_t n = part.context_end_of(b, bs) - part.context_begin_of(b, bs);
       const float log_n = n == bs ? log_bs : std::log(float(n));
       for (int j = 0; j < group; ++j) {
         const float* qh = static_cast<const float*>(q.data) + (g * group + j) * q.strides[0];
-        const float l = s * dot(qh, ksum, d) * inv_filled + log_n;
+        // Σ_c q_c² var_c = (q²·ksq - q²·ksum² / n_filled) / n_filled, at least 0 (rounding).
+        const float* q2 = q_sq.data() + size_t(j) * d;
+        const float var = std::max(0.f, (dot(q2, ksq, d) - dot_sq(q2, ksum, d) * inv_filled) * inv_filled);
+        const float l = s * dot(qh, ksum, d) * inv_filled + log_n + 0.5f * s * s * var;
         float* acc = out + size_t(j) * d;
         if (l > m[size_t(j)]) {  // a new max: what was summed so far shrinks by exp(old - new)
           const float shrink = std::exp(m[size_t(j)] - l);  // 0 for the first block

@@ -371,23 +371,25 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
   }
   if (L.record_tail_offset != 0) {  // tail sums: fp32 sums in token order, within the fp64 bound, then copied
     const double u32 = unit_roundoff(DType::kF32);
-    const double gamma = (n_filled - 1) * u32 / (1 - (n_filled - 1) * u32);
-    for (int part = 0; part < 2; ++part) {
-      const std::vector<float>& x = part == 0 ? rh.k : rh.v;
+    const double gamma = (n_filled + 1) * u32 / (1 - (n_filled + 1) * u32);  // + the square's rounding
+    const char* names[3] = {"tail key sum[", "tail value sum[", "tail key square sum["};
+    for (int part = 0; part < 3; ++part) {
+      const std::vector<float>& x = part == 1 ? rh.v : rh.k;
       for (int c = 0; c < d; ++c) {
         double sum = 0, abs_sum = 0;
         for (int t = 0; t < n_filled; ++t) {
           const double v = x[(size_t(b) * bs + t) * d + c];
-          sum += v, abs_sum += std::fabs(v);
+          const double term = part == 2 ? v * v : v;
+          sum += term, abs_sum += std::fabs(term);
         }
         float stored;
         std::memcpy(&stored, actual + L.record_tail_offset + 4 * (size_t(part) * d + c), 4);
         if (!(std::fabs(stored - sum) <= gamma * abs_sum))
-          problems += std::string(part == 0 ? "tail key sum[" : "tail value sum[") + std::to_string(c) + "] " +
-                      std::to_string(stored) + " vs " + std::to_string(sum) + "; ";
+          problems += std::string(names[part]) + std::to_string(c) + "] " + std::to_string(stored) + " vs " +
+                      std::to_string(sum) + "; ";
       }
     }
-    std::memcpy(rec.data() + L.record_tail_offset, actual + L.record_tail_offset, 2 * size_t(d) * 4);
+    std::memcpy(rec.data() + L.record_tail_offset, actual + L.record_tail_offset, 3 * size_t(d) * 4);
   }
   return rec;
 }

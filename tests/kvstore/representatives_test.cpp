@@ -290,8 +290,8 @@ TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
     }
 }
 
-// tail: estimate: the records also hold fp32 sums of the stored keys and
-// values (q8_0: dequantized), next to every representative type's parts,
+// tail: estimate: the records also hold fp32 sums of the stored keys, values
+// and squared keys (q8_0: dequantized), next to every representative type's parts,
 // the same bits whatever way the tokens arrive.
 TEST(Representatives, TailSumsMatchReferenceForEveryTypeDtypeAndArrival) {
   std::mt19937 rng(20261126);
@@ -316,7 +316,7 @@ TEST(Representatives, TailSumsMatchReferenceForEveryTypeDtypeAndArrival) {
   const StoreLayout est = StoreLayout::make({1, 1, 64}, config);
   EXPECT_EQ(drop.record_tail_offset, 0u);
   EXPECT_EQ(est.record_tail_offset, drop.record_bytes);
-  EXPECT_EQ(est.record_bytes, drop.record_bytes + 2 * 64 * sizeof(float));
+  EXPECT_EQ(est.record_bytes, drop.record_bytes + 3 * 64 * sizeof(float));
 }
 
 // QUEST's bound holds for every stored key and any query: the min/max are of

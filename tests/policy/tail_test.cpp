@@ -97,7 +97,7 @@ Ref reference(const kvstore::KVStore& store, const std::vector<float>& q, int n_
   r.lse.assign(size_t(n_q), -INFINITY);
   for (int g = 0; g < n_kv; ++g) {
     std::vector<double> logit_of;  // per tail block, for each query head of the group
-    std::vector<std::vector<double>> vmeans, kmeans;
+    std::vector<std::vector<double>> vmeans, kmeans, kvars;
     std::vector<double> log_n;
     for (int64_t b = p.first_context_block; b < p.end_context_block; ++b) {
       const int64_t cb = p.context_begin_of(b, bs), ce = p.context_end_of(b, bs);
@@ -109,13 +109,19 @@ Ref reference(const kvstore::KVStore& store, const std::vector<float>& q, int n_
       std::vector<float> kt(size_t(d) * view.n_filled), vv(size_t(view.n_filled) * d);
       kvstore::read_keys_t(L, view, 0, view.n_filled, kt.data(), size_t(view.n_filled));
       kvstore::read_values(L, view, 0, view.n_filled, vv.data(), size_t(d));
-      std::vector<double> km(size_t(d), 0.0), vm(size_t(d), 0.0);
+      std::vector<double> km(size_t(d), 0.0), vm(size_t(d), 0.0), kv(size_t(d), 0.0);
       for (int c = 0; c < d; ++c)
         for (int t = 0; t < view.n_filled; ++t) {
           km[size_t(c)] += kt[size_t(c) * view.n_filled + t] / view.n_filled;
           vm[size_t(c)] += vv[size_t(t) * d + c] / view.n_filled;
         }
+      for (int c = 0; c < d; ++c)  // the per-channel variance of the stored keys
+        for (int t = 0; t < view.n_filled; ++t) {
+          const double x = kt[size_t(c) * view.n_filled + t] - km[size_t(c)];
+          kv[size_t(c)] += x * x / view.n_filled;
+        }
       kmeans.push_back(km);
+      kvars.push_back(kv);
       vmeans.push_back(vm);
       log_n.push_back(std::log(double(ce - cb)));
     }
@@ -124,9 +130,13 @@ Ref reference(const kvstore::KVStore& store, const std::vector<float>& q, int n_
       if (kmeans.empty()) continue;
       std::vector<double> l;
       for (size_t i = 0; i < kmeans.size(); ++i) {
-        double dot = 0;
-        for (int c = 0; c < d; ++c) dot += double(q[size_t(h) * d + c]) * kmeans[i][size_t(c)];
-        l.push_back(scale * dot + log_n[i]);
+        double dot = 0, var = 0;
+        for (int c = 0; c < d; ++c) {
+          const double qc = q[size_t(h) * d + c];
+          dot += qc * kmeans[i][size_t(c)];
+          var += qc * qc * kvars[i][size_t(c)];
+        }
+        l.push_back(scale * dot + log_n[i] + 0.5 * scale * scale * var);
       }
       const double m = *std::max_element(l.begin(), l.end());
       double w_sum = 0;

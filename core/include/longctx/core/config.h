@@ -47,8 +47,9 @@ const char* prefill_kernel_choice_name(PrefillKernelChoice choice);
 
 // What a select step does with the context blocks it does not select: drop
 // them (their attention mass counts as zero), or estimate their part from
-// each block's mean key and mean value (RetroInfer; policy/tail.h), merged
-// with the exact part by LSE. estimate keeps the means' sums in the store.
+// each block's key mean and variance and value mean (after RetroInfer;
+// policy/tail.h), merged with the exact part by LSE. estimate keeps the sums
+// these come from in the store's records.
 enum class TailMode { kDrop, kEstimate };
 const char* tail_mode_name(TailMode mode);
 

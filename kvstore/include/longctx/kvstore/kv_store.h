@@ -38,8 +38,9 @@
 //     importance  at record_importance_offset  DYNAMIC only: [block_size] f32
 //     offsets     at record_offsets_offset     FIX/DYNAMIC: [R] i32 token
 //                                              offset (in the block) of each slot
-//     tail sums   at record_tail_offset        tail: estimate only: [2][head_dim]
-//                                              f32, the keys' sum then the values' sum
+//     tail sums   at record_tail_offset        tail: estimate only: [3][head_dim]
+//                                              f32: the keys' sum, the values' sum,
+//                                              the squared keys' sum
 //   Record bytes = end of the last part rounded up to 64. Bytes of a part that
 //   hold nothing (padding, slots not yet valid) are zero, except DYNAMIC's
 //   unused offsets, which are -1.
@@ -61,9 +62,10 @@
 //              highest importance, highest first (ties: lower offset first),
 //              offsets[j] = their token offsets.
 //     tail sums  (any type, with tail: estimate) fp32 running sums of the
-//              stored keys and of the stored values (q8_0: dequantized),
-//              added token by token in token order; policy/tail.h divides
-//              them by n_filled for the block's mean key and mean value.
+//              stored keys, of the stored values (q8_0: dequantized) and of
+//              the keys' squares (per channel), added token by token in token
+//              order; policy/tail.h turns them into the block's mean key,
+//              mean value and per-channel key variance.
 //   valid slots: MAX/MEAN/QUEST all once the block has a token; FIX the slots
 //   whose offset < n_filled; DYNAMIC min(n_filled, R).
 //
