@@ -3,59 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "longctx/core/error.h"
 #include "longctx/core/lse_merge.h"
 #include "longctx/kvstore/node_executor.h"
+#include "tail_kernel.h"
 
 namespace longctx::policy {
-namespace {
-
-// 4 floats as one value (GCC/Clang vector extension, one SSE register): the
-// loops below compile to vector instructions on any x86-64 (d is a multiple of 8).
-using F32x4 = float __attribute__((vector_size(16)));
-F32x4 load4(const float* p) {
-  F32x4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void store4(float* p, F32x4 v) { std::memcpy(p, &v, sizeof v); }
-
-float dot(const float* a, const float* b, int d) {
-  F32x4 acc0{}, acc1{};
-  for (int c = 0; c < d; c += 8) {
-    acc0 += load4(a + c) * load4(b + c);
-    acc1 += load4(a + c + 4) * load4(b + c + 4);
-  }
-  const F32x4 acc = acc0 + acc1;
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-// Σ a_c b_c²
-float dot_sq(const float* a, const float* b, int d) {
-  F32x4 acc0{}, acc1{};
-  for (int c = 0; c < d; c += 8) {
-    const F32x4 b0 = load4(b + c), b1 = load4(b + c + 4);
-    acc0 += load4(a + c) * b0 * b0;
-    acc1 += load4(a + c + 4) * b1 * b1;
-  }
-  const F32x4 acc = acc0 + acc1;
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-// y += a x
-void axpy(float a, const float* x, float* y, int d) {
-  for (int c = 0; c < d; c += 4) store4(y + c, load4(y + c) + a * load4(x + c));
-}
-
-// y *= a
-void scale_by(float a, float* y, int d) {
-  for (int c = 0; c < d; c += 4) store4(y + c, a * load4(y + c));
-}
-
-}  // namespace
 
 TailEstimate estimate_tail(const kvstore::KVStore& store, int layer, const TensorView& q,
                            const cpu::Selection& selection, float scale) {
@@ -95,49 +50,39 @@ TailEstimate estimate_tail(const kvstore::KVStore& store, int layer, const Tenso
     blocks_per_head[size_t(g)] = int64_t(blocks.size());
     if (blocks.empty()) return;
 
-    // One pass over the blocks' records (each read once), an online softmax
-    // per query head of the group: l = s (q·ksum_b) / n_filled + log n_b + s² var / 2,
-    // out += exp(l - m) · vsum_b / n_filled, rescaled when the running max m grows.
-    std::vector<float> m(static_cast<size_t>(group), -std::numeric_limits<float>::infinity());
-    std::vector<double> w_sum(static_cast<size_t>(group), 0.0);
-    float* out = tail.out.data() + size_t(g * group) * d;
-    std::vector<float> q_sq(size_t(group) * d);  // the group's q, squared per channel
+    // The blocks' sums and sizes, the group's queries (and their squares), then the kernel.
+    const size_t nb = blocks.size();
+    std::vector<const float*> sums(nb);
+    std::vector<float> inv_filled(nb), log_n(nb), logits(size_t(group) * nb);
+    const float log_bs = std::log(float(bs));  // log n_b of every block the context does not clip
+    for (size_t i = 0; i < nb; ++i) {
+      const int64_t b = blocks[i];
+      sums[i] = reinterpret_cast<const float*>(store.rep_record(layer, g, b) + layout.record_tail_offset);
+      inv_filled[i] = 1.f / float(std::min<int64_t>(bs, part.n_tokens - b * bs));
+      const int64_t n = part.context_end_of(b, bs) - part.context_begin_of(b, bs);
+      log_n[i] = n == bs ? log_bs : std::log(float(n));
+    }
+    std::vector<float> qg(size_t(group) * d), q_sq(qg.size());
     for (int j = 0; j < group; ++j)
       for (int c = 0; c < d; ++c) {
         const float x = static_cast<const float*>(q.data)[(g * group + j) * q.strides[0] + c];
+        qg[size_t(j) * d + c] = x;
         q_sq[size_t(j) * d + c] = x * x;
       }
-    const float log_bs = std::log(float(bs));  // log n_b of every block the context does not clip
-    for (const int64_t b : blocks) {
-      const auto* ksum = reinterpret_cast<const float*>(store.rep_record(layer, g, b) + layout.record_tail_offset);
-      const float* vsum = ksum + d;
-      const float* ksq = ksum + 2 * d;
-      const float inv_filled = 1.f / float(std::min<int64_t>(bs, part.n_tokens - b * bs));
-      const int64_t n = part.context_end_of(b, bs) - part.context_begin_of(b, bs);
-      const float log_n = n == bs ? log_bs : std::log(float(n));
-      for (int j = 0; j < group; ++j) {
-        const float* qh = static_cast<const float*>(q.data) + (g * group + j) * q.strides[0];
-        // Σ_c q_c² var_c = (q²·ksq - q²·ksum² / n_filled) / n_filled, at least 0 (rounding).
-        const float* q2 = q_sq.data() + size_t(j) * d;
-        const float var = std::max(0.f, (dot(q2, ksq, d) - dot_sq(q2, ksum, d) * inv_filled) * inv_filled);
-        const float l = s * dot(qh, ksum, d) * inv_filled + log_n + 0.5f * s * s * var;
-        float* acc = out + size_t(j) * d;
-        if (l > m[size_t(j)]) {  // a new max: what was summed so far shrinks by exp(old - new)
-          const float shrink = std::exp(m[size_t(j)] - l);  // 0 for the first block
-          w_sum[size_t(j)] *= shrink;
-          scale_by(shrink, acc, d);
-          m[size_t(j)] = l;
-        }
-        const float w = std::exp(l - m[size_t(j)]);
-        w_sum[size_t(j)] += w;
-        axpy(w * inv_filled, vsum, acc, d);  // w_b v̄_b = w_b / n_filled · vsum_b
-      }
-    }
-    for (int j = 0; j < group; ++j) {
-      const float inv_w = float(1.0 / w_sum[size_t(j)]);
-      scale_by(inv_w, out + size_t(j) * d, d);
-      tail.lse[size_t(g * group + j)] = m[size_t(j)] + float(std::log(w_sum[size_t(j)]));
-    }
+    detail::TailHeadArgs args;
+    args.sums = sums.data();
+    args.inv_filled = inv_filled.data();
+    args.log_n = log_n.data();
+    args.n = nb;
+    args.q = qg.data();
+    args.q_sq = q_sq.data();
+    args.group = group;
+    args.d = d;
+    args.scale = s;
+    args.logits = logits.data();
+    args.out = tail.out.data() + size_t(g * group) * d;
+    args.lse = tail.lse.data() + size_t(g * group);
+    detail::tail_head(args);
   });
   for (int64_t n : blocks_per_head) tail.tail_blocks += n;
   return tail;
