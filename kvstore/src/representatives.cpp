@@ -97,21 +97,28 @@ void update_extremes(const StoreLayout& layout, std::byte* record, const Segment
 
 // MEAN: the fp32 sum lives in the record and grows token by token in token
 // order, so chunked and whole appends give the same bits.
+// sum[c] += rows[t][c] (kSquares: rows[t][c]^2) for t < n, one add per
+// token in token order; channels in groups of 8 (head_dim is a multiple of 8)
+// so the running sums stay in registers while the rows stream by.
+template <bool kSquares = false>
+void add_rows(float* sum, const float* rows, int n, size_t d) {
+  for (size_t c0 = 0; c0 < d; c0 += 8) {
+    F32x4 acc0 = load_f32x4(sum + c0), acc1 = load_f32x4(sum + c0 + 4);
+    for (int t = 0; t < n; ++t) {
+      const F32x4 x0 = load_f32x4(rows + size_t(t) * d + c0), x1 = load_f32x4(rows + size_t(t) * d + c0 + 4);
+      acc0 += kSquares ? x0 * x0 : x0;
+      acc1 += kSquares ? x1 * x1 : x1;
+    }
+    store_f32x4(sum + c0, acc0);
+    store_f32x4(sum + c0 + 4, acc1);
+  }
+}
+
 void update_mean(const StoreLayout& layout, std::byte* record, const Segment& seg, RepScratch& s) {
   const size_t d = size_t(layout.shape.head_dim);
   float* sum = reinterpret_cast<float*>(record + layout.record_sum_offset);
   if (seg.offset == 0) std::fill_n(sum, d, 0.f);
-  for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) {
-    for (size_t c0 = 0; c0 < d; c0 += 8) {  // as in update_extremes; still one add per token, in order
-      F32x4 acc0 = load_f32x4(sum + c0), acc1 = load_f32x4(sum + c0 + 4);
-      for (int t = 0; t < n; ++t) {
-        acc0 += load_f32x4(keys + size_t(t) * d + c0);
-        acc1 += load_f32x4(keys + size_t(t) * d + c0 + 4);
-      }
-      store_f32x4(sum + c0, acc0);
-      store_f32x4(sum + c0 + 4, acc1);
-    }
-  });
+  for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) { add_rows(sum, keys, n, d); });
   const float n_filled = float(seg.offset + seg.count);
   float* mean = s.acc0.data();
   for (size_t c = 0; c < d; ++c) mean[c] = sum[c] / n_filled;
@@ -128,35 +135,15 @@ void update_tail_sums(const StoreLayout& layout, std::byte* record, const std::b
   float* value_sum = key_sum + d;
   float* key_sq = key_sum + 2 * d;
   if (seg.offset == 0) std::fill_n(key_sum, 3 * d, 0.f);
-  const auto add_rows = [d](float* sum, const float* rows, int n) {
-    for (size_t c0 = 0; c0 < d; c0 += 8) {
-      F32x4 acc0 = load_f32x4(sum + c0), acc1 = load_f32x4(sum + c0 + 4);
-      for (int t = 0; t < n; ++t) {
-        acc0 += load_f32x4(rows + size_t(t) * d + c0);
-        acc1 += load_f32x4(rows + size_t(t) * d + c0 + 4);
-      }
-      store_f32x4(sum + c0, acc0);
-      store_f32x4(sum + c0 + 4, acc1);
-    }
-  };
   for_each_f32_tile(layout, seg, s, [&](const float* keys, int, int n) {
-    add_rows(key_sum, keys, n);
-    for (size_t c0 = 0; c0 < d; c0 += 8) {
-      F32x4 acc0 = load_f32x4(key_sq + c0), acc1 = load_f32x4(key_sq + c0 + 4);
-      for (int t = 0; t < n; ++t) {
-        const F32x4 k0 = load_f32x4(keys + size_t(t) * d + c0), k1 = load_f32x4(keys + size_t(t) * d + c0 + 4);
-        acc0 += k0 * k0;
-        acc1 += k1 * k1;
-      }
-      store_f32x4(key_sq + c0, acc0);
-      store_f32x4(key_sq + c0 + 4, acc1);
-    }
+    add_rows(key_sum, keys, n, d);
+    add_rows</*kSquares=*/true>(key_sq, keys, n, d);
   });
   const BlockView view = view_of_page(layout, page, seg.offset + seg.count);
   for (int t0 = 0; t0 < seg.count; t0 += kTileTokens) {  // the values as stored, read back from the page
     const int n = std::min(kTileTokens, seg.count - t0);
     read_values(layout, view, seg.offset + t0, n, s.keys_f32.data(), d);
-    add_rows(value_sum, s.keys_f32.data(), n);
+    add_rows(value_sum, s.keys_f32.data(), n, d);
   }
 }
 
