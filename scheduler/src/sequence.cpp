@@ -290,6 +290,8 @@ std::vector<float> Sequence::decode(int32_t token) {
   if (device_ && !on_device) ++stats_.decode_steps_off_device;
   broken_ = true;
   int64_t attended = 0, cached = 0;
+  double tail_mass = 0.0;
+  int tail_layers = 0;
   for (int layer = 0; layer < s.n_layers; ++layer) {
     if (on_device) {
       attended += device_decode_layer(layer, n_past_, *ws.x, ws);
@@ -300,6 +302,14 @@ std::vector<float> Sequence::decode(int32_t token) {
     stats_.decode_select_seconds += policy().last_stats().select_seconds;
     stats_.decode_attend_seconds += policy().last_stats().attend_seconds;
     cached += store_->n_tokens(layer) * s.n_kv_heads;
+    if (const std::vector<double>& heads = policy().last_stats().tail_mass; !heads.empty()) {
+      for (double m : heads) tail_mass += m / double(heads.size());
+      ++tail_layers;
+    }
+  }
+  if (tail_layers > 0) {
+    stats_.sum_tail_mass += tail_mass / tail_layers;
+    ++stats_.tail_steps;
   }
   ++n_past_;
   broken_ = false;

@@ -104,10 +104,16 @@ struct SequenceStats {
   // Decode steps of a device-path sequence that ran on the CPU because the
   // device held another sequence's tokens (owns_device() false).
   int64_t decode_steps_off_device = 0;
+  // tail: estimate: the estimated tail's share of the attention mass, mean
+  // over the layers and kv heads of a step (DecodePolicy::Stats::tail_mass),
+  // summed over the steps that had one.
+  double sum_tail_mass = 0.0;
+  int64_t tail_steps = 0;
 
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
   double mean_attended_fraction() const { return decode_tokens > 0 ? sum_attended_fraction / decode_tokens : 0.0; }
+  double mean_tail_mass() const { return tail_steps > 0 ? sum_tail_mass / double(tail_steps) : 0.0; }
 };
 
 class Sequence {
