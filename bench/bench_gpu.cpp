@@ -6,7 +6,8 @@
 //                      mean keys per query * head_dim * n_heads; median of
 //                      --reps runs timed with CUDA events. The same shapes
 //                      through torch's scaled_dot_product_attention
-//                      (tools/bench_sdpa.py, when /usr/bin/python3 has torch
+//                      (tools/bench_sdpa.py, when the Python of $LONGCTX_PYTHON,
+//                      else /usr/bin/python3, has torch
 //                      with CUDA) and the ratio.
 //   local_window       GB/s of K/V read by local_window_attention for each
 //                      window (ring of `window` slots, wrapped), single pass
@@ -238,12 +239,19 @@ Record local_record(const GpuArgs& a, int64_t window, bool split, double copy_gb
 
 // Runs tools/bench_sdpa.py; returns its JSON lines (or one "skipped" line).
 std::vector<std::string> run_sdpa(const GpuArgs& a) {
-  const std::string command = str_cat("/usr/bin/python3 ", LONGCTX_SOURCE_DIR, "/tools/bench_sdpa.py --histories ",
+  // A GPU machine's torch may live in another Python than Debian's.
+  const char* env_python = std::getenv("LONGCTX_PYTHON");
+  const std::string python = env_python != nullptr && *env_python != '\0' ? env_python : "/usr/bin/python3";
+  const std::string command = str_cat(python, " ", LONGCTX_SOURCE_DIR, "/tools/bench_sdpa.py --histories ",
                                       join(a.histories), " --n-q ", a.chunk, " --heads ", kHeads, " --kv-heads ",
                                       kKvHeads, " --head-dim ", kHeadDim, " --reps ", a.reps, " 2>/dev/null");
   std::vector<std::string> lines;
   FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {R"({"bench":"gpu_sdpa","skipped":"cannot run /usr/bin/python3"})"};
+  if (!pipe) {
+    Record r;
+    r.set("bench", "gpu_sdpa").set("skipped", str_cat("cannot run ", python));
+    return {r.json()};
+  }
   std::string line;
   for (int ch; (ch = std::fgetc(pipe)) != EOF;) {
     if (ch != '\n') {

@@ -75,7 +75,8 @@ const std::array<Usage, 9> kUsages{{
      "  --windows LIST   local-window sizes (4096,8192,16384,32768,65536)\n"
      "  --contexts LIST  end-to-end prefill lengths (32768,131072)\n"
      "  --reps N         repetitions, the median is reported (5)\n"
-     "  --no-sdpa        skip the torch SDPA comparison\n"
+     "  --no-sdpa        skip the torch SDPA comparison (tools/bench_sdpa.py with $LONGCTX_PYTHON, else\n"
+     "                   /usr/bin/python3)\n"
      "  --no-e2e         skip the end-to-end prefill\n"
      "  --quick          history 32768, windows 4096,65536, context 32768, 3 repetitions\n"},
     {"e2e", "the demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot",
