@@ -55,7 +55,7 @@
 //
 // Metrics per question (averaged over seeds): needle = fraction of the
 // question's needle tokens the needle heads attend; block = metrics.h
-// block_recall of the needle blocks in the needle heads; top10 = top-10
+// block_recall of the needle blocks in the needle heads; top10 (top100) = top-10 (top-100)
 // token recall; rel_err = relative L2 error of the output vs dense; l1 =
 // Ada-KV's L1 loss (mean over query heads of ||o - o_dense||_1); missed = the
 // dense attention mass the selection leaves out (mean over query heads;
@@ -279,9 +279,9 @@ struct Reference {
 };
 
 struct QuestionMetrics {
-  double needle = 0, block = 0, top10 = 0, rel_err = 0, l1 = 0, missed = 0, attended = 0;
+  double needle = 0, block = 0, top10 = 0, top100 = 0, rel_err = 0, l1 = 0, missed = 0, attended = 0;
   void add(const QuestionMetrics& o) {
-    needle += o.needle, block += o.block, top10 += o.top10, rel_err += o.rel_err, l1 += o.l1;
+    needle += o.needle, block += o.block, top10 += o.top10, top100 += o.top100, rel_err += o.rel_err, l1 += o.l1;
     missed += o.missed, attended += o.attended;
   }
 };
@@ -294,6 +294,7 @@ QuestionMetrics measure(const Workload& w, const Question& question, const Refer
   m.block = workloads::block_recall(accuracy::heads_only(selection, s.needle_heads), question.needle_blocks,
                                     s.block_size, w.n_tokens);
   m.top10 = workloads::topk_token_recall(ref.probs, s.q_heads, w.n_tokens, selection, 10);
+  m.top100 = workloads::topk_token_recall(ref.probs, s.q_heads, w.n_tokens, selection, 100);
   m.rel_err = workloads::relative_l2_error(out.data(), ref.out.data(), int64_t(out.size()));
   m.l1 = workloads::l1_loss(out.data(), ref.out.data(), s.q_heads, s.head_dim);
   m.missed = accuracy::missed_mass(ref.probs, s.q_heads, w.n_tokens, selection);
@@ -477,7 +478,7 @@ std::vector<Record> run_decode_workload(const AccuracyArgs& a, int64_t n, bool m
         rec.set("later", accuracy::sig4(later / double(std::max<size_t>(1, r.per_question.size() - 1))));
       }
       rec.set("needle", accuracy::sig4(m.needle / mc)).set("block", accuracy::sig4(m.block / mc));
-      rec.set("top10", accuracy::sig4(m.top10 / mc)).set("rel_err", accuracy::sig4(m.rel_err / mc));
+      rec.set("top10", accuracy::sig4(m.top10 / mc)).set("top100", accuracy::sig4(m.top100 / mc)).set("rel_err", accuracy::sig4(m.rel_err / mc));
       rec.set("l1", accuracy::sig4(m.l1 / mc)).set("missed", accuracy::sig4(m.missed / mc));
       rec.set("ms", accuracy::sig4(median(r.ms))).set("prefill_end_ms", accuracy::sig4(median(r.prefill_end_ms)));
       rec.set("seeds", r.seeds);
@@ -607,7 +608,7 @@ int run_accuracy(const std::vector<std::string>& args) {
   if (by_workload.count("needle")) {
     std::printf("\nneedle: one question, %d needle spans\n", a.needles);
     print_table(by_workload["needle"], {"policy", "kv_type", "context", "budget_pct", "attended_pct", "needle", "block", "top10",
-                                        "rel_err", "l1", "missed", "ms"});
+                                        "top100", "rel_err", "l1", "missed", "ms"});
   }
   if (by_workload.count("needle-dense-mass")) {
     std::printf("\nneedle workload, where dense attention goes (mass on the %d sinks, the needle tokens, the local "
@@ -620,7 +621,7 @@ int run_accuracy(const std::vector<std::string>& args) {
                 a.questions);
     std::vector<std::string> columns{"policy", "kv_type", "context", "budget_pct", "attended_pct"};
     for (int j = 0; j < a.questions; ++j) columns.push_back(std::string("q").append(std::to_string(j)));
-    for (const char* c : {"later", "top10", "rel_err", "l1", "ms"}) columns.push_back(c);
+    for (const char* c : {"later", "top10", "top100", "rel_err", "l1", "ms"}) columns.push_back(c);
     print_table(by_workload["multiquery"], columns);
   }
   if (by_workload.count("prefill")) {
