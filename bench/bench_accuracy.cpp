@@ -22,6 +22,9 @@
 //                most the budget's blocks per kv head: fewer where the mass allows
 //   quest-tail   quest, with the unselected blocks estimated from their mean key
 //                and value (tail: estimate; topp95-tail: topp95-sep's selection)
+//   quest-rerank quest's selection with 4x the blocks (quest-rerank16: 16x), then
+//                their best tokens by exact scores of the stored keys, the same
+//                token budget (rerank: tokens)
 //   quest+pre    QUEST + SnapKV preselection of 2x second_select_num blocks
 //   dynamic+pre  DYNAMIC (4 reps, max) + the same preselection (its votes pick the reps)
 //   snapkv       preselection of second_select_num blocks, used as is (SnapKV)
@@ -174,6 +177,14 @@ const std::vector<Policy>& all_policies() {
                    c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
                  },
                  true});
+    // Token rerank: 4x (16x) the blocks as candidates, their best tokens kept (the same token budget).
+    for (const auto& [name, factor] : {std::pair{"quest-rerank", 4}, std::pair{"quest-rerank16", 16}}) {
+      p.push_back({name, RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
+                     blocks(c, b);
+                     c.rerank = RerankMode::kTokens;
+                     c.rerank_candidates = factor;
+                   }});
+    }
     p.push_back({"quest+pre", RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
                    blocks(c, b);
                    preselect(c, 2 * b.blocks);

@@ -62,6 +62,14 @@ const char* selection_policy_name(SelectionPolicy policy) {
   return "invalid";
 }
 
+const char* rerank_mode_name(RerankMode mode) {
+  switch (mode) {
+    case RerankMode::kNone: return "none";
+    case RerankMode::kTokens: return "tokens";
+  }
+  return "invalid";
+}
+
 const char* tail_mode_name(TailMode mode) {
   switch (mode) {
     case TailMode::kDrop: return "drop";

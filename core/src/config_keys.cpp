@@ -400,6 +400,14 @@ const std::vector<Key>& keys() {
                                    "policy select: the context blocks not selected are dropped, or their part is "
                                    "estimated from each block's key mean and variance and value mean (after "
                                    "RetroInfer) and merged by LSE"));
+    k.push_back(enum_key<RerankMode>("rerank", field(&Config::rerank),
+                                     {{"none", RerankMode::kNone}, {"tokens", RerankMode::kTokens}}, 2,
+                                     rerank_mode_name,
+                                     "policy select: tokens = score the tokens of rerank_candidates x "
+                                     "second_select_num candidate blocks with their stored keys and attend the best "
+                                     "second_select_num x block_size of them (ParisKV2)"));
+    k.push_back(int_key("rerank_candidates", field(&Config::rerank_candidates), 1, 1024,
+                        "rerank: tokens: candidate blocks per kv head, as a multiple of second_select_num"));
     k.push_back(enum_key<Reduce>("gqa_reduce", field(&Config::gqa_reduce),
                                  {{"sum", Reduce::kSum}, {"max", Reduce::kMax}}, 2, reduce_name,
                                  "combines the block scores of a GQA group's query heads"));

@@ -78,6 +78,20 @@ const std::vector<Rule>& rules() {
                    return str_cat("tail: estimate estimates the context blocks a select step leaves out, but policy is ",
                                   selection_policy_name(c.policy));
                  }});
+    r.push_back({{"rerank", "policy", "budget.mode", "razor.retrieval_heads"},
+                 "`rerank: tokens` needs `policy: select`, `budget.mode: top_k` and no RazorAttention",
+                 [](const Config& c) -> std::string {
+                   if (c.rerank == RerankMode::kNone) return {};
+                   if (c.policy != SelectionPolicy::kSelect)
+                     return str_cat("rerank: tokens reranks the blocks a select step chooses, but policy is ",
+                                    selection_policy_name(c.policy));
+                   if (c.budget.mode != BudgetConfig::Mode::kTopK)
+                     return "rerank: tokens keeps second_select_num x block_size tokens, a top_k budget; "
+                            "budget.mode is top_p";
+                   if (!c.razor.retrieval_heads.empty())
+                     return "rerank: tokens with razor.retrieval_heads: RazorAttention selects its own tokens";
+                   return {};
+                 }});
     r.push_back({{"tail", "razor.retrieval_heads"},
                  "`tail: estimate` and RazorAttention (`razor.retrieval_heads`) are not combined",
                  [](const Config& c) -> std::string {

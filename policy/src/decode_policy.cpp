@@ -1,5 +1,6 @@
 // DecodePolicy: config -> the policy building blocks (see decode_policy.h).
 #include "longctx/policy/decode_policy.h"
+#include "longctx/policy/rerank.h"
 #include "longctx/policy/tail.h"
 
 #include <chrono>
@@ -144,8 +145,14 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
       break;
   }
   const auto& preselected = preselected_[size_t(layer)];
-  Selection selection = select_blocks(store_, layer, q, SelectSpec::from_config(config_, include_local, attention_.scale),
-                                      preselected ? &*preselected : nullptr, &stats_.estimated_mass);
+  SelectSpec spec = SelectSpec::from_config(config_, include_local, attention_.scale);
+  const bool rerank = config_.rerank == RerankMode::kTokens;
+  if (rerank) spec.blocks *= config_.rerank_candidates;  // candidates, whose tokens are reranked
+  Selection selection =
+      select_blocks(store_, layer, q, spec, preselected ? &*preselected : nullptr, &stats_.estimated_mass);
+  if (rerank)
+    selection = rerank_tokens(store_, layer, q, selection,
+                              int64_t{config_.second_select_num} * store_.layout().block_size, config_.gqa_reduce);
   cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
   stats_.reselected = true;
   return selection;

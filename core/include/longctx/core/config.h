@@ -53,6 +53,13 @@ const char* prefill_kernel_choice_name(PrefillKernelChoice choice);
 enum class TailMode { kDrop, kEstimate };
 const char* tail_mode_name(TailMode mode);
 
+// A second pass of a select step (after ParisKV2; policy/rerank.h): none, or
+// tokens = choose rerank_candidates times the blocks, then keep the best
+// second_select_num * block_size of their tokens per kv head by their
+// stored keys' exact scores (8-bit keys on a q8_0 store).
+enum class RerankMode { kNone, kTokens };
+const char* rerank_mode_name(RerankMode mode);
+
 // Pooling of the SnapKV votes along the token axis.
 enum class PoolType { kMax, kAvg };
 const char* pool_type_name(PoolType pool);
@@ -156,6 +163,8 @@ struct LongContextConfig {
   uint64_t dram_budget = 0;              // bytes for the KV store; 0 = 90% of physical memory
   PrefillKernelChoice prefill_kernel = PrefillKernelChoice::kAuto;  // CPU prefill attention products
   TailMode tail = TailMode::kDrop;       // unselected context blocks: dropped or estimated
+  RerankMode rerank = RerankMode::kNone;  // tokens: rerank the tokens of more candidate blocks
+  int rerank_candidates = 4;             // rerank: tokens: candidate blocks = this x second_select_num
   PreselectConfig preselect;
   BudgetConfig budget;
   RazorConfig razor;

@@ -1,0 +1,90 @@
+// Token rerank (rerank.h).
+#include "longctx/policy/rerank.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/cpu/attention.h"
+#include "longctx/kvstore/node_executor.h"
+
+namespace longctx::policy {
+
+cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const TensorView& q,
+                             const cpu::Selection& candidates, int64_t keep, Reduce gqa_reduce) {
+  cpu::check_decode_query(store, layer, q, "rerank_tokens");
+  const kvstore::StoreLayout& L = store.layout();
+  const int n_kv = L.shape.n_kv_heads, d = L.shape.head_dim, bs = L.block_size;
+  if (int(candidates.spans.size()) != n_kv)
+    fail(ErrorCode::kInvalidArgument, "rerank_tokens: a selection for ", candidates.spans.size(),
+         " kv heads, the store has ", n_kv);
+  if (keep < 0) fail(ErrorCode::kInvalidArgument, "rerank_tokens: keep ", keep, " < 0");
+  const int group = int(q.shape[0]) / n_kv;
+  const kvstore::Partition part = store.partition(layer);
+  // Context tokens of the partial last block are always attended (build_selection).
+  const int64_t always_from = part.n_tokens % bs != 0 ? std::min(part.local_begin, part.n_tokens / bs * bs)
+                                                      : part.local_begin;
+  cpu::Selection out;
+  out.spans.resize(size_t(n_kv));
+  kvstore::parallel_for_heads(store, n_kv, [](int64_t h) { return int(h); }, [&](int64_t item) {
+    const int h = int(item);
+    // The group's queries, summed for gqa_reduce sum.
+    std::vector<float> qs(size_t(group) * d);
+    for (int j = 0; j < group; ++j)
+      for (int c = 0; c < d; ++c)
+        qs[size_t(j) * d + c] = static_cast<const float*>(q.data)[(h * group + j) * q.strides[0] + c];
+    if (gqa_reduce == Reduce::kSum)
+      for (int j = 1; j < group; ++j)
+        for (int c = 0; c < d; ++c) qs[size_t(c)] += qs[size_t(j) * d + c];
+    const int n_rows = gqa_reduce == Reduce::kSum ? 1 : group;
+
+    // Candidate tokens [initial_end, always_from) of the spans, scored block by block.
+    std::vector<std::pair<float, int64_t>> scored;  // (-score, token): sorting ascending puts the best first
+    std::vector<float> kt(static_cast<size_t>(d * bs)), scores(static_cast<size_t>(bs)), dot(scores.size());
+    for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) {
+      const int64_t begin = std::max(span.begin, part.initial_end), end = std::min(span.end, always_from);
+      for (int64_t t0 = begin; t0 < end;) {
+        const int64_t b = t0 / bs;
+        const int64_t t1 = std::min(end, (b + 1) * bs);
+        const int n = int(t1 - t0);
+        kvstore::read_keys_t(L, store.block(layer, h, b), int(t0 - b * bs), n, kt.data(), size_t(n));
+        std::fill_n(scores.begin(), n, -std::numeric_limits<float>::infinity());
+        for (int r = 0; r < n_rows; ++r) {
+          std::fill_n(dot.begin(), n, 0.f);
+          for (int c = 0; c < d; ++c) {
+            const float qc = qs[size_t(r) * d + c];
+            const float* row = kt.data() + size_t(c) * n;
+            for (int t = 0; t < n; ++t) dot[size_t(t)] += qc * row[t];
+          }
+          for (int t = 0; t < n; ++t) scores[size_t(t)] = std::max(scores[size_t(t)], dot[size_t(t)]);
+        }
+        for (int t = 0; t < n; ++t) scored.emplace_back(-scores[size_t(t)], t0 + t);
+        t0 = t1;
+      }
+    }
+    if (int64_t(scored.size()) > keep) {
+      std::nth_element(scored.begin(), scored.begin() + keep, scored.end());
+      scored.resize(size_t(keep));
+    }
+    std::vector<int64_t> kept;
+    kept.reserve(scored.size());
+    for (const auto& [neg_score, t] : scored) kept.push_back(t);
+    std::sort(kept.begin(), kept.end());
+
+    // The spans: sinks, the kept tokens, the fixed tail of the context, the candidates' local tokens.
+    std::vector<cpu::TokenSpan>& spans = out.spans[size_t(h)];
+    const auto add = [&spans](int64_t b, int64_t e) {
+      if (b >= e) return;
+      if (!spans.empty() && spans.back().end == b) spans.back().end = e;
+      else spans.push_back({b, e});
+    };
+    for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) add(span.begin, std::min(span.end, part.initial_end));
+    for (int64_t t : kept) add(t, t + 1);
+    for (const cpu::TokenSpan& span : candidates.spans[size_t(h)])
+      add(std::max(span.begin, always_from), span.end);
+  });
+  return out;
+}
+
+}  // namespace longctx::policy
