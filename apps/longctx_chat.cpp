@@ -296,6 +296,10 @@ class Chat {
                  static_cast<long long>(st.decode_tokens), st.decode_tokens_per_second(),
                  chat::format_bytes(mem.used_bytes).c_str(), static_cast<long long>(seq_.n_past()),
                  100.0 * st.mean_attended_fraction());
+    if (config_.speculate && st.speculated_selections + st.fresh_selections > 0)
+      std::fprintf(stderr, "[stats] speculative selection: %lld of %lld select steps reused the last selection\n",
+                   static_cast<long long>(st.speculated_selections),
+                   static_cast<long long>(st.speculated_selections + st.fresh_selections));
     if (st.tail_steps > 0)  // tail: estimate
       std::fprintf(stderr, "[stats] the unselected blocks' estimate carried %.2f%% of the attention mass per step\n",
                    100.0 * st.mean_tail_mass());

@@ -22,6 +22,8 @@
 //                most the budget's blocks per kv head: fewer where the mass allows
 //   quest-tail   quest, with the unselected blocks estimated from their mean key
 //                and value (tail: estimate; topp95-tail: topp95-sep's selection)
+//   quest-spec   quest with speculate (cosine 0.9): a step reuses the last selection
+//                while the query stays close to the one that made it
 //   quest-rerank quest's selection with 4x the blocks (quest-rerank16: 16x), then
 //                their best tokens by exact scores of the stored keys, the same
 //                token budget (rerank: tokens)
@@ -177,6 +179,12 @@ const std::vector<Policy>& all_policies() {
                    c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
                  },
                  true});
+    // Speculative selection: quest, reusing a layer's selection while the query's cosine stays >= 0.9.
+    p.push_back({"quest-spec", RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
+                   blocks(c, b);
+                   c.speculate = true;
+                   c.speculate_cosine = 0.9;
+                 }});
     // Token rerank: 4x (16x) the blocks as candidates, their best tokens kept (the same token budget).
     for (const auto& [name, factor] : {std::pair{"quest-rerank", 4}, std::pair{"quest-rerank16", 16}}) {
       p.push_back({name, RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {

@@ -172,6 +172,7 @@ py::dict stats_dict(const policy::DecodePolicy& p) {
   d["estimated_mass"] = p.last_stats().estimated_mass;  // per kv head; [] unless top_p
   d["tail_mass"] = p.last_stats().tail_mass;            // per kv head; [] unless tail: estimate
   d["tail_blocks"] = p.last_stats().tail_blocks;
+  d["speculated"] = p.last_stats().speculated;                // speculate: reused the last selection
   return d;
 }
 
@@ -293,7 +294,8 @@ void bind_attention(py::module_& m) {
            "What the last decode did: attended_tokens (summed over kv heads), reselected, with "
            "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended), and "
            "with tail: estimate tail_mass (per kv head, the share of the merged attention mass the unselected "
-           "blocks' estimate carries) and tail_blocks.")
+           "blocks' estimate carries) and tail_blocks, and with speculate whether it reused its layer's last "
+           "selection (speculated).")
       .def_property_readonly("razor_enabled", [](const Policy& p) { return p.policy->razor_enabled(); })
       .def_property_readonly("config", [](const Policy& p) { return PyConfig{p.policy->config()}; })
       .def_property_readonly("scale", [](const Policy& p) { return p.policy->attn_scale(); })

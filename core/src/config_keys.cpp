@@ -408,6 +408,11 @@ const std::vector<Key>& keys() {
                                      "second_select_num x block_size of them (ParisKV2)"));
     k.push_back(int_key("rerank_candidates", field(&Config::rerank_candidates), 1, 1024,
                         "rerank: tokens: candidate blocks per kv head, as a multiple of second_select_num"));
+    k.push_back(bool_key("speculate", field(&Config::speculate),
+                         "policy select: reuse the layer's last selection while the query stays close to the one "
+                         "that made it (FreeKV)"));
+    k.push_back(number_key("speculate_cosine", field(&Config::speculate_cosine), -1.0, 1.0,
+                           "speculate: the cosine each kv group's queries (mean over the group) must reach"));
     k.push_back(enum_key<Reduce>("gqa_reduce", field(&Config::gqa_reduce),
                                  {{"sum", Reduce::kSum}, {"max", Reduce::kMax}}, 2, reduce_name,
                                  "combines the block scores of a GQA group's query heads"));

@@ -92,6 +92,13 @@ const std::vector<Rule>& rules() {
                      return "rerank: tokens with razor.retrieval_heads: RazorAttention selects its own tokens";
                    return {};
                  }});
+    r.push_back({{"speculate", "policy"},
+                 "`speculate` needs `policy: select`",
+                 [](const Config& c) -> std::string {
+                   if (!c.speculate || c.policy == SelectionPolicy::kSelect) return {};
+                   return str_cat("speculate reuses a select step's blocks, but policy is ",
+                                  selection_policy_name(c.policy));
+                 }});
     r.push_back({{"tail", "razor.retrieval_heads"},
                  "`tail: estimate` and RazorAttention (`razor.retrieval_heads`) are not combined",
                  [](const Config& c) -> std::string {

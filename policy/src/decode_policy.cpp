@@ -3,6 +3,7 @@
 #include "longctx/policy/rerank.h"
 #include "longctx/policy/tail.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -99,6 +100,7 @@ DecodePolicy::DecodePolicy(const LongContextConfig& config, kvstore::KVStore& st
   preselected_.resize(n_layers);
   h2o_.resize(n_layers);
   razor_.resize(n_layers);
+  speculated_q_.resize(n_layers);
 }
 
 void DecodePolicy::check_layer(int layer, const char* what) const {
@@ -131,6 +133,30 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   if (config_.representative_type == RepresentativeType::kDynamic) feed_dynamic(store_, layer, votes);
 }
 
+namespace {
+
+// Whether, for every kv head, the mean over its query heads of cos(q_h,
+// last_h) reaches `threshold`; false when nothing was saved (last empty).
+bool queries_close(const TensorView& q, const std::vector<float>& last, int n_kv_heads, double threshold) {
+  const int64_t n_q = q.shape[0], d = q.shape[1], group = n_q / n_kv_heads;
+  if (last.size() != size_t(n_q * d)) return false;
+  for (int g = 0; g < n_kv_heads; ++g) {
+    double cos_sum = 0.0;
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t h = g * group + j;
+      const float* a = static_cast<const float*>(q.data) + h * q.strides[0];
+      const float* b = last.data() + h * d;
+      double ab = 0.0, aa = 0.0, bb = 0.0;
+      for (int64_t c = 0; c < d; ++c) ab += double(a[c]) * b[c], aa += double(a[c]) * a[c], bb += double(b[c]) * b[c];
+      cos_sum += aa > 0.0 && bb > 0.0 ? ab / std::sqrt(aa * bb) : 0.0;
+    }
+    if (cos_sum / double(group) < threshold) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local) {
   const Partition partition = store_.partition(layer);
   switch (decide(schedule_, cache_, layer, token_idx)) {
@@ -144,6 +170,18 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
     case ReuseAction::kSelect:
       break;
   }
+  // speculate: the layer's last selection, made with the query saved beside
+  // it, while every kv group's queries stay that close to it. New tokens and
+  // tokens that left the local window are attended anyway (reused_selection).
+  std::vector<float>& last_q = speculated_q_[size_t(layer)];
+  if (config_.speculate) {
+    const SavedSelection* saved = cache_.get(schedule_.group_of(layer));
+    if (saved != nullptr && saved->include_local == include_local &&
+        queries_close(q, last_q, store_.layout().shape.n_kv_heads, config_.speculate_cosine)) {
+      stats_.speculated = true;
+      return reused_selection(*saved, partition);
+    }
+  }
   const auto& preselected = preselected_[size_t(layer)];
   SelectSpec spec = SelectSpec::from_config(config_, include_local, attention_.scale);
   const bool rerank = config_.rerank == RerankMode::kTokens;
@@ -154,6 +192,12 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
     selection = rerank_tokens(store_, layer, q, selection,
                               int64_t{config_.second_select_num} * store_.layout().block_size, config_.gqa_reduce);
   cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
+  if (config_.speculate) {  // the query this selection was made with, rows packed
+    const int64_t n_q = q.shape[0], d = q.shape[1];
+    last_q.resize(size_t(n_q * d));
+    for (int64_t h = 0; h < n_q; ++h)
+      std::copy_n(static_cast<const float*>(q.data) + h * q.strides[0], d, last_q.data() + h * d);
+  }
   stats_.reselected = true;
   return selection;
 }

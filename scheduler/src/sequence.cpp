@@ -301,6 +301,8 @@ std::vector<float> Sequence::decode(int32_t token) {
     }
     stats_.decode_select_seconds += policy().last_stats().select_seconds;
     stats_.decode_attend_seconds += policy().last_stats().attend_seconds;
+    stats_.speculated_selections += policy().last_stats().speculated ? 1 : 0;
+    stats_.fresh_selections += policy().last_stats().reselected ? 1 : 0;
     cached += store_->n_tokens(layer) * s.n_kv_heads;
     if (const std::vector<double>& heads = policy().last_stats().tail_mass; !heads.empty()) {
       for (double m : heads) tail_mass += m / double(heads.size());

@@ -601,6 +601,7 @@ class DecodePolicyTest(unittest.TestCase):
         self.assertLess(stats["attended_tokens"], n_kv * n_tokens)
         self.assertEqual(stats["estimated_mass"], [])  # top_k
         self.assertEqual((stats["tail_mass"], stats["tail_blocks"]), ([], 0))  # tail: drop
+        self.assertFalse(stats["speculated"])  # speculate off
         # top_p from a dict: per kv head, the fewest blocks holding half the estimated mass.
         top_p = lc.DecodePolicy(dict(cfg.to_dict(), budget=dict(cfg.to_dict()["budget"], mode="top_p", p=0.5),
                                      head_select_mode="SEPARATE"), store)

@@ -165,6 +165,12 @@ struct LongContextConfig {
   TailMode tail = TailMode::kDrop;       // unselected context blocks: dropped or estimated
   RerankMode rerank = RerankMode::kNone;  // tokens: rerank the tokens of more candidate blocks
   int rerank_candidates = 4;             // rerank: tokens: candidate blocks = this x second_select_num
+  // Speculative selection (after FreeKV; policy/decode_policy.h): a select
+  // step reuses the selection its layer made at its last select step, with
+  // that step's query, when every kv group's queries are at least
+  // speculate_cosine close to that query (cosine, mean over the group).
+  bool speculate = false;
+  double speculate_cosine = 0.95;
   PreselectConfig preselect;
   BudgetConfig budget;
   RazorConfig razor;

@@ -53,6 +53,9 @@ class DecodePolicy {
     // over kv heads (policy/tail.h).
     std::vector<double> tail_mass;
     int64_t tail_blocks = 0;
+    // speculate: this call reused its layer's last selection because the
+    // query stayed close to the one that made it (not a reselect).
+    bool speculated = false;
   };
 
   // `store` must outlive the policy; it is written only by on_prefill_end
@@ -118,6 +121,7 @@ class DecodePolicy {
   std::vector<std::optional<Preselected>> preselected_;                        // [layer]
   std::vector<std::optional<H2OState>> h2o_;                                   // [layer]
   std::vector<std::optional<RazorCompensation>> razor_;                        // [layer]
+  std::vector<std::vector<float>> speculated_q_;  // [layer]: speculate: the query of its saved selection
   Stats stats_;
   cpu::Selection last_selection_;
 };

@@ -109,6 +109,10 @@ struct SequenceStats {
   // summed over the steps that had one.
   double sum_tail_mass = 0.0;
   int64_t tail_steps = 0;
+  // speculate: layer steps that reused their last selection (the query stayed
+  // close) and that selected anew.
+  int64_t speculated_selections = 0;
+  int64_t fresh_selections = 0;
 
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0.0; }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
