@@ -18,12 +18,7 @@ TailEstimate estimate_tail(const kvstore::KVStore& store, int layer, const Tenso
   const int n_kv = layout.shape.n_kv_heads, d = layout.shape.head_dim, bs = layout.block_size;
   if (layout.record_tail_offset == 0)
     fail(ErrorCode::kInvalidArgument, "estimate_tail: the KV store keeps no tail sums (it was built with tail: drop)");
-  if (layer < 0 || layer >= layout.shape.n_layers)
-    fail(ErrorCode::kInvalidArgument, "estimate_tail: layer ", layer, " outside [0, ", layout.shape.n_layers, ")");
-  if (q.rank != 2 || q.dtype != DType::kF32 || q.shape[1] != d || q.shape[0] < 1 || q.shape[0] % n_kv != 0 ||
-      q.strides[1] != 1)
-    fail(ErrorCode::kInvalidArgument, "estimate_tail: q must be f32 [n_q_heads, ", d, "] with n_q_heads a multiple of ",
-         n_kv, " and unit channel stride, got ", q.describe());
+  cpu::check_decode_query(store, layer, q, "estimate_tail");
   if (int(selection.spans.size()) != n_kv)
     fail(ErrorCode::kInvalidArgument, "estimate_tail: a selection for ", selection.spans.size(),
          " kv heads, the store has ", n_kv);
