@@ -57,9 +57,9 @@ class LayerAttention {
   double last_append_seconds() const { return last_append_seconds_; }  // of the last decode
 
  private:
-  kvstore::KVStore& store_;
-  LongContextConfig config_;
-  float scale_;
+  void check_layer(int layer, const char* what) const;
+
+  kvstore::KVStore& store_;  // the config and the scale are the policy's
   cpu::PrefillKernel prefill_kernel_;
   std::unique_ptr<policy::DecodePolicy> policy_;
   std::vector<int64_t> decode_idx_;  // per layer: decode steps since its prefill ended
