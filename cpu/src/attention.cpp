@@ -205,6 +205,7 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
     args.kv_type = layout.kv_type;
     args.slices = slices.data() + pieces[p].first_slice;
     args.n_slices = pieces[p].end_slice - pieces[p].first_slice;
+    if (p + 1 < pieces.size()) args.following = slices.data() + pieces[p + 1].first_slice;
     args.out = piece_out.data() + p * piece_floats;
     args.lse = piece_lse.data() + p * size_t(g);
     detail::attend_piece(args);

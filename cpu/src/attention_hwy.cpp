@@ -298,8 +298,9 @@ void AttendPieceOf(const PieceArgs& a) {
     // step the walk by the scale bytes they read too, so it reaches them
     // (without them, q8_0 dense decode ran 1.6x slower).
     LinePrefetch next_k, next_v;
-    if (s + 1 < a.n_slices) {
-      const BlockSlice& next = a.slices[s + 1];
+    const BlockSlice* following = s + 1 < a.n_slices ? &a.slices[s + 1] : a.following;
+    if (following != nullptr) {
+      const BlockSlice& next = *following;
       const void* k_end = reinterpret_cast<const T*>(next.k_t) + size_t(dim - 1) * a.block_size + next.end;
       const void* v_end = reinterpret_cast<const T*>(next.v) + size_t(next.end) * dim;
       if constexpr (kType == DType::kQ8_0) {

@@ -63,6 +63,10 @@ struct PieceArgs {
   DType kv_type = DType::kF16;
   const BlockSlice* slices = nullptr;
   size_t n_slices = 0;
+  // The first slice of the piece planned after this one, or null: prefetched
+  // while the last slice computes (pieces run in plan order on each thread,
+  // mostly), so a piece does not start on cold memory.
+  const BlockSlice* following = nullptr;
   float* out = nullptr;  // [g][head_dim]: normalized output (0 when no token)
   float* lse = nullptr;  // [g]: log-sum-exp of the scores (-inf when no token)
 };
