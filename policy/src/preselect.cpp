@@ -261,10 +261,12 @@ std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores
     const auto picked = adakv_select(scores.data(), n_kv_heads, n_context, count, budget.alpha);
     for (int h = 0; h < n_kv_heads; ++h) chosen.push_back(to_blocks(picked[size_t(h)], scores.data() + h * n_context));
   } else {
-    for (int h = 0; h < n_kv_heads; ++h) {
-      const float* row = scores.data() + size_t(h * n_context);
-      chosen.push_back(to_blocks(top_k(row, n_context, count), row));
-    }
+    // One top-k per head, the heads in parallel: a decode step waits for them.
+    chosen.resize(size_t(n_kv_heads));
+    tbb::parallel_for(0, n_kv_heads, [&](int h) {
+      const float* row = scores.data() + size_t(h) * size_t(n_context);
+      chosen[size_t(h)] = to_blocks(top_k(row, n_context, count), row);
+    });
   }
   return chosen;
 }
