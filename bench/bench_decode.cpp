@@ -209,7 +209,7 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
     else if (args[i] == "--chunk") a.chunk_size = std::stoll(next());
     else if (args[i] == "--kv-type") {
       const auto t = parse_dtype(next());
-      if (!t) fail(ErrorCode::kInvalidArgument, command, ": --kv-type must be f32, f16 or bf16");
+      if (!t) fail(ErrorCode::kInvalidArgument, command, ": --kv-type must be f16, bf16, f32 or q8_0");
       a.kv_type = *t;
     } else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.steps = 8, a.prefill_tokens = {1024};
     else fail(ErrorCode::kInvalidArgument, command, ": unknown argument '", args[i], "'");

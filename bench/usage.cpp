@@ -53,7 +53,7 @@ const std::array<Usage, 9> kUsages{{
      "  --contexts LIST  depths in tokens, filled with random K/V (4096,32768,131072)\n"
      "  --budget N       sparse budget in tokens: 128 sinks + 1024 local + blocks of 128 (4096)\n"
      "  --steps N        decode steps timed per depth (16)\n"
-     "  --kv-type T      f16, bf16 or f32 (f16)\n"
+     "  --kv-type T      f16, bf16, f32 or q8_0 (f16)\n"
      "  --quick          contexts 4096,32768, 8 steps\n"},
     {"prefill", "a model: prefill tokens/s, matmul GFLOP/s vs the FMA, int8 and bf16 peaks measured in the run",
      "  --model FILE     a GGUF model (default: the generated 'bench' model)\n"
@@ -61,7 +61,7 @@ const std::array<Usage, 9> kUsages{{
      "  --quant-prefill P auto, int8 or bf16-tiles: how quantized weights multiply prefill rows (auto)\n"
      "  --tokens LIST    prompt lengths (4096,16384)\n"
      "  --chunk N        prefill chunk (4096)\n"
-     "  --kv-type T      f16, bf16 or f32 (f16)\n"
+     "  --kv-type T      f16, bf16, f32 or q8_0 (f16)\n"
      "  --quick          1024 tokens\n"},
     {"matmul", "CPU matmul per weight type: GB/s for decode rows, GFLOP/s for prefill rows",
      "  --types LIST     f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (q4_0,q8_0,q4_k,q6_k,f16,f32)\n"
