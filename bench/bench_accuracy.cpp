@@ -65,8 +65,13 @@
 // Ada-KV's L1 loss (mean over query heads of ||o - o_dense||_1); missed = the
 // dense attention mass the selection leaves out (mean over query heads;
 // RazorAttention's compensation token not counted); ms = one decode step of
-// the layer (DecodePolicy::decode: scoring, selection, attention), median.
+// the layer (DecodePolicy::decode: scoring, selection, attention), median;
+// attend_ms = the attention alone over the step's selection (what a step
+// would cost with its selection hidden), median. Both start with the caches
+// evicted, as a layer's step finds them after the other layers ran.
+#include <tbb/blocked_range.h>
 #include <tbb/info.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <climits>
@@ -324,9 +329,20 @@ QuestionMetrics measure(const Workload& w, const Question& question, const Refer
 // Results of one (policy, budget) summed over seeds.
 struct Accum {
   std::vector<QuestionMetrics> per_question;
-  std::vector<double> ms, prefill_end_ms;
+  std::vector<double> ms, attend_ms, prefill_end_ms;
   int seeds = 0;
 };
+
+// Writes a buffer larger than the last-level cache on every core, so the
+// next timed call reads its K/V and representatives from DRAM and finds the
+// thread pool awake, as the other layers' parallel work would leave both.
+void evict_caches() {
+  static std::vector<char> buffer(size_t(256) << 20);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, buffer.size(), size_t(1) << 20),
+                    [&](const tbb::blocked_range<size_t>& range) {
+                      for (size_t i = range.begin(); i < range.end(); i += 64) buffer[i] = char(buffer[i] + 1);
+                    });
+}
 
 // Runs one policy at one budget on a workload: decode steps ask `asked`
 // (question indices, one per step), each measured against its reference.
@@ -361,6 +377,7 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
     const Question& question = w.questions[size_t(asked[step])];
     const TensorView qv = make_view(question.q.data(), DType::kF32, {s.q_heads, s.head_dim});
     cpu::Selection selection;
+    evict_caches();
     const double start = now_seconds();
     if (decode) {
       decode->decode(0, int64_t(step), qv, true, ov, lv);
@@ -372,6 +389,14 @@ void run_policy(const Policy& policy, const Budget& budget, const Workload& w, S
       acc.ms.push_back(1e3 * (now_seconds() - start));
     }
     acc.per_question[step].add(measure(w, question, refs[size_t(asked[step])], selection, out));
+    // The attention alone, into scratch outputs (out holds the step's result, measured above).
+    std::vector<float> attend_out(out.size()), attend_lse(lse.size());
+    evict_caches();
+    const double attend_start = now_seconds();
+    cpu::decode_attention(store, 0, qv, selection, {},
+                          make_mutable_view(attend_out.data(), DType::kF32, {s.q_heads, s.head_dim}),
+                          make_mutable_view(attend_lse.data(), DType::kF32, {s.q_heads}));
+    acc.attend_ms.push_back(1e3 * (now_seconds() - attend_start));
   }
   acc.prefill_end_ms.push_back(prefill_end_ms);
   ++acc.seeds;
@@ -499,7 +524,8 @@ std::vector<Record> run_decode_workload(const AccuracyArgs& a, int64_t n, bool m
       rec.set("needle", accuracy::sig4(m.needle / mc)).set("block", accuracy::sig4(m.block / mc));
       rec.set("top10", accuracy::sig4(m.top10 / mc)).set("top100", accuracy::sig4(m.top100 / mc)).set("rel_err", accuracy::sig4(m.rel_err / mc));
       rec.set("l1", accuracy::sig4(m.l1 / mc)).set("missed", accuracy::sig4(m.missed / mc));
-      rec.set("ms", accuracy::sig4(median(r.ms))).set("prefill_end_ms", accuracy::sig4(median(r.prefill_end_ms)));
+      rec.set("ms", accuracy::sig4(median(r.ms))).set("attend_ms", accuracy::sig4(median(r.attend_ms)));
+      rec.set("prefill_end_ms", accuracy::sig4(median(r.prefill_end_ms)));
       rec.set("seeds", r.seeds);
       records.push_back(rec);
     }
@@ -627,7 +653,7 @@ int run_accuracy(const std::vector<std::string>& args) {
   if (by_workload.count("needle")) {
     std::printf("\nneedle: one question, %d needle spans\n", a.needles);
     print_table(by_workload["needle"], {"policy", "kv_type", "context", "budget_pct", "attended_pct", "needle", "block", "top10",
-                                        "top100", "rel_err", "l1", "missed", "ms"});
+                                        "top100", "rel_err", "l1", "missed", "ms", "attend_ms"});
   }
   if (by_workload.count("needle-dense-mass")) {
     std::printf("\nneedle workload, where dense attention goes (mass on the %d sinks, the needle tokens, the local "
@@ -640,7 +666,7 @@ int run_accuracy(const std::vector<std::string>& args) {
                 a.questions);
     std::vector<std::string> columns{"policy", "kv_type", "context", "budget_pct", "attended_pct"};
     for (int j = 0; j < a.questions; ++j) columns.push_back(std::string("q").append(std::to_string(j)));
-    for (const char* c : {"later", "top10", "top100", "rel_err", "l1", "ms"}) columns.push_back(c);
+    for (const char* c : {"later", "top10", "top100", "rel_err", "l1", "ms", "attend_ms"}) columns.push_back(c);
     print_table(by_workload["multiquery"], columns);
   }
   if (by_workload.count("prefill")) {
