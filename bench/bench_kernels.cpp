@@ -125,7 +125,9 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   };
   // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales), of one representative element.
   const double vector_bytes = double(kvstore::kv_vector_bytes(dtype, a.head_dim));
-  const double rep_es = double(dtype_size(store.layout().rep_dtype));
+  // Bytes of one representative record's key slots (q8_0: codes and scales).
+  const double rep_bytes =
+      double(store.layout().rep_slots) * double(kvstore::kv_vector_bytes(store.layout().rep_dtype, a.head_dim));
   const double kv_bytes_per_token = 2.0 * a.kv_heads * vector_bytes;
   const double dense_ms = cold([&] { cpu::dense_decode_attention(store, 0, qv, attn, ov, lv); });
   const double score_ms = cold([&] { cpu::score_blocks(store, 0, qv, select.score, sv); });
@@ -146,7 +148,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   for (int h = 0; h < a.kv_heads; ++h) selected_tokens += selection.tokens(h);
 
   const double dense_bytes = kv_bytes_per_token * double(context);
-  const double score_bytes = double(n_blocks) * a.kv_heads * store.layout().rep_slots * a.head_dim * rep_es;
+  const double score_bytes = double(n_blocks) * a.kv_heads * rep_bytes;
   const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
   std::vector<Record> records;
   auto add = [&](const char* kernel, double ms, double bytes) {

@@ -70,21 +70,61 @@ HWY_INLINE void Dots(const float* queries, const std::byte* key, size_t len, flo
   }
 }
 
+// The same for a q8_0 key: codes widened to f32, each group of 32 products
+// summed, then times the group's scale (f16 bits in `scales`).
+template <int kQ>
+HWY_INLINE void DotsQ8(const float* queries, const int8_t* codes, const std::byte* scales, size_t len,
+                       float* dots) {
+  const hn::CappedTag<float, 16> df;  // lanes divide the 32 of a group
+  const hn::Rebind<int32_t, decltype(df)> di32;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const size_t lanes = hn::Lanes(df);
+  using V = hn::Vec<decltype(df)>;
+  V acc[kQ];
+  for (int q = 0; q < kQ; ++q) acc[q] = hn::Zero(df);
+  const hn::CappedTag<float, 1> d1;  // one scale at a time, widened by the vector unit
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  const auto* scales_f16 = reinterpret_cast<const hwy::float16_t*>(scales);
+  for (size_t g = 0; g < len / 32; ++g) {
+    const V scale = hn::Set(df, hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, scales_f16 + g))));
+    V group[kQ];
+    for (int q = 0; q < kQ; ++q) group[q] = hn::Zero(df);
+    for (size_t i = 32 * g; i < 32 * (g + 1); i += lanes) {
+      const V k = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + i)));
+      for (int q = 0; q < kQ; ++q) group[q] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k, group[q]);
+    }
+    for (int q = 0; q < kQ; ++q) acc[q] = hn::MulAdd(group[q], scale, acc[q]);
+  }
+  for (int q = 0; q < kQ; ++q) dots[q] = hn::GetLane(hn::SumOfLanes(df, acc[q]));
+}
+
+// Slot `slot` of a record: dots[q] for the pass's queries.
+template <DType kT, int kQ>
+HWY_INLINE void SlotDots(const ScoreRun& run, const float* queries, const std::byte* record, int slot,
+                         float* dots) {
+  const size_t len = size_t(run.slot_len);
+  if constexpr (kT == DType::kQ8_0) {
+    DotsQ8<kQ>(queries, reinterpret_cast<const int8_t*>(record) + size_t(slot) * len,
+               record + run.scales_offset + size_t(slot) * len / 16, len, dots);
+  } else {
+    Dots<kT, kQ>(queries, record + size_t(slot) * len * dtype_size(kT), len, dots);
+  }
+}
+
 template <DType kT>
-HWY_INLINE void DotsOfPass(int n_queries, const float* queries, const std::byte* key, size_t len,
-                           float* dots) {
+HWY_INLINE void DotsOfPass(const ScoreRun& run, int n_queries, const float* queries, const std::byte* record,
+                           int slot, float* dots) {
   switch (n_queries) {
-    case 1: return Dots<kT, 1>(queries, key, len, dots);
-    case 2: return Dots<kT, 2>(queries, key, len, dots);
-    case 3: return Dots<kT, 3>(queries, key, len, dots);
-    default: return Dots<kT, 4>(queries, key, len, dots);
+    case 1: return SlotDots<kT, 1>(run, queries, record, slot, dots);
+    case 2: return SlotDots<kT, 2>(run, queries, record, slot, dots);
+    case 3: return SlotDots<kT, 3>(run, queries, record, slot, dots);
+    default: return SlotDots<kT, 4>(run, queries, record, slot, dots);
   }
 }
 
 template <DType kT>
 void ScoreRecordsOf(const ScoreRun& run) {
   const size_t len = size_t(run.slot_len);
-  const size_t slot_bytes = len * dtype_size(kT);
   const bool slot_max = run.slot_reduce == Reduce::kMax;
   const bool query_max = run.query_reduce == Reduce::kMax;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -95,10 +135,10 @@ void ScoreRecordsOf(const ScoreRun& run) {
       const int pass = std::min(kMaxQueriesPerPass, run.n_queries - q0);
       const float* queries = run.queries + size_t(q0) * len;
       float per_query[kMaxQueriesPerPass];
-      DotsOfPass<kT>(pass, queries, record, len, per_query);
+      DotsOfPass<kT>(run, pass, queries, record, 0, per_query);
       for (int s = 1; s < run.n_slots; ++s) {
         float dots[kMaxQueriesPerPass];
-        DotsOfPass<kT>(pass, queries, record + size_t(s) * slot_bytes, len, dots);
+        DotsOfPass<kT>(run, pass, queries, record, s, dots);
         for (int q = 0; q < pass; ++q) per_query[q] = slot_max ? std::max(per_query[q], dots[q]) : per_query[q] + dots[q];
       }
       for (int q = 0; q < pass; ++q) {
@@ -115,7 +155,7 @@ void ScoreRecords(const ScoreRun& run) {
     case DType::kF32: return ScoreRecordsOf<DType::kF32>(run);
     case DType::kF16: return ScoreRecordsOf<DType::kF16>(run);
     case DType::kBF16: return ScoreRecordsOf<DType::kBF16>(run);
-    case DType::kQ8_0: break;  // records hold rep_dtype, never q8_0 (score.cpp checks)
+    case DType::kQ8_0: return ScoreRecordsOf<DType::kQ8_0>(run);
   }
 }
 

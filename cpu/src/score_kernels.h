@@ -14,8 +14,9 @@
 
 namespace longctx::cpu::detail {
 
-// Every record holds n_slots vectors of slot_len elements (rep_dtype: kv_type, f16 for q8_0) at its
-// start, slot j at element j * slot_len. For each record:
+// Every record holds n_slots vectors of slot_len elements (rep_dtype = kv_type) at its
+// start, slot j at element j * slot_len (q8_0: codes at byte j * slot_len,
+// their f16 scales, one per 32, at byte scales_offset + j * slot_len / 16). For each record:
 //   score_q = slot_reduce over j of dot(queries[q], slot j)   (max or mean)
 //   out     = query_reduce over q of score_q                  (sum or max)
 // with fp32 accumulation. QUEST's max|min pair is one slot of 2*head_dim.
@@ -27,6 +28,7 @@ struct ScoreRun {
   int n_slots = 0;  // valid slots of every record of the run (>= 1)
   Reduce slot_reduce = Reduce::kMax;
   Reduce query_reduce = Reduce::kSum;
+  size_t scales_offset = 0;  // q8_0: bytes from a record's start to its scales
   const std::byte* first_record = nullptr;
   size_t record_bytes = 0;  // stride between consecutive records
   int64_t n_records = 0;

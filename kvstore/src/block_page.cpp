@@ -121,8 +121,10 @@ void copy_rows(const std::byte* src, int64_t src_stride, DType src_dtype, std::b
 // The f16 scale of a group whose largest magnitude is amax.
 uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
 
-// Quantizes one group x[0, 32): codes[i * code_stride], returns the scale's
-// f16 bits; deq[i] (when not null) = the stored value q * s.
+}  // namespace
+
+namespace detail {  // block_page.h
+
 uint16_t quantize_q8_group(const float* x, int8_t* codes, size_t code_stride, float* deq) {
   float amax = 0.f;
   for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
@@ -135,10 +137,6 @@ uint16_t quantize_q8_group(const float* x, int8_t* codes, size_t code_stride, fl
   }
   return bits;
 }
-
-}  // namespace
-
-namespace detail {  // block_page.h
 
 void write_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
                    const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
@@ -216,7 +214,7 @@ int q8_unstorable_channel(const float* row, int head_dim) {
 
 // ---- the page format ---------------------------------------------------------------
 
-DType rep_dtype_of(DType kv_type) { return kv_type == DType::kQ8_0 ? DType::kF16 : kv_type; }
+DType rep_dtype_of(DType kv_type) { return kv_type; }
 
 size_t kv_vector_bytes(DType kv_type, int head_dim) {
   if (kv_type == DType::kQ8_0) return size_t(head_dim) + size_t(head_dim / kQ8Group) * sizeof(uint16_t);

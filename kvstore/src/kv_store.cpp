@@ -156,7 +156,7 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   }
   l.page_bytes = round_up_64(2 * bs * kv_vector_bytes(config.kv_type, shape.head_dim));
 
-  size_t end = round_up_64(size_t(l.rep_slots) * d * dtype_size(l.rep_dtype));  // keys
+  size_t end = round_up_64(size_t(l.rep_slots) * kv_vector_bytes(l.rep_dtype, shape.head_dim));  // keys
   if (type == RT::kMean) {
     l.record_sum_offset = end;
     end = round_up_64(end + d * sizeof(float));

@@ -1,8 +1,10 @@
 #include "representatives.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "block_page.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kvstore::detail {
@@ -11,12 +13,60 @@ namespace {
 
 using RT = RepresentativeType;
 
-size_t key_bytes(const StoreLayout& layout) {
-  return size_t(layout.shape.head_dim) * dtype_size(layout.rep_dtype);
+std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
+  return record + size_t(j) * size_t(layout.shape.head_dim) * dtype_size(layout.rep_dtype);
 }
 
-std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
-  return record + size_t(j) * key_bytes(layout);
+// How a slot rounds to a q8_0 record (kv_store.h): the extremes outward.
+enum class Rounding { kNearest, kUp, kDown };
+
+// One group x[0, 32) of a MAX / QUEST slot on q8_0: the smallest f16 scale s
+// with 127 s >= max |x|, codes the nearest q s on the `up` (or down) side of
+// each x. Products of a 7-bit code and an f16 are exact in double, so each
+// code is checked against its x exactly.
+uint16_t quantize_q8_bound(const float* x, int8_t* codes, bool up) {
+  float amax = 0.f;
+  for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
+  uint16_t bits = f32_to_f16_bits(amax / 127.f);
+  while (double(f16_bits_to_f32(bits)) * 127.0 < double(amax) && bits < 0x7BFF) ++bits;  // the next f16 up
+  while (bits > 0 && double(f16_bits_to_f32(uint16_t(bits - 1))) * 127.0 >= double(amax)) --bits;
+  const double s = f16_bits_to_f32(bits);
+  for (int i = 0; i < kQ8Group; ++i) {
+    double q = 0.0;
+    if (s > 0.0) {
+      const double x_i = x[i];
+      q = up ? std::ceil(x_i / s) : std::floor(x_i / s);
+      if (up && q * s < x_i) q += 1.0;
+      if (!up && q * s > x_i) q -= 1.0;
+    }
+    codes[i] = int8_t(std::clamp(q, -127.0, 127.0));
+  }
+  return bits;
+}
+
+// Slot j of a record from x [head_dim] f32 (or, for a float rep_dtype, in
+// x_dtype): rounded to nearest, q8_0 as `rounding` says.
+void write_slot(const StoreLayout& layout, std::byte* record, int j, const std::byte* x, DType x_dtype,
+                Rounding rounding) {
+  const int d = layout.shape.head_dim;
+  if (layout.rep_dtype != DType::kQ8_0) {
+    convert(x, x_dtype, slot(layout, record, j), layout.rep_dtype, size_t(d));
+    return;
+  }
+  const auto* values = reinterpret_cast<const float*>(x);  // q8_0 stores hand their keys over in f32
+  auto* codes = reinterpret_cast<int8_t*>(record) + size_t(j) * size_t(d);
+  std::byte* scales = record + size_t(layout.rep_slots) * size_t(d) + size_t(j) * size_t(d / kQ8Group) * 2;
+  for (int g = 0; g < d / kQ8Group; ++g) {
+    const float* group = values + g * kQ8Group;
+    int8_t* group_codes = codes + g * kQ8Group;
+    const uint16_t bits = rounding == Rounding::kNearest ? quantize_q8_group(group, group_codes, 1, nullptr)
+                                                         : quantize_q8_bound(group, group_codes, rounding == Rounding::kUp);
+    std::memcpy(scales + size_t(g) * 2, &bits, 2);
+  }
+}
+
+void write_slot_f32(const StoreLayout& layout, std::byte* record, int j, const float* x, Rounding rounding) {
+  write_slot(layout, record, j, reinterpret_cast<const std::byte*>(x), DType::kF32, rounding);
 }
 
 int32_t* record_offsets(const StoreLayout& layout, std::byte* record) {
@@ -52,13 +102,31 @@ void for_each_f32_tile(const StoreLayout& layout, const Segment& seg, RepScratch
 // from the segment's first token when the block is new; the extremes of
 // stored values are stored values, so the round trip through kv_type is exact
 // (q8_0: its dequantized values rounded to the f16 record).
+// q8_0: a record's extremes are rounded outward, so reading them back and
+// rounding them outward again at every append would let them drift away
+// from the keys; the extremes of the block's first n tokens are taken from
+// its page instead (n < block_size tokens, once per append to a partial block).
+void page_extremes(const StoreLayout& layout, const std::byte* page, int n, float* mx, float* mn, RepScratch& s) {
+  const size_t d = size_t(layout.shape.head_dim);
+  s.block_keys.resize(d * size_t(n));
+  read_keys_t(layout, view_of_page(layout, page, n), 0, n, s.block_keys.data(), size_t(n));
+  for (size_t c = 0; c < d; ++c) {
+    const float* row = s.block_keys.data() + c * size_t(n);
+    mx[c] = *std::max_element(row, row + n);
+    mn[c] = *std::min_element(row, row + n);
+  }
+}
+
 template <bool kWithMin>
-void update_extremes(const StoreLayout& layout, std::byte* record, const Segment& seg, RepScratch& s) {
+void update_extremes(const StoreLayout& layout, std::byte* record, const std::byte* page, const Segment& seg,
+                     RepScratch& s) {
   const size_t d = size_t(layout.shape.head_dim);
   float* mx = s.acc0.data();
   float* mn = s.acc1.data();
   const bool fresh = seg.offset == 0;
-  if (!fresh) {
+  if (!fresh && layout.rep_dtype == DType::kQ8_0) {
+    page_extremes(layout, page, seg.offset, mx, mn, s);
+  } else if (!fresh) {
     convert(slot(layout, record, 0), layout.rep_dtype, mx, DType::kF32, d);
     if constexpr (kWithMin) convert(slot(layout, record, 1), layout.rep_dtype, mn, DType::kF32, d);
   }
@@ -91,8 +159,8 @@ void update_extremes(const StoreLayout& layout, std::byte* record, const Segment
       }
     }
   });
-  convert(mx, DType::kF32, slot(layout, record, 0), layout.rep_dtype, d);
-  if constexpr (kWithMin) convert(mn, DType::kF32, slot(layout, record, 1), layout.rep_dtype, d);
+  write_slot_f32(layout, record, 0, mx, Rounding::kUp);
+  if constexpr (kWithMin) write_slot_f32(layout, record, 1, mn, Rounding::kDown);
 }
 
 // MEAN: the fp32 sum lives in the record and grows token by token in token
@@ -122,7 +190,7 @@ void update_mean(const StoreLayout& layout, std::byte* record, const Segment& se
   const float n_filled = float(seg.offset + seg.count);
   float* mean = s.acc0.data();
   for (size_t c = 0; c < d; ++c) mean[c] = sum[c] / n_filled;
-  convert(mean, DType::kF32, slot(layout, record, 0), layout.rep_dtype, d);
+  write_slot_f32(layout, record, 0, mean, Rounding::kNearest);
 }
 
 // Tail sums: the keys', the values' and the squared keys' fp32 sums, token by
@@ -158,7 +226,7 @@ void update_fix(const StoreLayout& layout, std::byte* record, const Segment& seg
   for (int j = 0; j < r; ++j) {
     const int at = fix_offset(j, bs, r) - seg.offset;
     if (at >= 0 && at < seg.count)
-      convert(seg.keys + size_t(at) * row_bytes, seg.keys_dtype, slot(layout, record, j), layout.rep_dtype, d);
+      write_slot(layout, record, j, seg.keys + size_t(at) * row_bytes, seg.keys_dtype, Rounding::kNearest);
   }
 }
 
@@ -194,19 +262,18 @@ void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byt
     return importance[a] > importance[b] || (importance[a] == importance[b] && a < b);
   });
   int32_t* offsets = record_offsets(layout, record);
-  const size_t kb = key_bytes(layout);
   if (s.acc0.size() < size_t(layout.shape.head_dim)) s.acc0.resize(size_t(layout.shape.head_dim));
+  std::fill(s.acc0.begin(), s.acc0.end(), 0.f);  // the unused slots: zero codes and scales
   for (int j = 0; j < layout.rep_num; ++j) {
-    std::byte* dst = slot(layout, record, j);
     if (j >= picked) {
       offsets[j] = -1;
-      std::memset(dst, 0, kb);
-      continue;
+      std::fill(s.acc0.begin(), s.acc0.end(), 0.f);
+    } else {
+      offsets[j] = order[size_t(j)];
+      // The key of that token out of the page's K^T (one value per channel row).
+      read_keys_t(layout, view_of_page(layout, page, n_filled), order[size_t(j)], 1, s.acc0.data(), 1);
     }
-    offsets[j] = order[size_t(j)];
-    // The key of that token out of the page's K^T (one value per channel row).
-    read_keys_t(layout, view_of_page(layout, page, n_filled), order[size_t(j)], 1, s.acc0.data(), 1);
-    convert(s.acc0.data(), DType::kF32, dst, layout.rep_dtype, size_t(layout.shape.head_dim));
+    write_slot_f32(layout, record, j, s.acc0.data(), Rounding::kNearest);
   }
 }
 
@@ -220,10 +287,10 @@ void update_record(const StoreLayout& layout, std::byte* record, const std::byte
   }
   switch (layout.rep_type) {
     case RT::kMax:
-      update_extremes</*kWithMin=*/false>(layout, record, seg, scratch);
+      update_extremes</*kWithMin=*/false>(layout, record, page, seg, scratch);
       break;
     case RT::kQuest:
-      update_extremes</*kWithMin=*/true>(layout, record, seg, scratch);
+      update_extremes</*kWithMin=*/true>(layout, record, page, seg, scratch);
       break;
     case RT::kMean:
       update_mean(layout, record, seg, scratch);

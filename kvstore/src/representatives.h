@@ -24,6 +24,7 @@ struct RepScratch {
   std::vector<float> acc0, acc1;  // [head_dim] running max / min / mean
   std::vector<float> keys_f32;    // [kTileTokens][head_dim] keys widened to f32
   std::vector<int> order;         // [block_size] DYNAMIC ranking
+  std::vector<float> block_keys;  // [head_dim][n] a block's keys (q8_0 extremes)
 };
 
 // Tokens [offset, offset + count) of a block, already written to its page.

@@ -16,12 +16,15 @@
 namespace longctx::kvstore {
 namespace {
 
-// ---- constants of format version 3 -------------------------------------------
+// ---- constants of format version 4 -------------------------------------------
 
 constexpr char kMagic[8] = {'L', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 constexpr char kEndMagic[8] = {'L', 'C', 'T', 'X', 'E', 'N', 'D', '.'};
-constexpr uint32_t kFormatVersion = 3;
-// Version 2 is version 3 without the q8_0 kv_type: still read.
+constexpr uint32_t kFormatVersion = 4;
+// Versions 2 and 3 are still read: version 3 is version 4 with f16
+// representatives in q8_0 stores (those files are refused: their records do
+// not fit this build's), version 2 is version 3 without the q8_0 kv_type.
+constexpr uint32_t kOldestVersion = 2;
 
 constexpr size_t kFixedHeaderBytes = 92;   // magic .. fingerprint_bytes
 constexpr size_t kCrcBytes = 4;
@@ -293,7 +296,7 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   const uint64_t kv_bytes = 2 * uint64_t{h.block_size} * kv_vector_bytes(*kv_type, int(h.head_dim));
   check_range(path, "page_bytes", h.page_bytes, kv_bytes, kMaxPageBytes);
   if (h.page_bytes % 64 != 0) fail_header_field(path, "page_bytes", h.page_bytes, "is not a multiple of 64");
-  const uint64_t keys_bytes = uint64_t{h.rep_slots} * h.head_dim * dtype_size(rep_dtype_of(*kv_type));
+  const uint64_t keys_bytes = uint64_t{h.rep_slots} * kv_vector_bytes(rep_dtype_of(*kv_type), int(h.head_dim));
   check_range(path, "record_bytes", h.record_bytes, keys_bytes, kMaxPageBytes);
   if (h.record_bytes % 64 != 0) fail_header_field(path, "record_bytes", h.record_bytes, "is not a multiple of 64");
   check_range(path, "record_sum_offset", h.record_sum_offset, 0, h.record_bytes - 1);
@@ -314,9 +317,9 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
          std::string_view(kMagic, sizeof kMagic), "')");
   }
   const uint32_t version = get_u32(file.data() + kOffVersion);
-  if (version != kFormatVersion && version != 2) {
-    fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version ", version,
-         ", this build reads versions 2 and ", kFormatVersion);
+  if (version < kOldestVersion || version > kFormatVersion) {
+    fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version ", version, ", this build reads versions ",
+         kOldestVersion, " to ", kFormatVersion);
   }
   Header h;
   h.header_bytes = get_u32(file.data() + kOffHeaderBytes);
@@ -354,6 +357,9 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
   check_header_fields(h, fingerprint_bytes, path);
   if (version == 2 && h.kv_type == dtype_code(DType::kQ8_0))
     fail_header_field(path, "kv_type", h.kv_type, "is q8_0, which format version 2 does not hold");
+  if (version == 3 && h.kv_type == dtype_code(DType::kQ8_0))
+    fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version 3 with kv_type q8_0 keeps its representatives "
+         "in f16, this build keeps them in q8_0 (version 4); prefill the context again to rebuild it");
 
   p = file.data() + kFixedHeaderBytes;
   h.fingerprint.assign(reinterpret_cast<const char*>(p), fingerprint_bytes);

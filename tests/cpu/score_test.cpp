@@ -10,8 +10,9 @@
 // rounded to kv_type, which adds per channel (n + 2) * eps32 * mean_t(|k_tc|) +
 // u_kv * |mean_c| (n <= block_size tokens; u_kv: unit roundoff of kv_type)
 // to what the reference, built from the stored keys, sees. q8_0 stores keep
-// their representatives in f16, rounded from the dequantized keys the
-// reference sees: u_f16 * sum |q_hc| |rep_jc| more, for every type.
+// their representatives in q8_0, quantized from the dequantized keys the
+// reference sees: each value is off by less than its group's scale (max |x|
+// of the group / 127, rounded up to f16), so sum |q_hc| * scale more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,13 +38,13 @@ using RT = RepresentativeType;
 
 constexpr double kEps32 = 0x1p-23;
 
-// Unit roundoff of the representatives' dtype (kv_type; f16 for q8_0).
+// Unit roundoff of the representatives' dtype (kv_type; q8_0's codes are bounded apart).
 double rep_unit_roundoff(DType kv_type) {
   switch (kv_type) {
     case DType::kF32: return 0x1p-24;
     case DType::kF16: return 0x1p-11;
     case DType::kBF16: return 0x1p-8;
-    case DType::kQ8_0: return 0x1p-11;
+    case DType::kQ8_0: return 0;  // the codes' error is added in expected_scores
   }
   return 1;
 }
@@ -150,7 +151,18 @@ Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Q
       const score_ref::BlockScore s =
           score_ref::block_score(c.type, reps, q_group, params.gqa_reduce, params.dynamic_reduce);
       double tolerance = double(slot_len + group + int(reps.size()) + 4) * kEps32 * s.magnitude;
-      if (c.kv_type == DType::kQ8_0) tolerance += rep_unit_roundoff(c.kv_type) * s.magnitude;
+      if (c.kv_type == DType::kQ8_0) {
+        // q8_0 records (kv_store.h): each slot value is off by less than its
+        // group's scale, at most max |x| of the group / 127 rounded up to f16.
+        for (const auto& slot : reps)
+          for (int g0 = 0; g0 < c.head_dim; g0 += 32) {
+            double amax = 0.0;
+            for (int ch = g0; ch < g0 + 32; ++ch) amax = std::max(amax, std::abs(slot[size_t(ch)]));
+            const double scale = amax / 127.0 * (1.0 + 0x1p-10);
+            for (const auto& qh : q_group)
+              for (int ch = g0; ch < g0 + 32; ++ch) tolerance += std::abs(qh[size_t(ch)]) * scale;
+          }
+      }
       if (c.type == RT::kMean) {
         for (const auto& qh : q_group)
           for (int ch = 0; ch < c.head_dim; ++ch)
@@ -213,13 +225,17 @@ TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
 }
 
 // QUEST's score of a block is at least q.k of every key it holds (summed over
-// the query heads of the group), up to the fp32 accumulation error.
+// the query heads of the group), up to the fp32 accumulation error; on q8_0
+// too, whose records round the extremes outward for that.
 TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
   std::mt19937 rng(77);
   int bounded = 0;
-  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int i = 0; i < 3; ++i) {
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (int i = 0; i < 4; ++i) {
       StoreCase c = random_case(RT::kQuest, dtype, rng);
+      // One case of one-token blocks, where the bound is q.k itself and a
+      // slot rounded inward would break it.
+      if (i == 3) c.block_size = 1, c.n_tokens = 300;
       c.initial_len = 0;
       c.local_windows_len = 0;
       SCOPED_TRACE(c.describe());
@@ -252,6 +268,50 @@ TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
     }
   }
   EXPECT_GT(bounded, 1000);
+}
+
+// A q8_0 block of a key A and 0.5 A: its channel-wise max is A's value where
+// A > 0 and its min A's where A < 0, so for q = A the bound is exactly q.A,
+// and the slots mix the two keys' scales: only extremes rounded outward keep
+// the score at or above q.A (rounded to nearest, about half the blocks fall below).
+TEST(ScoreBlocks, Q8QuestBoundHoldsWhereItIsTight) {
+  constexpr int kDim = 64, kBlocks = 200;
+  LongContextConfig config;
+  config.block_size = 2;
+  config.kv_type = DType::kQ8_0;
+  config.representative_type = RT::kQuest;
+  config.max_seq_len = 2 * kBlocks;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  const auto topology = kvstore::NumaTopology::detect();
+  kvstore::MemoryBudget budget(uint64_t{1} << 30);
+  kvstore::KVStore store({1, 1, kDim}, config, budget, topology);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(size_t(2 * kBlocks) * kDim), v(k.size());
+  for (int b = 0; b < kBlocks; ++b)
+    for (int c = 0; c < kDim; ++c) {
+      const float a = normal(rng) * (c % 7 == 0 ? 8.f : 1.f);  // a few larger channels: groups of other scales
+      k[size_t(2 * b) * kDim + c] = a;
+      k[size_t(2 * b + 1) * kDim + c] = 0.5f * a;
+    }
+  for (float& x : v) x = normal(rng);
+  store.append(0, make_view(k.data(), DType::kF32, {2 * kBlocks, 1, kDim}),
+               make_view(v.data(), DType::kF32, {2 * kBlocks, 1, kDim}));
+  int at_or_above = 0;
+  for (int b = 0; b < kBlocks; ++b) {
+    std::vector<float> a(kDim);  // A as stored, the query
+    kvstore::read_keys_t(store.layout(), store.block(0, 0, b), 0, 1, a.data(), 1);
+    std::vector<float> scores(kBlocks);
+    score_blocks(store, 0, make_view(a.data(), DType::kF32, {1, kDim}), ScoreParams{},
+                 make_mutable_view(scores.data(), DType::kF32, {1, kBlocks}));
+    const float score = scores[size_t(b)];
+    double dot = 0.0, magnitude = 0.0;
+    for (const float x : a) dot += double(x) * x, magnitude += double(x) * x;
+    ASSERT_GE(double(score), dot - double(2 * kDim + 6) * kEps32 * 2.0 * magnitude) << "block " << b;
+    at_or_above += score >= dot;
+  }
+  EXPECT_GT(at_or_above, kBlocks / 2);
 }
 
 TEST(ScoreBlocks, EmptyContextWritesNothing) {

@@ -84,8 +84,31 @@ inline float decode(const std::byte* base, DType dtype, size_t i) {
   return dtype == DType::kF16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
 }
 
-// The dtype a store keeps representative keys in (kv_store.h: f16 for q8_0).
-inline DType rep_dtype_of(DType kv_type) { return kv_type == DType::kQ8_0 ? DType::kF16 : kv_type; }
+// A MAX / QUEST slot's group on q8_0, rounded outward (kv_store.h): the
+// smallest f16 s with 127 s >= max |x|, then per value the smallest code q
+// with q s >= x (up) or the largest with q s <= x (down), found by counting.
+inline Q8Group q8_quantize_outward(const float* x, bool up) {
+  double amax = 0.0;
+  for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::fabs(double(x[i])));
+  Q8Group g;
+  g.scale_bits = 0;
+  while (127.0 * f16_bits_to_f32(g.scale_bits) < amax) ++g.scale_bits;
+  const double s = f16_bits_to_f32(g.scale_bits);
+  for (int i = 0; i < kQ8Group; ++i) {
+    int q = up ? -127 : 127;
+    if (s == 0.0) q = 0;
+    else if (up) while (q < 127 && q * s < x[i]) ++q;
+    else while (q > -127 && q * s > x[i]) --q;
+    g.q[i] = int8_t(q);
+  }
+  return g;
+}
+
+// The dtype a store keeps representative keys in (kv_store.h: kv_type).
+inline DType rep_dtype_of(DType kv_type) { return kv_type; }
+
+// Bytes of a record's key slots before padding: rep_slots vectors of d values.
+inline size_t slot_stride_bytes(DType rep, int d) { return rep == DType::kQ8_0 ? size_t(d) : size_t(d) * dtype_size(rep); }
 
 inline float round_to(DType dtype, float x) {
   std::byte buf[4]{};
@@ -303,24 +326,45 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
   const int bs = L.block_size, d = L.shape.head_dim, R = L.rep_num;
   const int n_filled = int(std::min<int64_t>(bs, n - b * bs));
   const DType rep = rep_dtype_of(L.kv_type);
-  const size_t key_bytes = size_t(d) * dtype_size(rep);
+  const bool q8 = rep == DType::kQ8_0;
+  const size_t key_bytes = slot_stride_bytes(rep, d);
   std::vector<std::byte> rec(L.record_bytes, std::byte{0});
   auto key = [&](int t, int c) { return rh.k[(size_t(b) * bs + t) * d + c]; };
+  // Slot j from d values: float types rounded to nearest; q8_0 codes at j * d,
+  // f16 scales after all rep_slots * d codes, groups rounded as `round` says
+  // (0 nearest, 1 up, -1 down).
+  auto put_slot = [&](int j, const std::vector<float>& x, int round) {
+    if (!q8) {
+      for (int c = 0; c < d; ++c) encode(rec.data() + j * key_bytes, rep, size_t(c), x[size_t(c)]);
+      return;
+    }
+    for (int g = 0; g < d / kQ8Group; ++g) {
+      const float* group = x.data() + g * kQ8Group;
+      const Q8Group q = round == 0 ? q8_quantize(group) : q8_quantize_outward(group, round > 0);
+      for (int i = 0; i < kQ8Group; ++i) rec[size_t(j) * d + size_t(g) * kQ8Group + i] = std::byte(uint8_t(q.q[i]));
+      std::memcpy(rec.data() + size_t(L.rep_slots) * d + (size_t(j) * (d / kQ8Group) + g) * 2, &q.scale_bits, 2);
+    }
+  };
   auto put_key = [&](int slot, int t) {
-    for (int c = 0; c < d; ++c) encode(rec.data() + slot * key_bytes, rep, size_t(c), key(t, c));
+    std::vector<float> x(static_cast<size_t>(d));
+    for (int c = 0; c < d; ++c) x[size_t(c)] = key(t, c);
+    put_slot(slot, x, 0);
   };
   auto put_i32 = [&](size_t offset, int j, int32_t x) { std::memcpy(rec.data() + offset + 4 * size_t(j), &x, 4); };
 
   switch (L.rep_type) {
     case RepresentativeType::kMax:
-    case RepresentativeType::kQuest:
+    case RepresentativeType::kQuest: {
+      std::vector<float> mx(static_cast<size_t>(d)), mn(static_cast<size_t>(d));
       for (int c = 0; c < d; ++c) {
-        double mx = -INFINITY, mn = INFINITY;
-        for (int t = 0; t < n_filled; ++t) mx = std::max<double>(mx, key(t, c)), mn = std::min<double>(mn, key(t, c));
-        encode(rec.data(), rep, size_t(c), float(mx));
-        if (L.rep_type == RepresentativeType::kQuest) encode(rec.data() + key_bytes, rep, size_t(c), float(mn));
+        double hi = -INFINITY, lo = INFINITY;
+        for (int t = 0; t < n_filled; ++t) hi = std::max<double>(hi, key(t, c)), lo = std::min<double>(lo, key(t, c));
+        mx[size_t(c)] = float(hi), mn[size_t(c)] = float(lo);
       }
+      put_slot(0, mx, 1);
+      if (L.rep_type == RepresentativeType::kQuest) put_slot(1, mn, -1);
       break;
+    }
     case RepresentativeType::kMean: {
       const double u32 = unit_roundoff(DType::kF32), ukv = unit_roundoff(rep);
       const double gamma = (n_filled - 1) * u32 / (1 - (n_filled - 1) * u32);
@@ -332,16 +376,26 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
         // Recursive fp32 summation: |fl(S) - S| <= gamma_{n-1} * sum |k|.
         if (!(std::fabs(stored_sum - sum) <= gamma * abs_sum))
           problems += "sum[" + std::to_string(c) + "] " + std::to_string(stored_sum) + " vs " + std::to_string(sum) + "; ";
-        // mean = rnd_kv(fl32(fl(S) / n)): the sum's error, one fp32 division, one kv_type rounding.
+        // mean = rnd_kv(fl32(fl(S) / n)): the sum's error, one fp32 division, one kv_type rounding
+        // (q8_0: at most 0.5 of the group's scale, a little more where a code is clamped at 127).
         const double m = sum / n_filled;
         const double e_sum = gamma * abs_sum / n_filled;
         const double e_div = e_sum + u32 * (std::fabs(m) + e_sum);
-        const double tol = e_div + ukv * (std::fabs(m) + e_div) + half_min_subnormal(rep);
-        const float stored_mean = decode(actual, rep, size_t(c));
+        double tol = e_div + ukv * (std::fabs(m) + e_div) + half_min_subnormal(rep);
+        float stored_mean;
+        if (q8) {
+          uint16_t bits;
+          std::memcpy(&bits, actual + size_t(L.rep_slots) * d + size_t(c / kQ8Group) * 2, 2);
+          const double scale = f16_bits_to_f32(bits);
+          stored_mean = float(double(int8_t(actual[size_t(c)])) * scale);
+          tol = e_div + 0.57 * scale;
+        } else {
+          stored_mean = decode(actual, rep, size_t(c));
+        }
         if (!(std::fabs(stored_mean - m) <= tol))
           problems += "mean[" + std::to_string(c) + "] " + std::to_string(stored_mean) + " vs " + std::to_string(m) + "; ";
       }
-      std::memcpy(rec.data(), actual, key_bytes);
+      std::memcpy(rec.data(), actual, q8 ? size_t(d) + size_t(d / kQ8Group) * 2 : key_bytes);  // the one slot
       std::memcpy(rec.data() + L.record_sum_offset, actual + L.record_sum_offset, size_t(d) * 4);
       break;
     }

@@ -105,15 +105,15 @@ TEST(StoreLayout, RejectsShapesItCannotHold) {
 }
 
 // q8_0 pages: codes K^T [d][bs], K scales f16 [d/32][bs], codes V [bs][d], V
-// scales [bs][d/32], back to back; records hold f16 keys.
+// scales [bs][d/32], back to back; records hold q8_0 keys: codes, then scales.
 TEST(StoreLayout, Q8PagesHoldCodesAndScales) {
   const StoreLayout L = StoreLayout::make({2, 3, 128}, small_config(128, DType::kQ8_0, RT::kQuest, 2, 1024));
-  EXPECT_EQ(L.rep_dtype, DType::kF16);
+  EXPECT_EQ(L.rep_dtype, DType::kQ8_0);
   EXPECT_EQ(L.page_k_scales, 128u * 128);
   EXPECT_EQ(L.page_v, 128u * 128 + 128 * 4 * 2);
   EXPECT_EQ(L.page_v_scales, 2u * 128 * 128 + 128 * 4 * 2);
   EXPECT_EQ(L.page_bytes, 2u * 128 * (128 + 8));  // 8.5 bits per value, already a multiple of 64
-  EXPECT_EQ(L.record_bytes, 512u);                 // QUEST: 2 x 128 f16
+  EXPECT_EQ(L.record_bytes, 320u);                 // QUEST: 2 x (128 codes + 4 f16 scales) = 272, padded to 64
   EXPECT_EQ(kv_vector_bytes(DType::kQ8_0, 128), 136u);
   EXPECT_EQ(kv_vector_bytes(DType::kF16, 128), 256u);
 }

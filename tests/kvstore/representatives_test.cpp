@@ -271,7 +271,8 @@ TEST(Representatives, DynamicTiesAndAddImportance) {
 }
 
 // q8_0 stores: every type and arrival against the reference, whose keys are
-// the dequantized values and whose records hold them in f16. head_dim a
+// the dequantized values and whose records hold them in q8_0 (MAX and
+// QUEST's extremes rounded outward), byte for byte. head_dim a
 // multiple of 32, each block size meeting each head dim.
 TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
   std::mt19937 rng(20251125);

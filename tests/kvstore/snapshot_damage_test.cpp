@@ -217,8 +217,8 @@ TEST_F(SnapshotTest, CraftedHeaderFieldsAreRejected) {
   const uint64_t page_bytes = get_le(good, kPageBytesAt, 8);
   const uint64_t record_bytes = get_le(good, kRecordBytesAt, 8);
   const Craft crafts[] = {
-      {"version 1", kVersionAt, 1, 4, ErrorCode::kUnsupported, "format version 1, this build reads versions 2 and 3"},
-      {"version 4", kVersionAt, 4, 4, ErrorCode::kUnsupported, "format version 4, this build reads versions 2 and 3"},
+      {"version 1", kVersionAt, 1, 4, ErrorCode::kUnsupported, "format version 1, this build reads versions 2 to 4"},
+      {"version 5", kVersionAt, 5, 4, ErrorCode::kUnsupported, "format version 5, this build reads versions 2 to 4"},
       {"no layers", kNLayersAt, 0, 4, ErrorCode::kCorrupt, "n_layers"},
       {"huge layer count", kNLayersAt, 0xFFFFFFFF, 4, ErrorCode::kCorrupt, "n_layers"},
       {"3 layers", kNLayersAt, 3, 4, ErrorCode::kCorrupt, "header_bytes"},
@@ -302,7 +302,7 @@ TEST_F(SnapshotTest, ValidationFollowsTheDocumentedOrder) {
 
   // Version (step 3) before the header checksum (step 5).
   std::vector<std::byte> f = good;
-  put_le(f, kVersionAt, 4, 4);
+  put_le(f, kVersionAt, 5, 4);
   put_le(f, kNKvHeadsAt, 5, 4);
   EXPECT_EQ(load_error(f, *target, kFingerprint).code(), ErrorCode::kUnsupported);
   // Layout (7) before fingerprint (8).

@@ -76,18 +76,22 @@ TEST_F(SnapshotTest, Q8StoresRoundTripExactly) {
   }
 }
 
-// Version 2 files (version 3 less q8_0) still load; one claiming q8_0 is refused.
-TEST_F(SnapshotTest, Version2FilesLoadWithoutQ8) {
+// Version 2 and 3 files (version 4 less q8_0 / with f16 records for q8_0)
+// still load without q8_0; one claiming q8_0 is refused, saying why.
+TEST_F(SnapshotTest, Version2And3FilesLoadWithoutQ8) {
   const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
   auto source = make_store(cfg);
   fill_source(*source, 50);
-  save_snapshot(*source, path("v3.snap"), kFingerprint);
-  std::vector<std::byte> f = read_bytes(path("v3.snap"));
-  patch_header(f, kVersionAt, 2, 4);
-  write_bytes(path("v2.snap"), f);
-  auto target = make_store(cfg);
-  load_snapshot(*target, path("v2.snap"), kFingerprint);
-  expect_same_content(*target, *source);
+  save_snapshot(*source, path("v4.snap"), kFingerprint);
+  for (const uint32_t version : {2u, 3u}) {
+    std::vector<std::byte> f = read_bytes(path("v4.snap"));
+    patch_header(f, kVersionAt, version, 4);
+    write_bytes(path("old.snap"), f);
+    auto target = make_store(cfg);
+    load_snapshot(*target, path("old.snap"), kFingerprint);
+    expect_same_content(*target, *source);
+  }
+  std::vector<std::byte> f;
 
   const KVShape shape{2, 2, 64};
   const LongContextConfig q8 = small_config(RepresentativeType::kQuest, DType::kQ8_0);
@@ -101,6 +105,16 @@ TEST_F(SnapshotTest, Version2FilesLoadWithoutQ8) {
   const Error e = error_from([&] { load_snapshot(*q8_target, path("q8v2.snap"), kFingerprint); });
   EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
   EXPECT_NE(std::string(e.what()).find("q8_0, which format version 2 does not hold"), std::string::npos) << e.what();
+  EXPECT_EQ(q8_target->n_tokens(0), 0);
+
+  f = read_bytes(path("q8.snap"));
+  patch_header(f, kVersionAt, 3, 4);
+  write_bytes(path("q8v3.snap"), f);
+  const Error e3 = error_from([&] { load_snapshot(*q8_target, path("q8v3.snap"), kFingerprint); });
+  EXPECT_EQ(e3.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(std::string(e3.what()).find("version 3 with kv_type q8_0 keeps its representatives in f16"),
+            std::string::npos)
+      << e3.what();
   EXPECT_EQ(q8_target->n_tokens(0), 0);
 }
 
@@ -183,7 +197,7 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
 
   ASSERT_GE(f.size(), 120u);
   EXPECT_EQ(std::memcmp(f.data(), "LCTXSNAP", 8), 0);
-  EXPECT_EQ(get_le(f, kVersionAt, 4), 3u);
+  EXPECT_EQ(get_le(f, kVersionAt, 4), 4u);
   const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
   EXPECT_EQ(header_bytes, 92 + fingerprint.size() + 8 * 2 + 4);
   EXPECT_EQ(get_le(f, kNLayersAt, 4), 2u);

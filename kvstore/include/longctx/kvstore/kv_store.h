@@ -32,8 +32,11 @@
 //   of rep page b / records_per_rep_page. Every part of a record starts at a
 //   64-byte boundary (records are 64-byte aligned), in this order:
 //     keys        at 0                         [rep_slots][head_dim] rep_dtype
-//                                              (kv_type; f16 for q8_0):
-//                   the vectors scored (rep_slots: 1 MAX/MEAN, 2 QUEST, R FIX/DYNAMIC)
+//                                              (= kv_type): the vectors scored
+//                                              (rep_slots: 1 MAX/MEAN, 2 QUEST, R FIX/DYNAMIC);
+//                                              q8_0: the rep_slots * head_dim int8
+//                                              codes, then one f16 scale per 32 of
+//                                              them (slot j's at j * head_dim / 32)
 //     sum         at record_sum_offset         MEAN only: [head_dim] f32
 //     importance  at record_importance_offset  DYNAMIC only: [block_size] f32
 //     offsets     at record_offsets_offset     FIX/DYNAMIC: [R] i32 token
@@ -46,11 +49,19 @@
 //   unused offsets, which are -1.
 //
 //   Definitions, over the n_filled tokens the block holds, keys *as stored*
-//   (rounded to kv_type; q8_0: the dequantized q * s, then rounded to f16 in
-//   the record), so a partial block always describes what it holds:
+//   (rounded to kv_type; q8_0: the dequantized q * s), so a partial block
+//   always describes what it holds; a slot is then rounded to rep_dtype:
+//   f32/f16/bf16 to nearest (the extremes of stored values are stored values,
+//   so MAX and QUEST slots are exact), q8_0 as a q8_0 store quantizes a key
+//   vector, except that the extremes are rounded outward so they stay bounds
+//   of the stored keys: per group of 32, the scale is the smallest f16 s with
+//   127 s >= max |x|, a max slot's codes are the smallest q with q s >= x and
+//   a min slot's the largest q with q s <= x. (A q8_0 record is 0.6x the
+//   bytes of an f16 one, and scoring streams the records.)
 //     MAX      slot 0 = channel-wise max.
 //     QUEST    slot 0 = channel-wise max, slot 1 = channel-wise min (so the
-//              QUEST bound is exact for the stored keys).
+//              QUEST bound q.max+ + q.min- is an upper bound of q.k for every
+//              stored key, exact where the slots are).
 //     MEAN     sum = fp32 running sum of the stored keys, added token by token
 //              in token order; slot 0 = (sum / n_filled in fp32) rounded to kv_type.
 //     FIX      offsets[j] = floor(j * block_size / R), written when the block
@@ -100,7 +111,8 @@ struct KVShape {
 // Channels per q8_0 scale.
 constexpr int kQ8Group = 32;
 
-// The dtype representative keys are kept in: kv_type, f16 for q8_0.
+// The dtype representative keys are kept in: kv_type (q8_0 too, since
+// snapshot format version 4; version 3 kept f16 for q8_0).
 DType rep_dtype_of(DType kv_type);
 
 // Bytes of one token's key (or value) vector of one kv head in `kv_type`:
@@ -112,7 +124,7 @@ struct StoreLayout {
   KVShape shape;
   int block_size = 0;
   DType kv_type = DType::kF16;
-  DType rep_dtype = DType::kF16;  // representative keys: kv_type, f16 for q8_0
+  DType rep_dtype = DType::kF16;  // representative keys: kv_type
   // Parts of a block page, bytes from its start (K^T at 0); the scales are 0 unless q8_0.
   size_t page_k_scales = 0;
   size_t page_v = 0;
