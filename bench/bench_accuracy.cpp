@@ -22,8 +22,6 @@
 //                most the budget's blocks per kv head: fewer where the mass allows
 //   quest-tail   quest, with the unselected blocks estimated from their mean key
 //                and value (tail: estimate; topp95-tail: topp95-sep's selection)
-//   topp50-mom   topp50-sep with budget.mass moments (the blocks' mass from their
-//                keys' mean and variance) and the tail estimated (topp90-mom: p 0.9)
 //   quest-spec   quest with speculate (cosine 0.9): a step reuses the last selection
 //                while the query stays close to the one that made it
 //   quest-rerank quest's selection with 4x the blocks (quest-rerank16: 16x), then
@@ -186,21 +184,6 @@ const std::vector<Policy>& all_policies() {
                    c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
                  },
                  true});
-    // top_p with budget.mass moments: blocks ranked by their QUEST bound, their mass counted from their keys'
-    // mean and variance (the tail sums), the unselected ones estimated (tail: estimate).
-    for (const auto& [name, p_mass] : {std::pair{"topp50-mom", 0.5}, std::pair{"topp90-mom", 0.9}}) {
-      p.push_back({name, RT::kQuest, false, false,
-                   [=](LongContextConfig& c, const Budget& b) {
-                     blocks(c, b);
-                     c.head_select_mode = HeadSelectMode::kSeparate;
-                     c.budget.mode = BudgetConfig::Mode::kTopP;
-                     c.budget.mass = BudgetConfig::Mass::kMoments;
-                     c.budget.p = p_mass;
-                     c.budget.min_blocks = 1;
-                     c.budget.max_blocks = std::max<int64_t>(1, b.blocks);
-                   },
-                   true});
-    }
     // Speculative selection: quest, reusing a layer's selection while the query's cosine stays >= 0.9.
     p.push_back({"quest-spec", RT::kQuest, false, false, [=](LongContextConfig& c, const Budget& b) {
                    blocks(c, b);

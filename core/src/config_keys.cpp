@@ -23,14 +23,6 @@ const char* budget_mode_name(BudgetConfig::Mode mode) {
   return "invalid";
 }
 
-const char* budget_mass_name(BudgetConfig::Mass mass) {
-  switch (mass) {
-    case BudgetConfig::Mass::kBound: return "bound";
-    case BudgetConfig::Mass::kMoments: return "moments";
-  }
-  return "invalid";
-}
-
 const char* budget_policy_name(BudgetConfig::Policy policy) {
   switch (policy) {
     case BudgetConfig::Policy::kUniform: return "uniform";
@@ -467,11 +459,6 @@ const std::vector<Key>& keys() {
                         "top_p: context blocks kept per kv head at least"));
     k.push_back(int_key("budget.max_blocks", field(&Config::budget, &BudgetConfig::max_blocks), 0, kIntMax,
                         "top_p: context blocks kept per kv head at most; 0 = no limit"));
-    k.push_back(enum_key<BudgetConfig::Mass>(
-        "budget.mass", field(&Config::budget, &BudgetConfig::mass),
-        {{"bound", BudgetConfig::Mass::kBound}, {"moments", BudgetConfig::Mass::kMoments}}, 2, budget_mass_name,
-        "top_p: a block's mass from its score (bound) or its keys' mean and variance (moments; needs tail: "
-        "estimate; undercounts a block of one outlier token)"));
     // razor
     k.push_back(string_key("razor.retrieval_heads", field(&Config::razor, &RazorConfig::retrieval_heads),
                            "file listing the retrieval heads; empty = RazorAttention off"));

@@ -106,18 +106,6 @@ const std::vector<Rule>& rules() {
                    return "tail: estimate with razor.retrieval_heads: RazorAttention already compensates what its "
                           "heads drop; use one or the other";
                  }});
-    r.push_back({{"budget.mass", "budget.mode", "tail"},
-                 "`budget.mass: moments` needs `budget.mode: top_p` and `tail: estimate` (the moments are the tail's "
-                 "sums)",
-                 [](const Config& c) -> std::string {
-                   if (c.budget.mass != BudgetConfig::Mass::kMoments) return {};
-                   if (c.budget.mode != BudgetConfig::Mode::kTopP)
-                     return "budget.mass: moments estimates top_p's mass, but budget.mode is top_k";
-                   if (c.tail != TailMode::kEstimate)
-                     return "budget.mass: moments reads the blocks' key sums that tail: estimate keeps, but tail is "
-                            "drop";
-                   return {};
-                 }});
     r.push_back({{"budget.min_blocks", "budget.max_blocks"},
                  "`budget.min_blocks` <= `budget.max_blocks` unless `budget.max_blocks` is 0 (no limit)",
                  [](const Config& c) -> std::string {

@@ -9,10 +9,8 @@
 
 #include "longctx/core/error.h"
 #include "longctx/kvstore/kv_store.h"
-#include "longctx/kvstore/node_executor.h"
 #include "longctx/policy/preselect.h"
 #include "longctx/policy/top_p.h"
-#include "tail_kernel.h"
 
 namespace longctx::policy {
 
@@ -74,61 +72,6 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   return out;
 }
 
-std::vector<float> moment_logits(const kvstore::KVStore& store, int layer, const TensorView& q, float scale,
-                                 Reduce reduce) {
-  cpu::check_decode_query(store, layer, q, "moment_logits");
-  const kvstore::StoreLayout& L = store.layout();
-  if (L.record_tail_offset == 0)
-    fail(ErrorCode::kInvalidArgument, "moment_logits: the KV store keeps no tail sums (it was built with tail: drop)");
-  const int n_kv = L.shape.n_kv_heads, d = L.shape.head_dim, bs = L.block_size;
-  const int group = int(q.shape[0]) / n_kv;
-  const float s = scale != 0.f ? scale : 1.f / std::sqrt(float(d));
-  const Partition part = store.partition(layer);
-  const int64_t b0 = part.first_context_block, n_context = part.end_context_block - b0;
-  std::vector<float> out(size_t(n_kv) * size_t(n_context));
-  if (n_context == 0) return out;
-  kvstore::parallel_for_heads(store, n_kv, [](int64_t h) { return int(h); }, [&](int64_t item) {
-    const int g = int(item);
-    // The tail's per-block logits (tail_kernel.h) with log n_b = 0: per token.
-    std::vector<const float*> sums(static_cast<size_t>(n_context));
-    std::vector<float> inv_filled(sums.size()), log_n(sums.size(), 0.f), logits(size_t(group) * sums.size());
-    for (int64_t i = 0; i < n_context; ++i) {
-      const int64_t b = b0 + i;
-      sums[size_t(i)] = reinterpret_cast<const float*>(store.rep_record(layer, g, b) + L.record_tail_offset);
-      inv_filled[size_t(i)] = 1.f / float(std::min<int64_t>(bs, part.n_tokens - b * bs));
-    }
-    std::vector<float> qg(size_t(group) * d), q_sq(qg.size());
-    for (int j = 0; j < group; ++j)
-      for (int c = 0; c < d; ++c) {
-        const float x = static_cast<const float*>(q.data)[(int64_t(g) * group + j) * q.strides[0] + c];
-        qg[size_t(j) * d + c] = x;
-        q_sq[size_t(j) * d + c] = x * x;
-      }
-    detail::TailHeadArgs args;
-    args.sums = sums.data();
-    args.inv_filled = inv_filled.data();
-    args.log_n = log_n.data();
-    args.n = sums.size();
-    args.q = qg.data();
-    args.q_sq = q_sq.data();
-    args.group = group;
-    args.d = d;
-    args.scale = s;
-    args.logits = logits.data();
-    detail::tail_logits(args);
-    float* row = out.data() + size_t(g) * size_t(n_context);
-    for (int64_t i = 0; i < n_context; ++i) {
-      float combined = reduce == Reduce::kMax ? -std::numeric_limits<float>::infinity() : 0.f;
-      for (int j = 0; j < group; ++j) {
-        const float m = logits[size_t(j) * sums.size() + size_t(i)];
-        combined = reduce == Reduce::kMax ? std::max(combined, m) : combined + m / float(group);
-      }
-      row[i] = combined;
-    }
-  });
-  return out;
-}
-
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
                              const Preselected* preselected, std::vector<double>* estimated_mass) {
   cpu::check_decode_query(store, layer, q, "select_blocks");
@@ -159,15 +102,9 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
       const int64_t b = partition.first_context_block + i;
       tokens[size_t(i)] = partition.context_end_of(b, block_size) - partition.context_begin_of(b, block_size);
     }
-    std::vector<float> mass_logits;  // budget.mass: moments: the blocks' mass from their keys' moments
-    if (spec.budget.mass == BudgetConfig::Mass::kMoments && n_context > 0) {
-      mass_logits = moment_logits(store, layer, q, float(scale), spec.score.gqa_reduce);
-      if (preselected != nullptr) restrict_scores_to(preselected->blocks, n_kv_heads, partition, mass_logits);
-    }
     const MassChoice choice =
         choose_by_mass(logits, n_kv_heads, n_context, tokens,
-                       fixed_part_logsums(store, layer, q, scale, spec.score.gqa_reduce), spec.mode, spec.budget,
-                       mass_logits.empty() ? nullptr : &mass_logits);
+                       fixed_part_logsums(store, layer, q, scale, spec.score.gqa_reduce), spec.mode, spec.budget);
     std::vector<std::vector<int64_t>> chosen = choice.chosen;
     for (auto& list : chosen)
       for (int64_t& i : list) i += partition.first_context_block;

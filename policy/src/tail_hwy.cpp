@@ -42,7 +42,9 @@ HWY_INLINE void Dots3(const float* q, const float* q2, const float* ksum, const 
   q2k2 = hn::GetLane(hn::SumOfLanes(df, c));
 }
 
-void TailLogits(const TailHeadArgs& t) {
+void TailHead(const TailHeadArgs& t) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
   const float half_s2 = 0.5f * t.scale * t.scale;
   for (size_t i = 0; i < t.n; ++i) {
     const float* ksum = t.sums[i];
@@ -54,12 +56,6 @@ void TailLogits(const TailHeadArgs& t) {
       t.logits[size_t(j) * t.n + i] = t.scale * qk * t.inv_filled[i] + t.log_n[i] + half_s2 * var;
     }
   }
-}
-
-void TailHead(const TailHeadArgs& t) {
-  const DF df;
-  const size_t lanes = hn::Lanes(df);
-  TailLogits(t);
   std::vector<double> w_sums(static_cast<size_t>(t.group));
   for (int j = 0; j < t.group; ++j) {
     float* l = t.logits + size_t(j) * t.n;
@@ -103,10 +99,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace longctx::policy::detail {
 
-HWY_EXPORT(TailLogits);
 HWY_EXPORT(TailHead);
 
-void tail_logits(const TailHeadArgs& args) { HWY_DYNAMIC_DISPATCH(TailLogits)(args); }
 void tail_head(const TailHeadArgs& args) { HWY_DYNAMIC_DISPATCH(TailHead)(args); }
 
 }  // namespace longctx::policy::detail

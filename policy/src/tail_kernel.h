@@ -26,8 +26,4 @@ struct TailHeadArgs {
 // lse = m + log Σ_b exp(l_b - m), m = max_b l_b.
 void tail_head(const TailHeadArgs& args);
 
-// Its first part alone: logits[j * n + b] = l_b for query head j (out and lse
-// untouched; sums may point at the records' key sums only).
-void tail_logits(const TailHeadArgs& args);
-
 }  // namespace longctx::policy::detail

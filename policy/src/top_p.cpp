@@ -41,15 +41,15 @@ Shares shares_of(const float* logits, int64_t n, const std::vector<int64_t>& tok
   return s;
 }
 
-// The fewest eligible blocks, largest `share` first (ties: lower index),
-// whose `mass` shares with `fixed` reach p, clamped; indices increasing.
-// Sorts only as far as it must: a few times the blocks kept, not the whole row.
-std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std::vector<double>& mass,
-                                     const std::vector<char>& eligible, double fixed, const BudgetConfig& budget) {
+// The fewest eligible blocks, largest share first (ties: lower index), whose
+// shares with `fixed` reach p, clamped; indices increasing. Sorts only as far
+// as it must: a few times the blocks kept, not the whole row.
+std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std::vector<char>& eligible, double fixed,
+                                     const BudgetConfig& budget) {
   std::vector<int64_t> order;
   double total = fixed;
   for (int64_t b = 0; b < int64_t(share.size()); ++b)
-    if (eligible[size_t(b)]) order.push_back(b), total += mass[size_t(b)];
+    if (eligible[size_t(b)]) order.push_back(b), total += share[size_t(b)];
   const int64_t n = int64_t(order.size());
   const auto larger = [&](int64_t a, int64_t b) {
     return share[size_t(a)] > share[size_t(b)] || (share[size_t(a)] == share[size_t(b)] && a < b);
@@ -69,7 +69,7 @@ std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std
   for (int64_t want = std::min<int64_t>(limit, 64); k < limit && reached < target;
        want = std::min(limit, 4 * want)) {
     sort_best(want);
-    while (k < want && reached < target) reached += mass[size_t(order[size_t(k++)])];
+    while (k < want && reached < target) reached += share[size_t(order[size_t(k++)])];
   }
   k = std::max(k, budget.min_blocks);
   if (budget.max_blocks > 0) k = std::min(k, budget.max_blocks);
@@ -84,7 +84,7 @@ std::vector<int64_t> fewest_reaching(const std::vector<double>& share, const std
 
 MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int64_t n_context,
                           const std::vector<int64_t>& block_tokens, const std::vector<double>& fixed_logsum,
-                          HeadSelectMode mode, const BudgetConfig& budget, const std::vector<float>* mass_logits) {
+                          HeadSelectMode mode, const BudgetConfig& budget) {
   if (n_kv_heads < 1) fail(ErrorCode::kInvalidArgument, "choose_by_mass: n_kv_heads is ", n_kv_heads, ", must be >= 1");
   if (n_context < 0 || logits.size() != size_t(n_kv_heads) * size_t(n_context) ||
       block_tokens.size() != size_t(n_context) || fixed_logsum.size() != size_t(n_kv_heads))
@@ -96,23 +96,11 @@ MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int6
          budget.min_blocks, ", max_blocks = ", budget.max_blocks, " (>= 0)");
   for (const float x : logits)
     if (std::isnan(x)) fail(ErrorCode::kInvalidArgument, "choose_by_mass: a block logit is NaN");
-  if (mass_logits != nullptr) {
-    if (mass_logits->size() != logits.size())
-      fail(ErrorCode::kInvalidArgument, "choose_by_mass: ", mass_logits->size(), " mass logits for ", logits.size(),
-           " logits");
-    for (const float x : *mass_logits)
-      if (std::isnan(x)) fail(ErrorCode::kInvalidArgument, "choose_by_mass: a block mass logit is NaN");
-  }
 
-  // shares rank the blocks; masses (the same unless mass_logits) count toward p.
-  std::vector<Shares> shares, masses;
-  for (int h = 0; h < n_kv_heads; ++h) {
-    const size_t row = size_t(h) * size_t(n_context);
-    shares.push_back(shares_of(logits.data() + row, n_context, block_tokens, fixed_logsum[size_t(h)]));
-    masses.push_back(mass_logits == nullptr
-                         ? shares.back()
-                         : shares_of(mass_logits->data() + row, n_context, block_tokens, fixed_logsum[size_t(h)]));
-  }
+  std::vector<Shares> shares;
+  for (int h = 0; h < n_kv_heads; ++h)
+    shares.push_back(shares_of(logits.data() + size_t(h) * size_t(n_context), n_context, block_tokens,
+                               fixed_logsum[size_t(h)]));
   const auto eligible_of = [&](int h) {
     std::vector<char> e(static_cast<size_t>(n_context));
     for (int64_t b = 0; b < n_context; ++b) e[size_t(b)] = !excluded(logits[size_t(h) * size_t(n_context) + size_t(b)]);
@@ -121,24 +109,21 @@ MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int6
 
   MassChoice out;
   if (mode == HeadSelectMode::kShared) {
-    Shares mean, mean_mass;
+    Shares mean;
     mean.blocks.assign(size_t(n_context), 0.0);
-    mean_mass.blocks.assign(size_t(n_context), 0.0);
     std::vector<char> eligible(size_t(n_context), 0);
     for (int h = 0; h < n_kv_heads; ++h) {
       const std::vector<char> e = eligible_of(h);
       for (int64_t b = 0; b < n_context; ++b) {
         mean.blocks[size_t(b)] += shares[size_t(h)].blocks[size_t(b)] / n_kv_heads;
-        mean_mass.blocks[size_t(b)] += masses[size_t(h)].blocks[size_t(b)] / n_kv_heads;
         eligible[size_t(b)] |= e[size_t(b)];
       }
-      mean_mass.fixed += masses[size_t(h)].fixed / n_kv_heads;
+      mean.fixed += shares[size_t(h)].fixed / n_kv_heads;
     }
-    out.chosen.push_back(fewest_reaching(mean.blocks, mean_mass.blocks, eligible, mean_mass.fixed, budget));
+    out.chosen.push_back(fewest_reaching(mean.blocks, eligible, mean.fixed, budget));
   } else {
     for (int h = 0; h < n_kv_heads; ++h)
-      out.chosen.push_back(fewest_reaching(shares[size_t(h)].blocks, masses[size_t(h)].blocks, eligible_of(h),
-                                           masses[size_t(h)].fixed, budget));
+      out.chosen.push_back(fewest_reaching(shares[size_t(h)].blocks, eligible_of(h), shares[size_t(h)].fixed, budget));
     if (budget.policy == BudgetConfig::Policy::kAdaptive) {
       int64_t total = 0;
       for (const auto& c : out.chosen) total += int64_t(c.size());
@@ -154,7 +139,7 @@ MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int6
     }
   }
   for (int h = 0; h < n_kv_heads; ++h) {
-    const Shares& s = masses[size_t(h)];
+    const Shares& s = shares[size_t(h)];
     double mass = s.fixed;
     for (const int64_t b : out.chosen[out.chosen.size() == 1 ? 0 : size_t(h)]) mass += s.blocks[size_t(b)];
     out.mass.push_back(std::min(1.0, mass));

@@ -15,12 +15,10 @@
 #include <random>
 #include <vector>
 
-#include "cpu/reference.h"
 #include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/policy/decode_policy.h"
-#include "longctx/policy/select.h"
 
 namespace longctx::policy {
 namespace {
@@ -254,68 +252,6 @@ TEST(Tail, RefusesAStoreWithoutSumsAndBadArguments) {
   cpu::Selection one;
   one.spans.resize(1);
   cpu::testing::expect_invalid([&] { estimate_tail(*s->store, 0, qv, one, 0.f); }, {"1 kv heads"});
-}
-
-// moment_logits (select.h): per kv head and context block, the group's
-// combined scale q.mean + scale^2 sum q^2 var / 2 of the block's stored keys,
-// against fp64 moments of the keys read back (f16 and q8_0 stores, sinks
-// and a local window in the partition, GQA sum and max); refused without
-// tail sums.
-TEST(Tail, MomentLogitsMatchTheFp64Moments) {
-  std::mt19937 rng(12);
-  for (const DType kv : {DType::kF16, DType::kQ8_0}) {
-    for (const Reduce reduce : {Reduce::kSum, Reduce::kMax}) {
-      Case c;
-      c.kv = kv;
-      c.group = reduce == Reduce::kSum ? 4 : 2;
-      c.initial = 3;
-      c.local = 20;
-      c.n_tokens = 181;  // a partial last block
-      auto s = make_store(c, rng);
-      const int n_q = c.n_kv * c.group;
-      std::normal_distribution<float> normal;
-      std::vector<float> q(size_t(n_q) * c.head_dim);
-      for (float& x : q) x = normal(rng);
-      const float scale = 0.11f;
-      const std::vector<float> got =
-          moment_logits(*s->store, 0, make_view(q.data(), DType::kF32, {n_q, c.head_dim}), scale, reduce);
-      const kvstore::Partition part = s->store->partition(0);
-      const int64_t n_context = part.end_context_block - part.first_context_block;
-      ASSERT_EQ(got.size(), size_t(c.n_kv) * size_t(n_context));
-      for (int h = 0; h < c.n_kv; ++h)
-        for (int64_t b = part.first_context_block; b < part.end_context_block; ++b) {
-          const auto keys = cpu::score_ref::stored_block_keys(*s->store, 0, h, b);
-          std::vector<double> mean(size_t(c.head_dim), 0.0), var(size_t(c.head_dim), 0.0);
-          for (const auto& k : keys)
-            for (int ch = 0; ch < c.head_dim; ++ch) mean[size_t(ch)] += k[size_t(ch)] / double(keys.size());
-          for (const auto& k : keys)
-            for (int ch = 0; ch < c.head_dim; ++ch)
-              var[size_t(ch)] += (k[size_t(ch)] - mean[size_t(ch)]) * (k[size_t(ch)] - mean[size_t(ch)]) / double(keys.size());
-          double want = reduce == Reduce::kMax ? -INFINITY : 0.0, magnitude = 0.0;
-          for (int g = 0; g < c.group; ++g) {
-            const float* qh = q.data() + size_t(h * c.group + g) * c.head_dim;
-            double dot = 0.0, spread = 0.0;
-            for (int ch = 0; ch < c.head_dim; ++ch) {
-              dot += qh[ch] * mean[size_t(ch)];
-              spread += double(qh[ch]) * qh[ch] * var[size_t(ch)];
-              magnitude += std::abs(qh[ch]) * (std::abs(mean[size_t(ch)]) + 1.0) + double(qh[ch]) * qh[ch];
-            }
-            const double m = scale * dot + 0.5 * scale * scale * spread;
-            want = reduce == Reduce::kMax ? std::max(want, m) : want + m / c.group;
-          }
-          // fp32 sums of up to 16 keys and their squares, then the products: a few hundred eps32 of the magnitudes.
-          EXPECT_NEAR(got[size_t(h) * size_t(n_context) + size_t(b - part.first_context_block)], want,
-                      1e-5 * scale * magnitude)
-              << dtype_name(kv) << " " << reduce_name(reduce) << " head " << h << " block " << b;
-        }
-    }
-  }
-  Case c;
-  auto plain = make_store(c, rng, TailMode::kDrop);
-  const std::vector<float> q(size_t(4) * 64, 0.1f);
-  cpu::testing::expect_invalid(
-      [&] { moment_logits(*plain->store, 0, make_view(q.data(), DType::kF32, {4, 64}), 0.f, Reduce::kSum); },
-      {"moment_logits", "no tail sums"});
 }
 
 // DecodePolicy with tail: estimate: the exact part and the tail merged, the

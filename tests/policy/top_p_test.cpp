@@ -43,45 +43,24 @@ struct RefHead {
   double mass = 0.0;
 };
 
-// Shares u_b of a head's blocks and f of its fixed part, normalised together;
-// all 0 when nothing weighs anything.
-struct RefShares {
-  std::vector<double> u;
-  double f = 0.0;
-};
-
-RefShares reference_shares(const std::vector<float>& logits, const std::vector<int64_t>& tokens, double fixed) {
+RefHead reference_head(const std::vector<float>& logits, const std::vector<int64_t>& tokens, double fixed,
+                       const BudgetConfig& b) {
   std::vector<double> logw;
   for (size_t i = 0; i < logits.size(); ++i)
     logw.push_back(std::isinf(logits[i]) || tokens[i] == 0 ? -INFINITY : std::log(double(tokens[i])) + logits[i]);
   double m = fixed;
   for (double x : logw) m = std::max(m, x);
-  RefShares r;
-  r.u.assign(logits.size(), 0.0);
+  RefHead r;
   if (std::isinf(m)) return r;
   double total = std::exp(fixed - m);
   for (double x : logw) total += std::exp(x - m);
-  for (size_t i = 0; i < logw.size(); ++i) r.u[i] = std::exp(logw[i] - m) / total;
-  r.f = std::exp(fixed - m) / total;
-  return r;
-}
-
-// Blocks ordered by the shares of `logits`, counted toward p by the shares of
-// `mass_logits` (the same logits when there is no other mass estimate).
-RefHead reference_head(const std::vector<float>& logits, const std::vector<float>& mass_logits,
-                       const std::vector<int64_t>& tokens, double fixed, const BudgetConfig& b) {
-  const RefShares rank = reference_shares(logits, tokens, fixed);
-  const RefShares mass = reference_shares(mass_logits, tokens, fixed);
-  const std::vector<double>& u = mass.u;
-  const double f = mass.f;
-  RefHead r;
-  if (rank.f == 0.0 && std::all_of(rank.u.begin(), rank.u.end(), [](double x) { return x == 0.0; }))
-    return r;  // nothing weighs anything
+  std::vector<double> u;
+  for (double x : logw) u.push_back(std::exp(x - m) / total);
+  const double f = std::exp(fixed - m) / total;
   std::vector<int64_t> order;
   for (size_t i = 0; i < logits.size(); ++i)
     if (!(std::isinf(logits[i]) && logits[i] < 0)) order.push_back(int64_t(i));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t c) { return rank.u[size_t(a)] > rank.u[size_t(c)]; });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return u[size_t(a)] > u[size_t(c)]; });
   // p = 1 is every eligible block (blocks whose weight underflows too).
   double reached = f;
   size_t k = b.p >= 1.0 ? order.size() : 0;
@@ -114,46 +93,11 @@ TEST(TopP, RandomLogitsMatchTheFp64Reading) {
     ASSERT_EQ(got.chosen.size(), size_t(heads));
     for (int h = 0; h < heads; ++h) {
       const std::vector<float> row(logits.begin() + h * n, logits.begin() + (h + 1) * n);
-      const RefHead ref = reference_head(row, row, tokens, fixed[size_t(h)], b);
+      const RefHead ref = reference_head(row, tokens, fixed[size_t(h)], b);
       EXPECT_EQ(got.chosen[size_t(h)], ref.kept) << "trial " << trial << " head " << h << " p " << b.p;
       EXPECT_NEAR(got.mass[size_t(h)], std::min(1.0, ref.mass), 1e-9) << "trial " << trial;
     }
   }
-}
-
-// With mass_logits: blocks still in the order of `logits`, counted toward p
-// (and reported) by the shares of the mass logits.
-TEST(TopP, MassLogitsCountTowardPInTheOrderOfTheLogits) {
-  std::mt19937 rng(2);
-  for (int trial = 0; trial < 300; ++trial) {
-    const int heads = 1 + int(rng() % 3);
-    const int64_t n = 1 + int64_t(rng() % 50);
-    std::normal_distribution<float> normal(0.f, 1.f + float(rng() % 6));
-    std::vector<float> logits(size_t(heads) * size_t(n)), mass(logits.size());
-    for (size_t i = 0; i < logits.size(); ++i) {
-      logits[i] = rng() % 11 == 0 ? kNegInf : normal(rng) + 4.f;  // a bound: above the mass
-      mass[i] = std::isinf(logits[i]) ? kNegInf : normal(rng);
-    }
-    std::vector<int64_t> tokens(static_cast<size_t>(n), 16);
-    std::vector<double> fixed(static_cast<size_t>(heads));
-    for (double& f : fixed) f = rng() % 5 == 0 ? -INFINITY : double(normal(rng)) + 2.0;
-    const BudgetConfig b = top_p(std::uniform_real_distribution<double>(0.0, 1.0)(rng), rng() % 2);
-    const MassChoice got = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kSeparate, b, &mass);
-    for (int h = 0; h < heads; ++h) {
-      const std::vector<float> row(logits.begin() + h * n, logits.begin() + (h + 1) * n);
-      const std::vector<float> mass_row(mass.begin() + h * n, mass.begin() + (h + 1) * n);
-      const RefHead ref = reference_head(row, mass_row, tokens, fixed[size_t(h)], b);
-      EXPECT_EQ(got.chosen[size_t(h)], ref.kept) << "trial " << trial << " head " << h << " p " << b.p;
-      EXPECT_NEAR(got.mass[size_t(h)], std::min(1.0, ref.mass), 1e-9) << "trial " << trial;
-    }
-  }
-  const std::vector<int64_t> tokens = {16, 16};
-  const std::vector<float> short_mass = {0.f};
-  EXPECT_THROW(choose_by_mass({0.f, 1.f}, 1, 2, tokens, {0.0}, HeadSelectMode::kSeparate, top_p(0.5), &short_mass),
-               Error);
-  const std::vector<float> nan_mass = {0.f, NAN};
-  EXPECT_THROW(choose_by_mass({0.f, 1.f}, 1, 2, tokens, {0.0}, HeadSelectMode::kSeparate, top_p(0.5), &nan_mass),
-               Error);
 }
 
 TEST(TopP, EdgeRules) {

@@ -93,18 +93,12 @@ struct BudgetConfig {
   // top_p = the fewest whose estimated attention mass (with the sinks and the
   // local window) reaches p, within [min_blocks, max_blocks] (policy/top_p.h).
   enum class Mode { kTopK, kTopP };
-  // top_p's estimate of a block's mass: from its score (QUEST's bound: safe
-  // for a block whose mass is one outlier token, but spread over every block)
-  // or from its keys' moments (tail: estimate's sums: close where attention is
-  // spread, short for a block of one outlier; policy/top_p.h).
-  enum class Mass { kBound, kMoments };
   Policy policy = Policy::kUniform;  // adaptive = Ada-KV per-kv-head budgets
   double alpha = 0.2;                // adaptive: each head keeps >= alpha * uniform share
   Mode mode = Mode::kTopK;
   double p = 0.95;           // top_p: the estimated mass to reach, in [0, 1]
   int64_t min_blocks = 1;    // top_p: at least this many context blocks per kv head
   int64_t max_blocks = 0;    // top_p: at most this many; 0 = no limit
-  Mass mass = Mass::kBound;  // top_p: how a block's mass is estimated
 };
 
 struct RazorConfig {

@@ -44,9 +44,7 @@ struct Preselected {
 // preselected set as is (no scoring) when spec.blocks >= preselected->count,
 // else choose among the preselected blocks only. top_p: score (restricted to
 // the preselected blocks when given), then choose_by_mass with the exact
-// logits of the sinks and the local window as the fixed part (blocks
-// ranked by their score; with budget.mass moments, their mass counted by
-// moment_logits);
+// logits of the sinks and the local window as the fixed part;
 // `estimated_mass`, when given, receives each kv head's estimated attended
 // share (empty in top_k mode). Throws Error(kInvalidArgument) naming the
 // argument for a bad layer or q, or spec.blocks < 0.
@@ -60,14 +58,5 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
 // products summed in double.
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce);
-
-// Per kv head and context block of `layer` ([n_kv_heads][n_context]), the
-// log of the block's estimated attention weight per token from the moments
-// of its keys, as the estimated tail weighs a block (tail.h):
-//   m_b = scale · q·k̄_b + scale² Σ_c q_c² σ²_b,c / 2,
-// combined over the group's query heads by `reduce` (sum: their mean; max).
-// The store must keep tail sums (tail: estimate), else Error(kInvalidArgument).
-std::vector<float> moment_logits(const kvstore::KVStore& store, int layer, const TensorView& q, float scale,
-                                 Reduce reduce);
 
 }  // namespace longctx::policy

@@ -14,13 +14,6 @@
 // logit is excluded: outside the preselected set); p = 1 keeps every eligible
 // block, so that top_p at 1 attends what dense does. The mass is an estimate:
 // QUEST's logit is an upper bound on each token's, MEAN's the mean key's.
-// With budget.mass moments, blocks are still ranked by that logit, but their
-// mass is counted from their keys' moments (select.h moment_logits: mean and
-// per-channel variance, as the estimated tail weighs blocks): QUEST's bound
-// spreads the estimated mass over every block, so p is reached only through
-// the sinks and the window; the moments put it where it is, except that a
-// block whose mass is one outlier token (a needle) is undercounted (the
-// channels' covariances are not kept).
 //
 // Modes: SEPARATE, each kv head by its own mass; SHARED, one list for every
 // head by the mean over heads of their normalised masses; SEPARATE with
@@ -50,14 +43,8 @@ struct MassChoice {
 // [n_kv_heads] L of each head's always-attended tokens (-inf when there are
 // none). Error(kInvalidArgument) for sizes that do not match, n_kv_heads < 1,
 // a budget outside its documented range, or a NaN logit.
-// mass_logits (optional, the same shape): another estimate of each block's
-// per-token logit used for the mass only: blocks are then still ranked by
-// `logits` (a bound finds a needle's block), but p is reached, and the
-// attended share reported, by w_b = n_b * exp(mass_logit_b - m) (tail sums'
-// moments, select.h moment_logits). An -inf mass logit weighs nothing.
 MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int64_t n_context,
                           const std::vector<int64_t>& block_tokens, const std::vector<double>& fixed_logsum,
-                          HeadSelectMode mode, const BudgetConfig& budget,
-                          const std::vector<float>* mass_logits = nullptr);
+                          HeadSelectMode mode, const BudgetConfig& budget);
 
 }  // namespace longctx::policy
