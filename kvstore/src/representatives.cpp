@@ -13,6 +13,7 @@ namespace {
 
 using RT = RepresentativeType;
 
+// Slot j of a record of a float rep_dtype (q8_0 slots: write_slot).
 std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
   return record + size_t(j) * size_t(layout.shape.head_dim) * dtype_size(layout.rep_dtype);
 }
@@ -98,14 +99,7 @@ void for_each_f32_tile(const StoreLayout& layout, const Segment& seg, RepScratch
   }
 }
 
-// MAX (and QUEST's min in a second accumulator): start from the record, or
-// from the segment's first token when the block is new; the extremes of
-// stored values are stored values, so the round trip through kv_type is exact
-// (q8_0: its dequantized values rounded to the f16 record).
-// q8_0: a record's extremes are rounded outward, so reading them back and
-// rounding them outward again at every append would let them drift away
-// from the keys; the extremes of the block's first n tokens are taken from
-// its page instead (n < block_size tokens, once per append to a partial block).
+// The channel-wise max and min of a block's first n keys, read from its page.
 void page_extremes(const StoreLayout& layout, const std::byte* page, int n, float* mx, float* mn, RepScratch& s) {
   const size_t d = size_t(layout.shape.head_dim);
   s.block_keys.resize(d * size_t(n));
@@ -117,6 +111,13 @@ void page_extremes(const StoreLayout& layout, const std::byte* page, int n, floa
   }
 }
 
+// MAX (and QUEST's min in a second accumulator): start from the record, or
+// from the segment's first token when the block is new; the extremes of
+// stored values are stored values, so the round trip through a float kv_type
+// is exact. q8_0 rounds a record's extremes outward, so reading them back and
+// rounding them outward again at every append would let them drift away from
+// the keys: there the extremes so far are taken from the page instead (fewer
+// than block_size keys, once per append to a partial block).
 template <bool kWithMin>
 void update_extremes(const StoreLayout& layout, std::byte* record, const std::byte* page, const Segment& seg,
                      RepScratch& s) {
@@ -263,11 +264,10 @@ void repick_dynamic(const StoreLayout& layout, std::byte* record, const std::byt
   });
   int32_t* offsets = record_offsets(layout, record);
   if (s.acc0.size() < size_t(layout.shape.head_dim)) s.acc0.resize(size_t(layout.shape.head_dim));
-  std::fill(s.acc0.begin(), s.acc0.end(), 0.f);  // the unused slots: zero codes and scales
   for (int j = 0; j < layout.rep_num; ++j) {
     if (j >= picked) {
       offsets[j] = -1;
-      std::fill(s.acc0.begin(), s.acc0.end(), 0.f);
+      std::fill(s.acc0.begin(), s.acc0.end(), 0.f);  // an unused slot: zeros (q8_0: zero codes and scales)
     } else {
       offsets[j] = order[size_t(j)];
       // The key of that token out of the page's K^T (one value per channel row).
