@@ -1,6 +1,6 @@
 // Highway kernel of block scoring (score_kernels.h): dot products of prepared
 // f32 queries with the key vectors of representative records stored in
-// f32/f16/bf16, fp32 accumulation. Each key vector is loaded once for up to
+// f32/f16/bf16 or q8_0, fp32 accumulation. Each key vector is loaded once for up to
 // four queries; the hot case (one query: sums over the GQA group folded into
 // it) keeps two accumulators so the FMA latency does not bind.
 #include <algorithm>
