@@ -69,9 +69,7 @@
 // attend_ms = the attention alone over the step's selection (what a step
 // would cost with its selection hidden), median. Both start with the caches
 // evicted, as a layer's step finds them after the other layers ran.
-#include <tbb/blocked_range.h>
 #include <tbb/info.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <climits>
@@ -332,17 +330,6 @@ struct Accum {
   std::vector<double> ms, attend_ms, prefill_end_ms;
   int seeds = 0;
 };
-
-// Writes a buffer larger than the last-level cache on every core, so the
-// next timed call reads its K/V and representatives from DRAM and finds the
-// thread pool awake, as the other layers' parallel work would leave both.
-void evict_caches() {
-  static std::vector<char> buffer(size_t(256) << 20);
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, buffer.size(), size_t(1) << 20),
-                    [&](const tbb::blocked_range<size_t>& range) {
-                      for (size_t i = range.begin(); i < range.end(); i += 64) buffer[i] = char(buffer[i] + 1);
-                    });
-}
 
 // Runs one policy at one budget on a workload: decode steps ask `asked`
 // (question indices, one per step), each measured against its reference.

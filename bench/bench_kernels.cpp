@@ -9,10 +9,8 @@
 // of history, f16 K/V, in TFLOP/s beside the fp32 FMA and bf16 (vdpbf16ps)
 // peaks measured in the same run (FLOPs = 4 * head_dim * q heads * keys seen,
 // summed over the chunk's queries: QK^T and PV, causal inside the chunk).
-#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/info.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -107,18 +105,11 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   policy::DecodePolicy decode_policy(config, store, 0.f);  // 0: 1/sqrt(head_dim), as the kernels above
 
   // A decode step of one layer finds its KV and representatives cold: the
-  // other layers ran since. Evict the caches before every timed run, on
-  // every core, as the other layers' parallel work would: evicting on one
-  // thread lets the pool's workers fall asleep, and the timed run then pays
-  // for waking them, which a real step does not.
-  std::vector<char> evict(size_t(256) << 20);
+  // other layers ran since (evict_caches, before every timed run).
   auto cold = [&](const std::function<void()>& fn) {
     std::vector<double> seconds;
     for (int r = 0; r < a.reps; ++r) {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, evict.size(), size_t(1) << 20),
-                        [&](const tbb::blocked_range<size_t>& range) {
-                          for (size_t i = range.begin(); i < range.end(); i += 64) evict[i] = char(evict[i] + 1);
-                        });
+      evict_caches();
       seconds.push_back(time_runs(1, fn)[0]);
     }
     return 1e3 * median(seconds);

@@ -1,5 +1,6 @@
 #include "bench_util.h"
 
+#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <unistd.h>
@@ -118,6 +119,14 @@ double measure_copy_gbps(size_t bytes, int threads, int reps) {
   copy();
   const double seconds = median(time_runs(reps, copy));
   return 2.0 * double(bytes) / seconds / 1e9;
+}
+
+void evict_caches() {
+  static std::vector<char> buffer(size_t(256) << 20);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, buffer.size(), size_t(1) << 20),
+                    [](const tbb::blocked_range<size_t>& range) {
+                      for (size_t i = range.begin(); i < range.end(); i += 64) buffer[i] = char(buffer[i] + 1);
+                    });
 }
 
 double measure_read_gbps(size_t bytes, int threads, int reps) {

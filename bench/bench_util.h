@@ -53,6 +53,14 @@ struct TempModel {
 // threads each copying a contiguous slice.
 double measure_copy_gbps(size_t bytes, int threads, int reps);
 
+// Writes a 256 MiB buffer (larger than the last-level cache) on every core
+// of the current thread limit, so that the next timed call reads its data from
+// DRAM, as a decode step of one layer finds its K/V and representatives after
+// the other layers ran, and finds the thread pool awake: evicting on one
+// thread lets the pool's workers fall asleep, and the timed call then pays for
+// waking them, which a real step does not.
+void evict_caches();
+
 // Read-only bandwidth over `bytes` (the roofline of read-bound kernels such
 // as decode attention), median of `reps`, `threads` threads each summing a slice.
 double measure_read_gbps(size_t bytes, int threads, int reps);
