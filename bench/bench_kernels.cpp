@@ -118,7 +118,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
   const double vector_bytes = double(kvstore::kv_vector_bytes(dtype, a.head_dim));
   // Bytes of one representative record's key slots (q8_0: codes and scales).
   const double rep_bytes =
-      double(store.layout().rep_slots) * double(kvstore::kv_vector_bytes(store.layout().rep_dtype, a.head_dim));
+      double(store.layout().rep_slots) * double(kvstore::kv_vector_bytes(dtype, a.head_dim));
   const double kv_bytes_per_token = 2.0 * a.kv_heads * vector_bytes;
   const double dense_ms = cold([&] { cpu::dense_decode_attention(store, 0, qv, attn, ov, lv); });
   const double score_ms = cold([&] { cpu::score_blocks(store, 0, qv, select.score, sv); });

@@ -140,7 +140,7 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
     const Piece& piece = pieces[size_t(i)];
     detail::ScoreRun run;
-    run.rep_dtype = layout.rep_dtype;  // the records' keys
+    run.rep_dtype = layout.kv_type;  // the records' keys are kept in kv_type
     run.scales_offset = size_t(layout.rep_slots) * size_t(layout.shape.head_dim);  // q8_0: after every code
     run.queries = plan.queries.data() + size_t(piece.head) * plan.n_queries * plan.slot_len;
     run.n_queries = plan.n_queries;

@@ -214,8 +214,6 @@ int q8_unstorable_channel(const float* row, int head_dim) {
 
 // ---- the page format ---------------------------------------------------------------
 
-DType rep_dtype_of(DType kv_type) { return kv_type; }
-
 size_t kv_vector_bytes(DType kv_type, int head_dim) {
   if (kv_type == DType::kQ8_0) return size_t(head_dim) + size_t(head_dim / kQ8Group) * sizeof(uint16_t);
   return size_t(head_dim) * dtype_size(kv_type);

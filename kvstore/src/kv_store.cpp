@@ -140,7 +140,6 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   l.shape = shape;
   l.block_size = config.block_size;
   l.kv_type = config.kv_type;
-  l.rep_dtype = rep_dtype_of(config.kv_type);
   l.rep_type = type;
   l.rep_num = config.representative_num;
   l.rep_slots = slots_of(type, config.representative_num);
@@ -156,7 +155,7 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   }
   l.page_bytes = round_up_64(2 * bs * kv_vector_bytes(config.kv_type, shape.head_dim));
 
-  size_t end = round_up_64(size_t(l.rep_slots) * kv_vector_bytes(l.rep_dtype, shape.head_dim));  // keys
+  size_t end = round_up_64(size_t(l.rep_slots) * kv_vector_bytes(config.kv_type, shape.head_dim));  // keys
   if (type == RT::kMean) {
     l.record_sum_offset = end;
     end = round_up_64(end + d * sizeof(float));

@@ -13,9 +13,9 @@ namespace {
 
 using RT = RepresentativeType;
 
-// Slot j of a record of a float rep_dtype (q8_0 slots: write_slot).
+// Slot j of a record of a float kv_type (q8_0 slots: write_slot).
 std::byte* slot(const StoreLayout& layout, std::byte* record, int j) {
-  return record + size_t(j) * size_t(layout.shape.head_dim) * dtype_size(layout.rep_dtype);
+  return record + size_t(j) * size_t(layout.shape.head_dim) * dtype_size(layout.kv_type);
 }
 
 // How a slot rounds to a q8_0 record (kv_store.h): the extremes outward.
@@ -45,13 +45,13 @@ uint16_t quantize_q8_bound(const float* x, int8_t* codes, bool up) {
   return bits;
 }
 
-// Slot j of a record from x [head_dim] f32 (or, for a float rep_dtype, in
+// Slot j of a record from x [head_dim] f32 (or, for a float kv_type, in
 // x_dtype): rounded to nearest, q8_0 as `rounding` says.
 void write_slot(const StoreLayout& layout, std::byte* record, int j, const std::byte* x, DType x_dtype,
                 Rounding rounding) {
   const int d = layout.shape.head_dim;
-  if (layout.rep_dtype != DType::kQ8_0) {
-    convert(x, x_dtype, slot(layout, record, j), layout.rep_dtype, size_t(d));
+  if (layout.kv_type != DType::kQ8_0) {
+    convert(x, x_dtype, slot(layout, record, j), layout.kv_type, size_t(d));
     return;
   }
   const auto* values = reinterpret_cast<const float*>(x);  // q8_0 stores hand their keys over in f32
@@ -125,11 +125,11 @@ void update_extremes(const StoreLayout& layout, std::byte* record, const std::by
   float* mx = s.acc0.data();
   float* mn = s.acc1.data();
   const bool fresh = seg.offset == 0;
-  if (!fresh && layout.rep_dtype == DType::kQ8_0) {
+  if (!fresh && layout.kv_type == DType::kQ8_0) {
     page_extremes(layout, page, seg.offset, mx, mn, s);
   } else if (!fresh) {
-    convert(slot(layout, record, 0), layout.rep_dtype, mx, DType::kF32, d);
-    if constexpr (kWithMin) convert(slot(layout, record, 1), layout.rep_dtype, mn, DType::kF32, d);
+    convert(slot(layout, record, 0), layout.kv_type, mx, DType::kF32, d);
+    if constexpr (kWithMin) convert(slot(layout, record, 1), layout.kv_type, mn, DType::kF32, d);
   }
   for_each_f32_tile(layout, seg, s, [&](const float* keys, int t0, int n) {
     int first = 0;

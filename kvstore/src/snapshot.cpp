@@ -296,7 +296,7 @@ void check_header_fields(const Header& h, uint32_t fingerprint_bytes, const std:
   const uint64_t kv_bytes = 2 * uint64_t{h.block_size} * kv_vector_bytes(*kv_type, int(h.head_dim));
   check_range(path, "page_bytes", h.page_bytes, kv_bytes, kMaxPageBytes);
   if (h.page_bytes % 64 != 0) fail_header_field(path, "page_bytes", h.page_bytes, "is not a multiple of 64");
-  const uint64_t keys_bytes = uint64_t{h.rep_slots} * kv_vector_bytes(rep_dtype_of(*kv_type), int(h.head_dim));
+  const uint64_t keys_bytes = uint64_t{h.rep_slots} * kv_vector_bytes(*kv_type, int(h.head_dim));
   check_range(path, "record_bytes", h.record_bytes, keys_bytes, kMaxPageBytes);
   if (h.record_bytes % 64 != 0) fail_header_field(path, "record_bytes", h.record_bytes, "is not a multiple of 64");
   check_range(path, "record_sum_offset", h.record_sum_offset, 0, h.record_bytes - 1);

@@ -104,9 +104,6 @@ inline Q8Group q8_quantize_outward(const float* x, bool up) {
   return g;
 }
 
-// The dtype a store keeps representative keys in (kv_store.h: kv_type).
-inline DType rep_dtype_of(DType kv_type) { return kv_type; }
-
 // Bytes of a record's key slots before padding: rep_slots vectors of d values.
 inline size_t slot_stride_bytes(DType rep, int d) { return rep == DType::kQ8_0 ? size_t(d) : size_t(d) * dtype_size(rep); }
 
@@ -325,7 +322,7 @@ inline std::vector<std::byte> expected_record(const StoreLayout& L, const RefHea
                                               const std::byte* actual, std::string& problems) {
   const int bs = L.block_size, d = L.shape.head_dim, R = L.rep_num;
   const int n_filled = int(std::min<int64_t>(bs, n - b * bs));
-  const DType rep = rep_dtype_of(L.kv_type);
+  const DType rep = L.kv_type;  // records keep their keys in kv_type
   const bool q8 = rep == DType::kQ8_0;
   const size_t key_bytes = slot_stride_bytes(rep, d);
   std::vector<std::byte> rec(L.record_bytes, std::byte{0});

@@ -108,7 +108,6 @@ TEST(StoreLayout, RejectsShapesItCannotHold) {
 // scales [bs][d/32], back to back; records hold q8_0 keys: codes, then scales.
 TEST(StoreLayout, Q8PagesHoldCodesAndScales) {
   const StoreLayout L = StoreLayout::make({2, 3, 128}, small_config(128, DType::kQ8_0, RT::kQuest, 2, 1024));
-  EXPECT_EQ(L.rep_dtype, DType::kQ8_0);
   EXPECT_EQ(L.page_k_scales, 128u * 128);
   EXPECT_EQ(L.page_v, 128u * 128 + 128 * 4 * 2);
   EXPECT_EQ(L.page_v_scales, 2u * 128 * 128 + 128 * 4 * 2);

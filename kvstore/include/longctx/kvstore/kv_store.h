@@ -31,8 +31,9 @@
 //   so that scoring streams them: block b is record b % records_per_rep_page
 //   of rep page b / records_per_rep_page. Every part of a record starts at a
 //   64-byte boundary (records are 64-byte aligned), in this order:
-//     keys        at 0                         [rep_slots][head_dim] rep_dtype
-//                                              (= kv_type): the vectors scored
+//     keys        at 0                         [rep_slots][head_dim] kv_type
+//                                              (since snapshot format 4; version 3
+//                                              kept f16 for q8_0): the vectors scored
 //                                              (rep_slots: 1 MAX/MEAN, 2 QUEST, R FIX/DYNAMIC);
 //                                              q8_0: the rep_slots * head_dim int8
 //                                              codes, then one f16 scale per 32 of
@@ -50,7 +51,7 @@
 //
 //   Definitions, over the n_filled tokens the block holds, keys *as stored*
 //   (rounded to kv_type; q8_0: the dequantized q * s), so a partial block
-//   always describes what it holds; a slot is then rounded to rep_dtype:
+//   always describes what it holds; a slot is then rounded to kv_type:
 //   f32/f16/bf16 to nearest (the extremes of stored values are stored values,
 //   so MAX and QUEST slots are exact), q8_0 as a q8_0 store quantizes a key
 //   vector, except that the extremes are rounded outward so they stay bounds
@@ -111,10 +112,6 @@ struct KVShape {
 // Channels per q8_0 scale.
 constexpr int kQ8Group = 32;
 
-// The dtype representative keys are kept in: kv_type (q8_0 too, since
-// snapshot format version 4; version 3 kept f16 for q8_0).
-DType rep_dtype_of(DType kv_type);
-
 // Bytes of one token's key (or value) vector of one kv head in `kv_type`:
 // head_dim * es, or for q8_0 head_dim codes + head_dim / 32 f16 scales.
 size_t kv_vector_bytes(DType kv_type, int head_dim);
@@ -124,7 +121,6 @@ struct StoreLayout {
   KVShape shape;
   int block_size = 0;
   DType kv_type = DType::kF16;
-  DType rep_dtype = DType::kF16;  // representative keys: kv_type
   // Parts of a block page, bytes from its start (K^T at 0); the scales are 0 unless q8_0.
   size_t page_k_scales = 0;
   size_t page_v = 0;
