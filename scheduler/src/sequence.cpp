@@ -29,19 +29,6 @@ uint64_t budget_bytes(const LongContextConfig& config) {
   return config.dram_budget != 0 ? config.dram_budget : kvstore::default_dram_budget();
 }
 
-// Why attention may not run on a backend's DeviceAttention (sequence.h), ""
-// when it may: the device kernels' table (f16/bf16 K/V, head_dim 64/128/256),
-// and no policy that needs the local window on the CPU or a restricted prefill.
-std::string device_path_declined(const LongContextConfig& config, const TransformerSpec& s) {
-  if (config.kv_type != DType::kF16 && config.kv_type != DType::kBF16)
-    return str_cat("kv_type ", dtype_name(config.kv_type), " (the device keeps K/V as f16 or bf16)");
-  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
-    return str_cat("head_dim ", s.head_dim, " (the device kernels run 64, 128 and 256)");
-  if (config.policy == SelectionPolicy::kH2O) return "policy h2o (it attends its recent tokens on the CPU)";
-  if (config.quoka.enabled) return "quoka.enabled (QUOKA's restricted prefill runs on the CPU)";
-  return "";
-}
-
 // Rows [row, row + 1) of x [n, d] as a new [1, d] tensor.
 std::unique_ptr<BackendTensor> copy_row(Backend& backend, const BackendTensor& x, int64_t row) {
   const int64_t d = x.shape()[1];
@@ -71,15 +58,18 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
   topology_ = topology;
   budget_ = std::make_unique<kvstore::MemoryBudget>(budget_bytes(config_));
   DeviceAttention* device = backend_.device_attention();
-  device_declined_ = device ? device_path_declined(config_, model_.spec) : "the backend has no device attention";
+  const TransformerSpec& s = model_.spec;
+  device_declined_ =
+      device ? DeviceLayerAttention::declined(config_, s.head_dim) : "the backend has no device attention";
   const bool device_path = device && device_declined_.empty();
+  const DeviceAttention::Shape device_shape =
+      DeviceLayerAttention::shape_for(config_, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.attn_scale);
   // The device path reads a layer's cached K/V back into the device's pinned
   // host memory (DeviceAttention::history_buffer) for begin_prefill_layer: up to max_seq_len
   // tokens of K and V, held in the budget before the store's preflight.
   uint64_t history_bytes = 0;
   if (device_path) {
-    history_bytes = 2 * uint64_t(config_.max_seq_len) * uint64_t(model_.spec.n_kv_heads) *
-                    uint64_t(model_.spec.head_dim) * dtype_size(config_.kv_type);
+    history_bytes = DeviceLayerAttention::history_bytes(device_shape);
     budget_->reserve(history_bytes, "Sequence: host staging of one layer's K/V for the device path");
   }
   try {
@@ -89,28 +79,9 @@ Sequence::Sequence(Backend& backend, const Transformer& model, const LongContext
     fail(ErrorCode::kOutOfMemory, e.what(), " (", format_bytes(history_bytes),
          " of it are held for the device path's host staging of one layer's K/V)");
   }
-  attention_ = std::make_unique<LayerAttention>(*store_, config_, model_.spec.attn_scale);
-  if (device_path) {
-    const TransformerSpec& s = model_.spec;
-    DeviceAttention::Shape& shape = device_shape_;
-    shape.n_layers = s.n_layers;
-    shape.n_heads = s.n_heads;
-    shape.n_kv_heads = s.n_kv_heads;
-    shape.head_dim = s.head_dim;
-    shape.kv_dtype = config_.kv_type;
-    shape.max_tokens = config_.max_seq_len;
-    shape.window = config_.local_windows_len;
-    shape.initial_len = config_.initial_len;
-    shape.scale = s.attn_scale;
-    device_ = device;  // history_bytes stay reserved: the budget is this sequence's own
-    claim_device();
-  }
-}
-
-void Sequence::claim_device() {
-  if (owns_device()) return;
-  device_->configure(device_shape_);
-  device_epoch_ = device_->epoch();
+  attention_ = std::make_unique<LayerAttention>(*store_, config_, s.attn_scale);
+  // history_bytes stay reserved: the budget is this sequence's own.
+  if (device_path) device_ = std::make_unique<DeviceLayerAttention>(*device, device_shape, *store_, *attention_);
 }
 
 Sequence::~Sequence() = default;
@@ -236,10 +207,10 @@ std::vector<float> Sequence::prefill(std::span<const int32_t> tokens, const Pref
   const int64_t q_row = int64_t(s.n_heads) * s.head_dim;
   std::vector<float> window_q(size_t(w * q_row));
 
-  if (device_) claim_device();  // before broken_: a failure here leaves everything as it was
+  if (device_) device_->claim();  // before broken_: a failure here leaves everything as it was
   broken_ = true;  // cleared when every layer holds the new tokens
   for (int layer = 0; layer < s.n_layers; ++layer) {
-    if (device_) device_begin_layer(layer);
+    if (device_) device_->begin_layer(layer);
     for (int64_t c = 0; c < n_chunks; ++c) {
       const int64_t first = c * chunk;
       BackendTensor& x = *hidden[size_t(c)];
@@ -332,9 +303,9 @@ void Sequence::sync_with_store() {
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
   attention_->restart();
   if (device_) {
-    claim_device();
+    device_->claim();
     broken_ = true;  // until every layer's ring holds the store's last tokens
-    for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_begin_layer(layer);
+    for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_->begin_layer(layer);
   }
   n_past_ = n;
   broken_ = false;
@@ -350,10 +321,7 @@ void Sequence::truncate(int64_t n_tokens) {
 
 void Sequence::reset() {
   store_->clear();
-  if (owns_device()) {  // another sequence's tokens are not ours to drop
-    device_->clear();
-    device_epoch_ = device_->epoch();
-  }
+  if (device_) device_->clear();  // only if ours: another sequence's tokens are not ours to drop
   attention_->restart();
   n_past_ = 0;
   broken_ = false;

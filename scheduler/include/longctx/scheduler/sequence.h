@@ -70,6 +70,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/decode_policy.h"
+#include "longctx/scheduler/device_layer_attention.h"
 #include "longctx/scheduler/layer_attention.h"
 #include "longctx/scheduler/transformer.h"
 
@@ -182,7 +183,7 @@ class Sequence {
   cpu::PrefillKernel prefill_kernel() const { return attention_->prefill_kernel(); }
   // True while the device's buffers hold this sequence's tokens: it was the
   // last to configure or clear the backend's DeviceAttention (DeviceAttention::epoch).
-  bool owns_device() const { return device_ != nullptr && device_->epoch() == device_epoch_; }
+  bool owns_device() const { return device_ != nullptr && device_->owns(); }
 
  private:
   struct Workspace;
@@ -198,13 +199,8 @@ class Sequence {
   // into ws.q/k/v; then output projection, residual and MLP from ws.attn.
   void attention_inputs(int layer, int64_t first_pos, const BackendTensor& x, Workspace& ws);
   void attention_output(int layer, BackendTensor& x, Workspace& ws);
-  // Device path (sequence_device.cpp): the start of a layer's prefill (the
-  // layer's cached K/V uploaded as history, the ring refilled from it), one
-  // chunk, one decode layer.
-  void device_begin_layer(int layer);
-  // Makes the device this sequence's again when another took it: configure
-  // (every token dropped; prefill and sync_with_store then refill the rings).
-  void claim_device();
+  // Device path (sequence_device.cpp): one chunk, one decode layer, between
+  // the layer's projections (DeviceLayerAttention does the attention).
   void device_prefill_chunk(int layer, int64_t first_pos, BackendTensor& x, Workspace& ws,
                             const std::function<void(const float* q, int64_t n)>& on_queries);
   // Returns the tokens the step attended exactly, summed over kv heads.
@@ -222,10 +218,8 @@ class Sequence {
   std::unique_ptr<kvstore::KVStore> store_;
   std::unique_ptr<LayerAttention> attention_;  // the store's attention and decode policy, at the model's scale
   std::unique_ptr<Workspace> decode_ws_;
-  DeviceAttention* device_ = nullptr;  // the device path's attention; null: CPU path
-  std::string device_declined_;         // why device_ is null ("" when it is not)
-  DeviceAttention::Shape device_shape_;  // what this sequence configures it with
-  uint64_t device_epoch_ = UINT64_MAX;   // the device's epoch when this sequence configured or cleared it
+  std::unique_ptr<DeviceLayerAttention> device_;  // the device path's attention; null: CPU path
+  std::string device_declined_;                   // why device_ is null ("" when it is not)
   int64_t n_past_ = 0;
   bool broken_ = false;
   SequenceStats stats_;
