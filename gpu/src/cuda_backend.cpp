@@ -121,6 +121,11 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   DeviceAttention* device_attention() override { return attention_.get(); }
 
+  // wrap_device_memory, wait_for_stream, join_stream (cuda_backend.h).
+  std::unique_ptr<BackendTensor> wrap(void* data, std::vector<int64_t> shape, DType dtype, const char* what);
+  void wait_for(cudaStream_t stream);
+  void join(cudaStream_t stream);
+
  private:
   std::unique_ptr<BackendTensor> make_tensor(DType dtype, std::vector<int64_t> shape, const char* what);
   // Copies a host view into device memory of dst_dtype, converting on the host.
@@ -197,7 +202,7 @@ void CudaBackend::upload(const TensorView& src, BackendTensor& dst) {
 void CudaBackend::download(const BackendTensor& src, const MutableTensorView& dst) {
   const auto& in = backend_tensor_cast<CudaTensor>(src, "download", "src");
   check_download_args(in, dst);
-  const size_t bytes = in.bytes();
+  const size_t bytes = size_t(in.numel()) * dtype_size(in.dtype());
   if (bytes == 0) return;
   activate(context_);
   std::vector<std::byte> staging(dst.is_contiguous() ? 0 : bytes);
@@ -345,6 +350,53 @@ void CudaBackend::synchronize() {
   cuda_check(cudaStreamSynchronize(compute_.stream), "synchronize: compute stream");
 }
 
+std::unique_ptr<BackendTensor> CudaBackend::wrap(void* data, std::vector<int64_t> shape, DType dtype,
+                                                 const char* what) {
+  backend_tensor_bytes(shape, dtype, "wrap_device_memory", what);  // checks the shape and the dtype
+  if (data == nullptr) fail(ErrorCode::kInvalidArgument, "wrap_device_memory: ", what, " is a null pointer");
+  activate(context_);
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, data), "wrap_device_memory: cudaPointerGetAttributes");
+  if ((attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) ||
+      attributes.device != device_)
+    fail(ErrorCode::kInvalidArgument, "wrap_device_memory: ", what, " is not device memory of CUDA device ",
+         device_, " (", attributes.type == cudaMemoryTypeDevice ? str_cat("device ", attributes.device)
+                                                                 : std::string("host memory"),
+         ")");
+  return std::make_unique<CudaTensor>(dtype, std::move(shape), data);
+}
+
+// One event per hand-off: recorded on one stream, waited for by the other;
+// destroying it right away is allowed (the wait keeps what it needs).
+void CudaBackend::wait_for(cudaStream_t stream) {
+  activate(context_);
+  cudaEvent_t event = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "wait_for_stream: cudaEventCreate");
+  const cudaError_t recorded = cudaEventRecord(event, stream);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(compute_.stream, event, 0) : recorded;
+  cudaEventDestroy(event);
+  cuda_check(waited, "wait_for_stream: cudaEventRecord / cudaStreamWaitEvent");
+}
+
+void CudaBackend::join(cudaStream_t stream) {
+  activate(context_);
+  for (cudaStream_t own : {compute_.stream, copy_.stream}) {
+    cudaEvent_t event = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "join_stream: cudaEventCreate");
+    const cudaError_t recorded = cudaEventRecord(event, own);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, event, 0) : recorded;
+    cudaEventDestroy(event);
+    cuda_check(waited, "join_stream: cudaEventRecord / cudaStreamWaitEvent");
+  }
+}
+
+CudaBackend& cuda_backend(Backend& backend, const char* what) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr)
+    fail(ErrorCode::kInvalidArgument, what, ": backend ", backend.name(), " is not a CUDA backend");
+  return *cuda;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -355,6 +407,19 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
          int(options.weight_dtype));
   }
   return std::make_unique<detail::CudaBackend>(options);
+}
+
+std::unique_ptr<BackendTensor> wrap_device_memory(Backend& backend, void* data, std::vector<int64_t> shape,
+                                                  DType dtype, const char* what) {
+  return detail::cuda_backend(backend, "wrap_device_memory").wrap(data, std::move(shape), dtype, what);
+}
+
+void wait_for_stream(Backend& backend, uintptr_t stream) {
+  detail::cuda_backend(backend, "wait_for_stream").wait_for(reinterpret_cast<cudaStream_t>(stream));
+}
+
+void join_stream(Backend& backend, uintptr_t stream) {
+  detail::cuda_backend(backend, "join_stream").join(reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace longctx::gpu

@@ -14,18 +14,21 @@
 
 namespace longctx::gpu::detail {
 
-// A backend tensor: device memory from the backend's device pool.
+// A backend tensor: device memory from the backend's device pool, or memory
+// another library owns on the backend's device (wrap_device_memory).
 class CudaTensor final : public BackendTensor {
  public:
   static constexpr const char* kBackendName = "CudaBackend";  // backend_tensor_cast's errors
   CudaTensor(DType dtype, std::vector<int64_t> shape, PoolBlock block)
-      : BackendTensor(dtype, std::move(shape)), block_(std::move(block)) {}
-  void* data() override { return block_.get(); }
-  const void* data() const override { return block_.get(); }
-  size_t bytes() const { return block_.bytes(); }
+      : BackendTensor(dtype, std::move(shape)), block_(std::move(block)), data_(block_.get()) {}
+  CudaTensor(DType dtype, std::vector<int64_t> shape, void* foreign)
+      : BackendTensor(dtype, std::move(shape)), data_(foreign) {}
+  void* data() override { return data_; }
+  const void* data() const override { return data_; }
 
  private:
-  PoolBlock block_;
+  PoolBlock block_;  // empty for foreign memory
+  void* data_;
 };
 
 // What the backend and its DeviceAttention share. Streams are non-blocking;

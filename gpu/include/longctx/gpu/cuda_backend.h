@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "longctx/core/backend.h"
 
@@ -32,5 +33,24 @@ struct CudaBackendOptions {
 // Throws Error(kUnsupported) without CUDA or without a device ("no CUDA
 // device: <reason>"), Error(kInvalidArgument) for a bad option.
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+// Working with another CUDA library's tensors and streams (longctx.torch
+// drives DeviceAttention with PyTorch's): `backend` must be one that
+// make_cuda_backend made (else Error(kInvalidArgument) naming it).
+//
+// Device memory the caller owns, on the backend's device, as a tensor of the
+// backend: row-major `shape` of `dtype` at `data`, not copied and not freed.
+// Error(kInvalidArgument) naming `what` for host memory, another device's, or
+// a null pointer. The caller keeps the memory alive until the backend's work
+// on it is done, in stream order: join_stream.
+std::unique_ptr<BackendTensor> wrap_device_memory(Backend& backend, void* data, std::vector<int64_t> shape,
+                                                  DType dtype, const char* what);
+// Stream hand-off without blocking the host; `stream` is a cudaStream_t as an
+// integer (0: the legacy default stream). wait_for_stream: the backend's work
+// queued from now on runs after what `stream` has queued so far. join_stream:
+// the work `stream` queues from now on runs after everything the backend has
+// queued so far (its compute and copy streams).
+void wait_for_stream(Backend& backend, uintptr_t stream);
+void join_stream(Backend& backend, uintptr_t stream);
 
 }  // namespace longctx::gpu

@@ -213,6 +213,10 @@ class KVStore {
   KVStore(const KVStore&) = delete;
   KVStore& operator=(const KVStore&) = delete;
 
+  // The budget the store draws from; an owner counts its own buffers for the
+  // store's tokens there too (the device path's host staging).
+  MemoryBudget& budget() const { return budget_; }
+
   // Appends n tokens to `layer`. k, v: [n, n_kv_heads, head_dim], any dtype,
   // innermost dimension contiguous, other strides arbitrary; converted to
   // kv_type with longctx::convert's rounding (q8_0: quantized as above; a
