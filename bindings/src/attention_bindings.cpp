@@ -8,7 +8,10 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/prefill_attention.h"
+#include "longctx/gpu/cuda_backend.h"
+#include "longctx/gpu/device.h"
 #include "longctx/policy/decode_policy.h"
+#include "longctx/scheduler/device_layer_attention.h"
 #include "longctx/scheduler/layer_attention.h"
 #include "store_handle.h"
 
@@ -176,10 +179,31 @@ py::dict stats_dict(const policy::DecodePolicy& p) {
   return d;
 }
 
-// longctx.LayerAttention: scheduler::LayerAttention and the store it attends (kept alive).
+// The CUDA path of a longctx.LayerAttention (use_cuda): a CUDA backend of its
+// own, whose DeviceAttention attends the prefill chunks and the decode window
+// of tensors that live on that device (PyTorch's, taken through DLPack and
+// ordered with the caller's stream), and the host staging of a layer's
+// history, counted in the store's budget.
+struct CudaPath {
+  int device = 0;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<scheduler::DeviceLayerAttention> step;
+  kvstore::MemoryBudget* budget = nullptr;
+  uint64_t reserved = 0;
+  ~CudaPath() {
+    step.reset();
+    backend.reset();
+    if (budget != nullptr) budget->release(reserved);
+  }
+};
+
+// longctx.LayerAttention: scheduler::LayerAttention and the store it attends
+// (kept alive), and the CUDA path when use_cuda was called (destroyed first:
+// it refers to both).
 struct PyLayerAttention {
   StoreHandle store;
   std::unique_ptr<scheduler::LayerAttention> attention;
+  std::unique_ptr<CudaPath> cuda;
 };
 
 PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& store, float scale) {
@@ -188,7 +212,7 @@ PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& stor
          "LayerAttention: this store is a Model's (Model.store), which the model attends itself; make a KVStore "
          "of your own");
   const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
-  PyLayerAttention a{store, nullptr};
+  PyLayerAttention a{store, nullptr, nullptr};
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(*store.mutex);
   a.attention = std::make_unique<scheduler::LayerAttention>(*store.store, c, scale);
@@ -219,6 +243,121 @@ py::tuple layer_decode(PyLayerAttention& a, int layer, py::handle q, py::handle 
   Out l = output(lse, "lse", {heads});
   run_locked(a.store, [&] { a.attention->decode(layer, qa.cview(), ka.cview(), va.cview(), include_local, o.view, l.view); });
   return py::make_tuple(o.object, l.object);
+}
+
+// Why this attention cannot take the CUDA path ("" when it can).
+std::string cuda_declined(const PyLayerAttention& a) {
+  std::string why;
+  if (gpu::list_devices(&why).empty()) return str_cat("no CUDA device: ", why);
+  return scheduler::DeviceLayerAttention::declined(a.attention->policy().config(),
+                                                   a.store.store->layout().shape.head_dim);
+}
+
+void use_cuda(PyLayerAttention& a, int n_heads, int device) {
+  const kvstore::KVShape shape = a.store.store->layout().shape;
+  if (n_heads <= 0 || n_heads % shape.n_kv_heads != 0)
+    fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: n_heads ", n_heads,
+         " is not a positive multiple of the store's ", shape.n_kv_heads, " kv heads");
+  if (a.cuda) fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: already on CUDA device ", a.cuda->device);
+  const std::string why = cuda_declined(a);
+  if (!why.empty()) fail(ErrorCode::kUnsupported, "LayerAttention.use_cuda: attention cannot run on CUDA: ", why);
+  run_locked(a.store, [&] {
+    auto path = std::make_unique<CudaPath>();
+    path->device = device;
+    gpu::CudaBackendOptions options;
+    options.device = device;
+    path->backend = gpu::make_cuda_backend(options);
+    const DeviceAttention::Shape ds = scheduler::DeviceLayerAttention::shape_for(
+        a.attention->policy().config(), shape.n_layers, n_heads, shape.n_kv_heads, shape.head_dim,
+        a.attention->policy().attn_scale());
+    const uint64_t bytes = scheduler::DeviceLayerAttention::history_bytes(ds);
+    a.store.store->budget().reserve(bytes, "LayerAttention.use_cuda: host staging of one layer's K/V for the device");
+    path->budget = &a.store.store->budget();
+    path->reserved = bytes;
+    path->step = std::make_unique<scheduler::DeviceLayerAttention>(*path->backend->device_attention(), ds,
+                                                                   *a.store.store, *a.attention);
+    // The store may hold tokens already (a loaded snapshot): the rings start from them.
+    for (int layer = 0; layer < shape.n_layers; ++layer) path->step->begin_layer(layer);
+    a.cuda = std::move(path);
+  });
+}
+
+CudaPath& cuda_path(PyLayerAttention& a, const char* what) {
+  if (!a.cuda) fail(ErrorCode::kInvalidArgument, "LayerAttention.", what, ": call use_cuda() first");
+  return *a.cuda;
+}
+
+// A tensor on the path's CUDA device: f32, contiguous, these dims.
+Arg device_arg(const CudaPath& path, py::handle obj, const char* what, const std::vector<Dim>& dims) {
+  std::shared_ptr<ImportedTensor> t = ImportedTensor::import(obj, what, /*any_device=*/true);
+  if (t->device().device_type != kDLCUDA || t->device().device_id != path.device)
+    fail(ErrorCode::kInvalidArgument, what, ": expected a tensor on cuda:", path.device, ", got ",
+         device_name(t->device()));
+  return check_arg(std::move(t), what, dims, kF32Only, /*contiguous=*/true);
+}
+
+std::unique_ptr<BackendTensor> wrap(const CudaPath& path, const Arg& arg, const char* what) {
+  const MutableTensorView& v = arg.view;
+  const int64_t rows = v.shape[0];
+  return gpu::wrap_device_memory(*path.backend, v.data, {rows, v.numel() / std::max<int64_t>(rows, 1)},
+                                 DType::kF32, what);
+}
+
+// Runs f on the path's backend between the hand-offs with the caller's
+// stream: the backend waits for what the stream queued (q/k/v written), the
+// stream then waits for what the backend queued (out written), even when f throws.
+template <typename F>
+void on_stream(CudaPath& path, uintptr_t stream, F&& f) {
+  gpu::wait_for_stream(*path.backend, stream);
+  struct Join {
+    CudaPath& path;
+    uintptr_t stream;
+    ~Join() noexcept(false) {
+      if (std::uncaught_exceptions() == 0) {
+        gpu::join_stream(*path.backend, stream);
+      } else {
+        try {
+          gpu::join_stream(*path.backend, stream);
+        } catch (...) {  // the error in flight is the one to report
+        }
+      }
+    }
+  } join{path, stream};
+  f();
+}
+
+void device_prefill_chunk(PyLayerAttention& a, int layer, int64_t first_pos, py::handle q, py::handle k,
+                          py::handle v, py::handle out, uintptr_t stream) {
+  CudaPath& path = cuda_path(a, "device_prefill_chunk");
+  const DeviceAttention::Shape& s = path.step->shape();
+  const Arg qa = device_arg(path, q, "q", {"n", s.n_heads, s.head_dim});
+  const int64_t n = qa.view.shape[0];
+  const Arg ka = device_arg(path, k, "k", {n, s.n_kv_heads, s.head_dim});
+  const Arg va = device_arg(path, v, "v", {n, s.n_kv_heads, s.head_dim});
+  const Arg oa = device_arg(path, out, "out", {n, s.n_heads, s.head_dim});
+  run_locked(a.store, [&] {
+    auto qt = wrap(path, qa, "q"), kt = wrap(path, ka, "k"), vt = wrap(path, va, "v"), ot = wrap(path, oa, "out");
+    on_stream(path, stream, [&] { path.step->prefill_chunk(layer, first_pos, *qt, *kt, *vt, *ot); });
+  });
+}
+
+void device_decode(PyLayerAttention& a, int layer, py::handle q, py::handle k, py::handle v, py::handle out,
+                   uintptr_t stream) {
+  CudaPath& path = cuda_path(a, "device_decode");
+  const DeviceAttention::Shape& s = path.step->shape();
+  const Arg qa = device_arg(path, q, "q", {1, s.n_heads, s.head_dim});
+  const Arg ka = device_arg(path, k, "k", {1, s.n_kv_heads, s.head_dim});
+  const Arg va = device_arg(path, v, "v", {1, s.n_kv_heads, s.head_dim});
+  const Arg oa = device_arg(path, out, "out", {1, s.n_heads, s.head_dim});
+  run_locked(a.store, [&] {
+    auto qt = wrap(path, qa, "q"), kt = wrap(path, ka, "k"), vt = wrap(path, va, "v"), ot = wrap(path, oa, "out");
+    on_stream(path, stream, [&] {
+      if (layer < 0 || layer >= s.n_layers)
+        fail(ErrorCode::kInvalidArgument, "LayerAttention.device_decode: layer ", layer, " outside [0, ",
+             s.n_layers, ")");
+      path.step->decode(layer, a.store.store->n_tokens(layer), *qt, *kt, *vt, *ot);
+    });
+  });
 }
 
 }  // namespace
@@ -328,8 +467,50 @@ void bind_attention(py::module_& m) {
            "A decode step of `layer`: k, v [1, n_kv_heads, head_dim] appended, q f32 [n_q_heads, head_dim] "
            "attends what the config's policy selects. Returns (out, lse).")
       .def(
-          "restart", [](PyLayerAttention& a) { run_locked(a.store, [&] { a.attention->restart(); }); },
-          "A new sequence over the store as it is now (clear it first for an empty one): a fresh policy.")
+          "restart",
+          [](PyLayerAttention& a) {
+            run_locked(a.store, [&] {
+              a.attention->restart();
+              if (!a.cuda) return;
+              // The device drops its tokens and takes the store's (none after a clear).
+              a.cuda->step->clear();
+              const int n_layers = a.store.store->layout().shape.n_layers;
+              for (int layer = 0; layer < n_layers; ++layer) a.cuda->step->begin_layer(layer);
+            });
+          },
+          "A new sequence over the store as it is now (clear it first for an empty one): a fresh policy; on the "
+          "CUDA path the device's window is refilled from the store.")
+      .def("cuda_declined", &cuda_declined,
+           "Why use_cuda would refuse: no CUDA device (and why), or a config the device path does not run "
+           "(kv_type, head_dim, policy h2o, quoka); '' when it would not.")
+      .def("use_cuda", &use_cuda, py::arg("n_heads"), py::arg("device") = 0,
+           "From now on the device_* calls attend on CUDA device `device` (a backend of this object's own): "
+           "prefill chunks and the decode local window there, the rest of a decode step on the CPU as decode "
+           "does, merged on the device. n_heads: query heads. Reserves the host staging of one layer's K/V "
+           "in the store's budget.")
+      .def("device_prefill_chunk", &device_prefill_chunk, py::arg("layer"), py::arg("first_pos"), py::arg("q"),
+           py::arg("k"), py::arg("v"), py::arg("out"), py::arg("stream") = 0,
+           "prefill_chunk with q [n, n_q_heads, head_dim], k, v [n, n_kv_heads, head_dim] and out f32 tensors "
+           "on the CUDA device (contiguous), attended there; call device_begin_layer at the start of a layer's "
+           "turn. stream: the caller's cudaStream_t (torch.cuda.current_stream().cuda_stream): the device "
+           "reads q/k/v after what it queued and it reads out after the attention.")
+      .def(
+          "device_begin_layer",
+          [](PyLayerAttention& a, int layer) {
+            CudaPath& path = cuda_path(a, "device_begin_layer");
+            run_locked(a.store, [&] { path.step->begin_layer(layer); });
+          },
+          py::arg("layer"),
+          "The start of `layer`'s prefill turn on the CUDA path: its cached K/V go to the device as the "
+          "history of the chunks that follow.")
+      .def("device_decode", &device_decode, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
+           py::arg("out"), py::arg("stream") = 0,
+           "decode on the CUDA path: q, out [1, n_q_heads, head_dim], k, v [1, n_kv_heads, head_dim] f32 on "
+           "the device; the local window attended there, the rest on the CPU, merged into out. stream as in "
+           "device_prefill_chunk.")
+      .def_property_readonly("cuda_device", [](const PyLayerAttention& a) -> py::object {
+        return a.cuda ? py::object(py::int_(a.cuda->device)) : py::object(py::none());
+      }, "The CUDA device index of use_cuda, None before.")
       .def("last_stats", [](const PyLayerAttention& a) { return stats_dict(a.attention->policy()); },
            "As DecodePolicy.last_stats, for the last decode step.")
       .def("last_selection",

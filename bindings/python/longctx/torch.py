@@ -21,6 +21,18 @@ so the state_dict keys do not change) and per forward, for one sequence
     attends what the config selects (local window included).
 Both score with the module's `scaling` (default head_dim ** -0.5), which the
 session's LayerAttention is built with.
+
+On a CUDA device (the module's tensors there, this longctx built with CUDA,
+config `model.backend` auto or cuda) the same step runs with the device half
+that longctx-chat's GPU path runs (scheduler/device_layer_attention.h): the
+prefill chunks and the decode local window are attended on the GPU, straight
+from the module's tensors and in order with torch's current stream; the rest
+of a decode step (selection and sparse attention over the KV store) runs on
+the CPU and the two parts are merged on the GPU. Configs the device path does
+not run (kv_type q8_0 or f32, head_dim other than 64/128/256, policy h2o,
+quoka) take the CPU path under `model.backend: auto` (Session.cuda_declined
+says why) and are refused under `cuda`. `model.backend: cpu` always attends
+on the CPU, copying the tensors there and back.
 Positions come from position_ids, else cache_position, else continue the
 store. Position 0 starts a new sequence (the store is cleared); any other
 first position must be the number of tokens the store holds for the layer.
@@ -74,15 +86,39 @@ class Session:
         self.store = None
         self.attention = None
         self.window = int(self.config.to_dict()["preselect"]["window"])
+        self.backend = str(self.config.to_dict()["model"]["backend"]).lower()
+        self.cuda_device = None  # the torch.device attention runs on when it takes the CUDA path
+        self.cuda_declined = ""  # why it does not, when the tensors are on CUDA
 
-    def ensure_store(self, n_kv_heads, head_dim):
+    def ensure_store(self, n_kv_heads, head_dim, n_heads, device):
+        """The store (made on first use) and the path: the CUDA path when the
+        tensors are on a CUDA device and model.backend allows it."""
         if self.store is None:
-            self.store = _core.KVStore(self.config, self.n_layers, n_kv_heads, head_dim)
-            self.attention = _core.LayerAttention(self.config, self.store, scale=self.scale)
+            store = _core.KVStore(self.config, self.n_layers, n_kv_heads, head_dim)
+            attention = _core.LayerAttention(self.config, store, scale=self.scale)
+            self.cuda_device, self.cuda_declined = self._choose_path(attention, n_heads, device)
+            self.store, self.attention = store, attention
         elif tuple(self.store.shape) != (self.n_layers, n_kv_heads, head_dim):
             raise ValueError(f"longctx.torch: a module with {n_kv_heads} kv heads of {head_dim} shares the KV "
                              f"store of shape {tuple(self.store.shape)} (n_layers, n_kv_heads, head_dim)")
+        if self.cuda_device is not None and device != self.cuda_device:
+            raise ValueError(f"longctx.torch: the attention runs on {self.cuda_device}, but a module's tensors "
+                             f"are on {device}; keep the model on one device")
         return self.store
+
+    def _choose_path(self, attention, n_heads, device):
+        if self.backend == "cpu" or (device.type != "cuda" and self.backend == "auto"):
+            return None, ""
+        if device.type != "cuda":
+            raise ValueError(f"longctx.torch: model.backend is cuda but the module's tensors are on {device}")
+        why = attention.cuda_declined()
+        if why:
+            if self.backend == "cuda":
+                raise ValueError(f"longctx.torch: model.backend is cuda, but attention cannot run there: {why}")
+            return None, why
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        attention.use_cuda(n_heads, index)
+        return torch.device("cuda", index), ""
 
     def n_tokens(self, layer):
         return 0 if self.store is None else self.store.n_tokens(layer)
@@ -94,7 +130,7 @@ class Session:
             self.attention.restart()
 
     def release(self):
-        self.store = self.attention = None
+        self.store = self.attention = self.cuda_device = None
 
 
 def _attr(obj, *names):
@@ -282,12 +318,17 @@ class SparseAttention(nn.Module):
             if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before RoPE
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self._rope(q, k, v, position_embeddings, p0, n, position_ids)
+            session.ensure_store(self.num_key_value_heads, self.head_dim, self.num_heads, q.device)
+            if session.cuda_device is not None:
+                out = self._attend_on_cuda(session, layer, p0, n, q, k, v)
+                out = out.to(hidden_states.dtype).reshape(1, n, self.num_heads * self.head_dim)
+                return self._result(out, past_key_value)
             qf = q.to("cpu", torch.float32).contiguous()
             kv_dtypes = (torch.float32, torch.float16, torch.bfloat16)
             kf = k.to("cpu", k.dtype if k.dtype in kv_dtypes else torch.float32).contiguous()
             vf = v.to("cpu", v.dtype if v.dtype in kv_dtypes else torch.float32).contiguous()
 
-            store = session.ensure_store(self.num_key_value_heads, self.head_dim)
+            store = session.store
             if p0 == 0 and store.n_tokens(layer) > 0:
                 session.new_sequence()
             out = torch.empty(n, self.num_heads, self.head_dim, dtype=torch.float32)
@@ -301,6 +342,29 @@ class SparseAttention(nn.Module):
             else:
                 attention.decode(layer, qf[0], kf, vf, out=out[0])
             out = out.to(hidden_states.device, hidden_states.dtype).reshape(1, n, self.num_heads * self.head_dim)
+        return self._result(out, past_key_value)
+
+    def _result(self, out, past_key_value):
         if self._returns_cache:
             return self.o_proj(out), None, past_key_value
         return self.o_proj(out), None
+
+    def _attend_on_cuda(self, session, layer, p0, n, q, k, v):
+        """The CUDA path (module docstring): f32 copies on the device, handed
+        over zero-copy, ordered with torch's current stream."""
+        if p0 == 0 and session.store.n_tokens(layer) > 0:
+            session.new_sequence()
+        qd, kd, vd = (t.to(torch.float32).contiguous() for t in (q, k, v))
+        out = torch.empty(n, self.num_heads, self.head_dim, dtype=torch.float32, device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        attention = session.attention
+        if n > 1 or p0 == 0:
+            attention.device_begin_layer(layer)
+            for s in range(0, n, self.chunk_size):
+                e = min(n, s + self.chunk_size)
+                attention.device_prefill_chunk(layer, p0 + s, qd[s:e], kd[s:e], vd[s:e], out[s:e], stream)
+            w = min(session.window, n)
+            attention.end_prefill(layer, qd[n - w:].cpu())
+        else:
+            attention.device_decode(layer, qd, kd, vd, out, stream)
+        return out
