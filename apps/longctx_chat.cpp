@@ -372,7 +372,8 @@ int run(const Args& a) {
   if (backend.device_attention() && !seq.uses_device_attention())
     std::fprintf(stderr, "attention: on the CPU, not the GPU: %s\n", seq.device_declined().c_str());
   if (!seq.uses_device_attention())
-    std::fprintf(stderr, "prefill attention: %s products on the CPU\n", cpu::prefill_kernel_name(seq.prefill_kernel()));
+    std::fprintf(stderr, "prefill attention: %s products on the CPU (%s)\n", cpu::prefill_kernel_name(seq.prefill_kernel()),
+                 cpu::prefill_kernel_engine(seq.prefill_kernel()).c_str());
   if (config.kv_type == DType::kQ8_0)
     std::fprintf(stderr, "q8_0 KV: decode attention on %s\n", cpu::q8_decode_kernel_description());
   const bool interactive = !a.prompt.has_value();

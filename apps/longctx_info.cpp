@@ -107,8 +107,9 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
   std::printf("int8:     quantized matmul on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()));
-  std::printf("prefill:  attention products in %s (prefill_kernel: auto)\n",
-              cpu::best_prefill_kernel() == cpu::PrefillKernel::kBf16 ? "bf16 on vdpbf16ps" : "f32 on the FMA units");
+  std::printf("prefill:  attention products: %s on %s (prefill_kernel: auto)\n",
+              cpu::prefill_kernel_name(cpu::best_prefill_kernel()),
+              cpu::prefill_kernel_engine(cpu::best_prefill_kernel()).c_str());
   std::printf("q8_0 kv:  decode attention on %s\n", cpu::q8_decode_kernel_description());
   const std::string& amx_why = amx_unusable_reason();
   std::printf("amx:      %s\n", amx_why.empty() ? "usable (tile data permission granted)" : ("not usable: " + amx_why).c_str());

@@ -89,4 +89,9 @@ double measure_int8_gops(int threads);
 // CPUs without AMX; 0 where the CPU has no AVX512-BF16.
 double measure_bf16_gflops(int threads);
 
+// oneDNN's bf16 matmul rate, one call per thread at a time as the onednn
+// prefill kernel makes them (peak_onednn.cpp): AMX tiles where the CPU has
+// them; 0 where oneDNN has no bf16 matmul.
+double measure_onednn_bf16_gflops(int threads);
+
 }  // namespace longctx::bench

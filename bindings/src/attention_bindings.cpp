@@ -48,9 +48,11 @@ void run_locked(const StoreHandle& h, F&& f) {
 
 // One of the config key prefill_kernel's values ("auto", "f32", "bf16").
 cpu::PrefillKernel prefill_kernel_arg(const std::string& name) {
-  for (PrefillKernelChoice choice : {PrefillKernelChoice::kAuto, PrefillKernelChoice::kF32, PrefillKernelChoice::kBf16})
+  for (PrefillKernelChoice choice : {PrefillKernelChoice::kAuto, PrefillKernelChoice::kF32, PrefillKernelChoice::kBf16,
+                                     PrefillKernelChoice::kOnednn})
     if (name == prefill_kernel_choice_name(choice)) return cpu::prefill_kernel_for(choice);
-  fail(ErrorCode::kInvalidArgument, "prefill_attention: kernel must be 'auto', 'f32' or 'bf16', got '", name, "'");
+  fail(ErrorCode::kInvalidArgument, "prefill_attention: kernel must be 'auto', 'f32', 'bf16' or 'onednn', got '", name,
+       "'");
 }
 
 py::tuple prefill_attention(const StoreHandle& h, int layer, int64_t first_pos, py::handle q, float scale,
@@ -369,8 +371,8 @@ void bind_attention(py::module_& m) {
         "Attention of a chunk's queries q f32 [n, n_q_heads, head_dim] at positions first_pos.. over every "
         "earlier token of `layer` and the chunk causally (its K/V appended first). Returns (out f32 [n, "
         "n_q_heads, head_dim], lse f32 [n, n_q_heads]); scale 0 = 1/sqrt(head_dim). kernel: 'f32', 'bf16' "
-        "(q, k, v, p rounded to bf16; AVX512-BF16 CPUs) or 'auto' (bf16 where available), as the config key "
-        "prefill_kernel.");
+        "(q, k, v, p rounded to bf16; AVX512-BF16 CPUs), 'onednn' (the same through oneDNN: AMX tiles where the "
+        "CPU has them) or 'auto', as the config key prefill_kernel.");
   m.def(
       "prefill_kernels",
       [] {
@@ -378,7 +380,8 @@ void bind_attention(py::module_& m) {
         for (cpu::PrefillKernel k : cpu::supported_prefill_kernels()) names.push_back(cpu::prefill_kernel_name(k));
         return names;
       },
-      "The prefill attention kernels this CPU runs, best first: ['bf16', 'f32'] or ['f32'].");
+      "The prefill attention kernels this CPU runs, best first, e.g. ['onednn', 'bf16', 'f32'] (AMX), "
+      "['bf16', 'onednn', 'f32'] (AVX512-BF16) or ['f32'].");
   m.def(
       "dense_decode_attention",
       [](const StoreHandle& h, int layer, py::handle q, float scale, py::handle out, py::handle lse) {

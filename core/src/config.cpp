@@ -91,6 +91,7 @@ const char* prefill_kernel_choice_name(PrefillKernelChoice choice) {
     case PrefillKernelChoice::kAuto: return "auto";
     case PrefillKernelChoice::kF32: return "f32";
     case PrefillKernelChoice::kBf16: return "bf16";
+    case PrefillKernelChoice::kOnednn: return "onednn";
   }
   return "invalid";
 }

@@ -28,7 +28,10 @@
 // With PrefillKernel::kBf16 the same tiles go through bf16: Q * scale rounded
 // to bf16 once per work item, K^T and V packed from their f32 scratch into
 // bf16 pairs (prefill_attention_bf16.cpp), P rounded to bf16 after the softmax
-// step, both products on vdpbf16ps into the same f32 S and O.
+// step, both products on vdpbf16ps into the same f32 S and O. kOnednn rounds
+// the same values into plain row-major bf16 (K^T [d][keys], V [keys][d]) and
+// hands both products to oneDNN's matmul (prefill_attention_onednn.cpp),
+// which runs them on AMX tiles where the CPU has them.
 //
 // The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8
@@ -99,6 +102,9 @@ struct TileScratch {
   Buffer<uint32_t> k_pairs; // [d_even / 2][kKeyTile]   K^T, pairs of channels
   Buffer<uint32_t> v_pairs; // [kKeyTile / 2][d_pad]    V, pairs of keys
   Buffer<uint16_t> p_bf16;  // [rows][kKeyTile]         P rounded
+  // kOnednn only (with q_bf16 and p_bf16):
+  Buffer<uint16_t> k_bf16;  // [d_even][kKeyTile]       K^T rounded
+  Buffer<uint16_t> v_bf16;  // [kKeyTile][d_pad]        V rounded
   std::vector<float> m, l;
   std::vector<int> valid;
   std::vector<TokenSpan> keys;  // the work item's key list: history spans + chunk
@@ -174,16 +180,23 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     }
   }
   const bool bf16 = p.kernel == PrefillKernel::kBf16;
+  const bool onednn = p.kernel == PrefillKernel::kOnednn;
   const size_t d_even = p.d_even;
   uint16_t* q_bf16 = nullptr;
   uint32_t *k_pairs = nullptr, *v_pairs = nullptr;
-  uint16_t* p_bf16 = nullptr;
-  if (bf16) {
+  uint16_t *p_bf16 = nullptr, *k_bf16 = nullptr, *v_bf16 = nullptr;
+  if (bf16 || onednn) {
     q_bf16 = scratch.q_bf16.get(rows * d_even);  // an odd head_dim's last column stays 0
     for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_even, DType::kBF16, d);
+    p_bf16 = scratch.p_bf16.get(rows * ld_s);
+  }
+  if (bf16) {
     k_pairs = scratch.k_pairs.get(d_even / 2 * ld_s);
     v_pairs = scratch.v_pairs.get(ld_s / 2 * d_pad);
-    p_bf16 = scratch.p_bf16.get(rows * ld_s);
+  }
+  if (onednn) {
+    k_bf16 = scratch.k_bf16.get(d_even * ld_s);  // an odd head_dim's last row stays 0
+    v_bf16 = scratch.v_bf16.get(ld_s * d_pad);
   }
 
   // Key list: the history spans, then the chunk up to the tile's last query.
@@ -223,6 +236,10 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
       detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
       detail::gemm_bf16(false, active, cols, d_even / 2, q_bf16 + row0 * d_even, d_even, k_pairs, ld_s, s, ld_s);
+    } else if (onednn) {
+      detail::round_rows_bf16(d, cols, k_t, ld_s, k_bf16, ld_s);
+      detail::round_rows_bf16(size_t(count), d_pad, v, d_pad, v_bf16, d_pad);
+      detail::gemm_bf16_onednn(false, active, cols, d_even, q_bf16 + row0 * d_even, d_even, k_bf16, ld_s, s, ld_s);
     } else {
       detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
     }
@@ -235,6 +252,10 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       const size_t key_pairs = (size_t(count) + 1) / 2;
       detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
       detail::gemm_bf16(true, active, d_pad, key_pairs, p_bf16, ld_s, v_pairs, d_pad, o + row0 * d_pad, d_pad);
+    } else if (onednn) {
+      detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
+      detail::gemm_bf16_onednn(true, active, d_pad, size_t(count), p_bf16, ld_s, v_bf16, d_pad, o + row0 * d_pad,
+                               d_pad);
     } else {
       detail::gemm_f32(true, active, d_pad, size_t(count), s, ld_s, v, d_pad, o + row0 * d_pad, d_pad);
     }
@@ -321,7 +342,7 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
   Problem p{&store, layer, first_pos, n, int(n_q_heads), int(n_q_heads / shape.n_kv_heads), d,
             round_up(size_t(d), kTileAlign), round_up(size_t(d), 2), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale,
             kernel, history, q, out, lse};
-  const int64_t tile_floats = kernel == PrefillKernel::kBf16 ? 2 * kTileFloats : kTileFloats;
+  const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
   const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
@@ -342,20 +363,48 @@ const char* prefill_kernel_name(PrefillKernel kernel) {
   switch (kernel) {
     case PrefillKernel::kF32: return "f32";
     case PrefillKernel::kBf16: return "bf16";
+    case PrefillKernel::kOnednn: return "onednn";
   }
   return "?";
+}
+
+// oneDNN's choice for a bf16 matmul here, asked once; "" when it has none, or only its reference code.
+const std::string& onednn_bf16_kernel() {
+  static const std::string impl = [] {
+    const std::string name = detail::onednn_bf16_implementation();
+    return name.find("ref") == std::string::npos ? name : std::string();
+  }();
+  return impl;
 }
 
 std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
   const CpuFeatures& f = cpu_features();
   if (kernel == PrefillKernel::kBf16 && !(f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c))
     return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps), which this CPU (" + f.brand + ") lacks";
+  if (kernel == PrefillKernel::kOnednn && onednn_bf16_kernel().empty())
+    return "the onednn prefill kernel needs a bf16 matmul of oneDNN's own (AMX or AVX-512 bf16), which it has not "
+           "for this CPU (" + f.brand + ")";
   return "";
+}
+
+std::string prefill_kernel_engine(PrefillKernel kernel) {
+  switch (kernel) {
+    case PrefillKernel::kF32: return "f32 FMA (" + highway_target_name() + ")";
+    case PrefillKernel::kBf16: return "vdpbf16ps";
+    case PrefillKernel::kOnednn: return "oneDNN " + onednn_bf16_kernel();
+  }
+  return "?";
 }
 
 std::vector<PrefillKernel> supported_prefill_kernels() {
   std::vector<PrefillKernel> kernels;
+  // oneDNN goes first only where it runs AMX tiles: on AVX512-BF16 alone our
+  // own vdpbf16ps kernel is the measured choice (README, prefill attention).
+  const bool amx = cpu_features().amx_bf16 && prefill_kernel_unsupported_reason(PrefillKernel::kOnednn).empty();
+  if (amx) kernels.push_back(PrefillKernel::kOnednn);
   if (prefill_kernel_unsupported_reason(PrefillKernel::kBf16).empty()) kernels.push_back(PrefillKernel::kBf16);
+  if (!amx && prefill_kernel_unsupported_reason(PrefillKernel::kOnednn).empty())
+    kernels.push_back(PrefillKernel::kOnednn);
   kernels.push_back(PrefillKernel::kF32);
   return kernels;
 }
@@ -370,10 +419,13 @@ PrefillKernel prefill_kernel_for(PrefillKernelChoice choice) {
     case PrefillKernelChoice::kAuto: return best_prefill_kernel();
     case PrefillKernelChoice::kF32: return PrefillKernel::kF32;
     case PrefillKernelChoice::kBf16: break;
+    case PrefillKernelChoice::kOnednn: break;
   }
-  const std::string unsupported = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
-  if (!unsupported.empty()) fail(ErrorCode::kConfig, "prefill_kernel: bf16: ", unsupported, " (use auto or f32)");
-  return PrefillKernel::kBf16;
+  const PrefillKernel kernel = choice == PrefillKernelChoice::kBf16 ? PrefillKernel::kBf16 : PrefillKernel::kOnednn;
+  const std::string unsupported = prefill_kernel_unsupported_reason(kernel);
+  if (!unsupported.empty())
+    fail(ErrorCode::kConfig, "prefill_kernel: ", prefill_kernel_name(kernel), ": ", unsupported, " (use auto or f32)");
+  return kernel;
 }
 
 void prefill_attention(const kvstore::KVStore& store, int layer, int64_t first_pos, const TensorView& q,

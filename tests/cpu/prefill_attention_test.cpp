@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -137,7 +139,7 @@ struct KernelRun {
   PrefillKernel kernel = PrefillKernel::kF32;
   int64_t target = 0;  // f32: the Highway target forced
   std::string name() const {
-    return kernel == PrefillKernel::kF32 ? str_cat("f32 on ", hwy::TargetName(target)) : "bf16";
+    return kernel == PrefillKernel::kF32 ? str_cat("f32 on ", hwy::TargetName(target)) : prefill_kernel_name(kernel);
   }
 };
 
@@ -198,12 +200,15 @@ struct Bounds {
 
 const double kUBf16 = std::ldexp(1.0, -8);  // bf16 unit roundoff (8-bit significand)
 
+// bf16 and onednn multiply the same bf16-rounded q * scale, k, v and p.
+bool rounds_to_bf16(PrefillKernel kernel) { return kernel != PrefillKernel::kF32; }
+
 Bounds error_bounds(const prefill_ref::Row& ref, int head_dim, int64_t n_keys, bool exact_logits = false,
                     PrefillKernel kernel = PrefillKernel::kF32) {
   const double A = ref.max_logit_terms, L = double(n_keys);
   const double e_s = exact_logits ? 0.0 : (head_dim + 2) * kU * A;
   const double e_p = 2 * e_s + 110 * kU + ((exact_logits ? 0.0 : 2 * A) + 2 * L) * kU;
-  const double p_rounding = kernel == PrefillKernel::kBf16 ? kUBf16 : 0.0;
+  const double p_rounding = rounds_to_bf16(kernel) ? kUBf16 : 0.0;
   Bounds b;
   b.out = ref.max_abs_value * (2 * e_p + p_rounding + 8 * L * kU + 2 * kU);
   b.lse = e_s + e_p + 4 * L * kU + (std::abs(ref.lse) + 2) * kU;
@@ -233,7 +238,7 @@ std::vector<prefill_ref::Row> reference_rows(const kvstore::KVStore& store, int6
                                              double scale, PrefillKernel kernel = PrefillKernel::kF32) {
   const int n_kv = store.layout().shape.n_kv_heads;
   const int g = b.n_q_heads / n_kv;
-  const bool bf16 = kernel == PrefillKernel::kBf16;
+  const bool bf16 = rounds_to_bf16(kernel);
   std::vector<prefill_ref::StoredHead> heads;
   for (int h = 0; h < n_kv; ++h) {
     prefill_ref::StoredHead head = prefill_ref::stored_head(store, 1, h);
@@ -282,13 +287,17 @@ TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
   }
 }
 
-// bf16 runs exactly where the CPU has AVX512-BF16, and is then the default.
+// bf16 runs exactly where the CPU has AVX512-BF16, and is then the default
+// unless AMX is usable (then oneDNN's tiles are).
 TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   const CpuFeatures& f = cpu_features();
   const bool expected = f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kOnednn;
+  EXPECT_EQ(amx, f.amx_bf16) << describe_cpu_features(f);
   EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
-  EXPECT_EQ(expected, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
+  EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
+  EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
   EXPECT_EQ(best_prefill_kernel(), kernels.front());
   if (!expected) {
     PrefillCase c;
@@ -305,6 +314,53 @@ TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
     }
     GTEST_SKIP() << prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   }
+}
+
+// onednn runs where oneDNN has a bf16 matmul of its own (AVX-512 bf16 or AMX),
+// and is the default exactly where AMX is usable; every test that runs
+// supported_prefill_kernels() then checks it against the bf16 reference.
+TEST(PrefillAttention, OnednnKernelRunsWhereOnednnHasBf16) {
+  const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kOnednn) != kernels.end();
+  const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
+  EXPECT_EQ(listed, why.empty()) << why;
+  EXPECT_EQ(kernels.front() == PrefillKernel::kOnednn, cpu_features().amx_bf16 && why.empty());
+  if (listed) {
+    EXPECT_NE(prefill_kernel_engine(PrefillKernel::kOnednn).find("oneDNN "), std::string::npos);
+    EXPECT_EQ(prefill_kernel_engine(PrefillKernel::kOnednn).find("ref"), std::string::npos);
+    return;
+  }
+  PrefillCase c;
+  std::mt19937 rng(10);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  try {
+    run_prefill(*t->store, 0, b, 0.f, PrefillKernel::kOnednn);
+    ADD_FAILURE() << "the onednn kernel ran where oneDNN has no bf16 matmul";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("bf16 matmul"), std::string::npos) << e.what();
+  }
+  GTEST_SKIP() << why;
+}
+
+// The onednn kernel runs each oneDNN call on one OpenMP thread, and gives the
+// calling thread its OpenMP thread count back: the CPU backend's matmuls,
+// called later from the same thread, run on every core.
+TEST(PrefillAttention, OnednnKernelLeavesTheCallersOpenMpThreadCount) {
+  const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(before + 3);
+  PrefillCase c;
+  std::mt19937 rng(11);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  run_prefill(*t->store, c.history, b, 0.f, PrefillKernel::kOnednn);
+  EXPECT_EQ(omp_get_max_threads(), before + 3);
+  omp_set_num_threads(before);
 }
 
 // ---- tests --------------------------------------------------------------------------
@@ -675,7 +731,7 @@ TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
         for (const KernelRun& run : every_kernel_run()) {
           SCOPED_TRACE(run.name());
           // The reference over what the kernel reads: stored or bf16-rounded inputs.
-          const bool bf16 = run.kernel == PrefillKernel::kBf16;
+          const bool bf16 = rounds_to_bf16(run.kernel);
           std::vector<prefill_ref::StoredHead> heads;
           for (int h = 0; h < c.n_kv_heads; ++h) {
             prefill_ref::StoredHead head = prefill_ref::stored_head(*t->store, 1, h);

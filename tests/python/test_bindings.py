@@ -428,35 +428,39 @@ class KVStoreTest(unittest.TestCase):
 
 class AttentionTest(unittest.TestCase):
     def test_bf16_prefill_matches_the_reference_over_its_rounded_inputs(self):
-        """kernel='bf16' rounds q * scale, k, v and the probabilities to bf16:
+        """kernel='bf16' (and 'onednn', the same products through oneDNN)
+        rounds q * scale, k, v and the probabilities to bf16:
         against the fp64 reference over the rounded q, k, v its only extra
         error is P's rounding, at most 2^-8 max|v| per output."""
-        if "bf16" not in lc.prefill_kernels():
+        kernels = [k for k in ("bf16", "onednn") if k in lc.prefill_kernels()]  # the same rounded products
+        if "bf16" not in kernels:
             with self.assertRaisesRegex(lc.Error, "AVX512-BF16"):
                 lc.prefill_attention(lc.KVStore(small_config(), 2, 1, 64), 1, 0, np.zeros((0, 1, 64), np.float32),
                                      kernel="bf16")
-            self.skipTest("this CPU has no AVX512-BF16: the bf16 prefill kernel cannot run")
+        if not kernels:
+            self.skipTest("this CPU has no AVX512-BF16 and oneDNN no bf16 matmul: no bf16 prefill kernel runs")
         rng = np.random.default_rng(12)
         bf16 = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16).to(torch.float64).numpy()
-        for head_dim, group in ((64, 1), (128, 4), (256, 2)):
-            with self.subTest(head_dim=head_dim, group=group):
-                n_kv = 2
-                store = lc.KVStore(small_config(kv_type="f16"), 2, n_kv, head_dim)
-                first, n = 37, 23
-                k, v = rng.standard_normal((2, first + n, n_kv, head_dim))
-                q = rng.standard_normal((n, n_kv * group, head_dim)).astype(np.float32)
-                store.append(1, k.astype(np.float32), v.astype(np.float32))
-                out, lse = lc.prefill_attention(store, 1, first, q, kernel="bf16")
-                scale = np.float32(1 / np.sqrt(np.float32(head_dim)))
-                kr, vr = bf16(rounded(k, "f16")), bf16(rounded(v, "f16"))
-                ends = first + 1 + np.arange(n)
-                want_out, want_lse, tol_out, tol_lse = ref_attention(bf16(q * scale), kr, vr, ends, 1.0)
-                tol_out = tol_out + 2.0 ** -8 * np.abs(vr).max()
-                assert_close(self, out, lse, (want_out, want_lse, tol_out, tol_lse))
-                # Not the f32 kernel's result: the rounding happened.
-                f32_out, _ = lc.prefill_attention(store, 1, first, q, kernel="f32")
-                self.assertGreater(np.abs(out - f32_out).max(), 0)
-        with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32' or 'bf16', got 'fp8'"):
+        for kernel in kernels:
+            for head_dim, group in ((64, 1), (128, 4), (256, 2)):
+                with self.subTest(kernel=kernel, head_dim=head_dim, group=group):
+                    n_kv = 2
+                    store = lc.KVStore(small_config(kv_type="f16"), 2, n_kv, head_dim)
+                    first, n = 37, 23
+                    k, v = rng.standard_normal((2, first + n, n_kv, head_dim))
+                    q = rng.standard_normal((n, n_kv * group, head_dim)).astype(np.float32)
+                    store.append(1, k.astype(np.float32), v.astype(np.float32))
+                    out, lse = lc.prefill_attention(store, 1, first, q, kernel=kernel)
+                    scale = np.float32(1 / np.sqrt(np.float32(head_dim)))
+                    kr, vr = bf16(rounded(k, "f16")), bf16(rounded(v, "f16"))
+                    ends = first + 1 + np.arange(n)
+                    want_out, want_lse, tol_out, tol_lse = ref_attention(bf16(q * scale), kr, vr, ends, 1.0)
+                    tol_out = tol_out + 2.0 ** -8 * np.abs(vr).max()
+                    assert_close(self, out, lse, (want_out, want_lse, tol_out, tol_lse))
+                    # Not the f32 kernel's result: the rounding happened.
+                    f32_out, _ = lc.prefill_attention(store, 1, first, q, kernel="f32")
+                    self.assertGreater(np.abs(out - f32_out).max(), 0)
+        with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32', 'bf16' or 'onednn', got 'fp8'"):
             lc.prefill_attention(store, 1, first, q, kernel="fp8")
 
     def test_prefill_and_decode_match_reference(self):

@@ -6,8 +6,8 @@
 // A variant restricts the history (the tokens before the chunk) to given
 // spans per kv head, for sparse prefill (QUOKA).
 //
-// Two kernels compute the tiles' products (S = Q K^T and O += P V), picked
-// at run time (PrefillKernel); the online softmax is f32 in both:
+// Three kernels compute the tiles' products (S = Q K^T and O += P V), picked
+// at run time (PrefillKernel); the online softmax is f32 in all:
 // - kF32: q, k, v and p in f32 on the FMA units (Highway, every CPU).
 // - kBf16: AVX512-BF16's vdpbf16ps (Zen 4/5, Sapphire Rapids and later) at
 //   twice the FMA rate: q * scale, k and v rounded to bf16 (nearest even);
@@ -15,6 +15,10 @@
 //   subtracted, for P V only (the row sums l add the f32 values); products
 //   accumulated in f32. Rounding adds a relative error of about 2^-9 per
 //   operand: logits within 2^-8 sum_c |q_c k_c| * scale of the f32 ones.
+// - kOnednn: the same bf16 operands and f32 accumulation through oneDNN's
+//   matmul, which runs AMX tiles where the CPU has them (3.7 TFLOP/s per
+//   Sapphire Rapids core) and vdpbf16ps elsewhere; the results differ from
+//   kBf16's by summation order only.
 #pragma once
 
 #include <cstdint>
@@ -28,15 +32,19 @@
 
 namespace longctx::cpu {
 
-enum class PrefillKernel : uint8_t { kF32, kBf16 };
+enum class PrefillKernel : uint8_t { kF32, kBf16, kOnednn };
 
-const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16"
+const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16", "onednn"
 // The kernels this CPU runs, best first; kF32 is always last.
 std::vector<PrefillKernel> supported_prefill_kernels();
-// supported_prefill_kernels().front(): kBf16 where the CPU has AVX512-BF16.
+// supported_prefill_kernels().front(): kOnednn where AMX is usable, else
+// kBf16 where the CPU has AVX512-BF16, else kF32.
 PrefillKernel best_prefill_kernel();
-// Why `kernel` cannot run here (the CPU lacks AVX512-BF16), or "".
+// Why `kernel` cannot run here (the CPU lacks AVX512-BF16; oneDNN has no
+// bf16 matmul), or "".
 std::string prefill_kernel_unsupported_reason(PrefillKernel kernel);
+// What computes a kernel's products here: "vdpbf16ps", "oneDNN brg:avx512_core_amx", ...
+std::string prefill_kernel_engine(PrefillKernel kernel);
 // The kernel of the config key prefill_kernel: auto = best_prefill_kernel();
 // one this CPU lacks throws Error(kConfig) naming the key and the reason.
 PrefillKernel prefill_kernel_for(PrefillKernelChoice choice);

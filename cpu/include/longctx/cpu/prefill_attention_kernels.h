@@ -3,7 +3,9 @@
 // - f32 (prefill_attention_hwy.cpp), dispatched at run time to the best
 //   Highway target of this CPU;
 // - bf16 (prefill_attention_bf16.cpp), AVX512-BF16 only: callers check
-//   PrefillKernel support first.
+//   PrefillKernel support first;
+// - bf16 through oneDNN (prefill_attention_onednn.cpp): AMX tiles where the
+//   CPU has them, where oneDNN has a bf16 matmul (onednn_bf16_implementation).
 //
 // Every matrix is row-major f32 with a leading dimension (ld*) in elements.
 // Column counts and leading dimensions of the outputs must be multiples of
@@ -12,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace longctx::cpu::detail {
 
@@ -53,5 +56,17 @@ void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uin
 
 // dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
 void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
+
+// ---- bf16 through oneDNN ----
+
+// C[rows][cols] = A x B, or C += A x B when `accumulate`: A bf16 [rows][depth]
+// (lda apart), B bf16 [depth][cols] (ldb apart), both plain row-major, C f32.
+// oneDNN's matmul, on the calling thread alone. Error(kUnsupported) where
+// oneDNN has no bf16 matmul.
+void gemm_bf16_onednn(bool accumulate, size_t rows, size_t cols, size_t depth, const uint16_t* a, size_t lda,
+                      const uint16_t* b, size_t ldb, float* c, size_t ldc);
+// The implementation oneDNN picks for a bf16 matmul here ("brg:avx512_core_amx",
+// "brg:avx512_core_bf16", ...), or "" when it has none.
+std::string onednn_bf16_implementation();
 
 }  // namespace longctx::cpu::detail
