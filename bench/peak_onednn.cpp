@@ -25,7 +25,7 @@ double measure_onednn_bf16_gflops(int threads) {
   return measure_parallel_rate(threads, [&](int t) {
     Operands& o = operands[size_t(t)];
     for (size_t i = 0; i < kCalls; ++i)
-      cpu::detail::gemm_bf16_onednn(false, kM, kN, kK, o.a.data(), kK, o.b.data(), kN, o.c.data(), kN);
+      cpu::detail::gemm_bf16_onednn(kM, kN, kK, o.a.data(), kK, o.b.data(), kN, o.c.data(), kN);
     return 2.0 * double(kM) * double(kN) * double(kK) * double(kCalls);
   });
 }

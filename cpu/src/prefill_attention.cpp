@@ -31,7 +31,14 @@
 // step, both products on vdpbf16ps into the same f32 S and O. kOnednn rounds
 // the same values into plain row-major bf16 (K^T [d][keys], V [keys][d]) and
 // hands both products to oneDNN's matmul (prefill_attention_onednn.cpp),
-// which runs them on AMX tiles where the CPU has them.
+// which runs them on AMX tiles where the CPU has them. oneDNN's kernels sum
+// in an order that depends on the matrix shapes (seen on AMX: the last bit of
+// P V moved with the chunking), so every onednn call of a problem has the
+// same shapes: all tile_rows rows of a work item and a whole key tile (masked
+// keys have P = 0, the value rows past the tile's keys are zeroed); P V goes
+// into its own scratch and only the active rows are added to O, so rows that
+// do not see a tile are untouched whatever it holds. A row's result then
+// depends only on its own data again.
 //
 // The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8
@@ -105,6 +112,7 @@ struct TileScratch {
   // kOnednn only (with q_bf16 and p_bf16):
   Buffer<uint16_t> k_bf16;  // [d_even][kKeyTile]       K^T rounded
   Buffer<uint16_t> v_bf16;  // [kKeyTile][d_pad]        V rounded
+  Buffer<float> pv;         // [tile_rows][d_pad]       P V of one key tile
   std::vector<float> m, l;
   std::vector<int> valid;
   std::vector<TokenSpan> keys;  // the work item's key list: history spans + chunk
@@ -125,6 +133,7 @@ struct Problem {
   const Selection* history;  // per kv head, spans before first_pos
   TensorView q;
   MutableTensorView out, lse;
+  size_t tile_rows = 0;  // rows of a full work item (positions x group); onednn's M
 
   const float* q_row(int64_t i, int head) const {
     return static_cast<const float*>(q.data) + i * q.strides[0] + head * q.strides[1];
@@ -162,11 +171,13 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   const size_t rows = size_t(i_end - i_begin) * size_t(g);
   constexpr size_t ld_s = size_t(kKeyTile);
 
+  const bool onednn = p.kernel == PrefillKernel::kOnednn;
+  const size_t m = onednn ? p.tile_rows : rows;  // rows the products compute
   float* q = scratch.q.get(rows * d);
   float* k_t = scratch.k_t.get(d * ld_s);
   float* v = scratch.v.get(ld_s * d_pad);
-  float* s = scratch.s.get(rows * ld_s);
-  float* o = scratch.o.get(rows * d_pad);
+  float* s = scratch.s.get(m * ld_s);
+  float* o = scratch.o.get(m * d_pad);
   scratch.m.assign(rows, -std::numeric_limits<float>::infinity());
   scratch.l.assign(rows, 0.f);
   scratch.valid.resize(rows);
@@ -180,15 +191,15 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     }
   }
   const bool bf16 = p.kernel == PrefillKernel::kBf16;
-  const bool onednn = p.kernel == PrefillKernel::kOnednn;
   const size_t d_even = p.d_even;
   uint16_t* q_bf16 = nullptr;
   uint32_t *k_pairs = nullptr, *v_pairs = nullptr;
   uint16_t *p_bf16 = nullptr, *k_bf16 = nullptr, *v_bf16 = nullptr;
+  float* pv = nullptr;
   if (bf16 || onednn) {
-    q_bf16 = scratch.q_bf16.get(rows * d_even);  // an odd head_dim's last column stays 0
+    q_bf16 = scratch.q_bf16.get(m * d_even);  // an odd head_dim's last column stays 0
     for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_even, DType::kBF16, d);
-    p_bf16 = scratch.p_bf16.get(rows * ld_s);
+    p_bf16 = scratch.p_bf16.get(m * ld_s);
   }
   if (bf16) {
     k_pairs = scratch.k_pairs.get(d_even / 2 * ld_s);
@@ -197,6 +208,7 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   if (onednn) {
     k_bf16 = scratch.k_bf16.get(d_even * ld_s);  // an odd head_dim's last row stays 0
     v_bf16 = scratch.v_bf16.get(ld_s * d_pad);
+    pv = scratch.pv.get(m * d_pad);
   }
 
   // Key list: the history spans, then the chunk up to the tile's last query.
@@ -236,15 +248,19 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
       detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
       detail::gemm_bf16(false, active, cols, d_even / 2, q_bf16 + row0 * d_even, d_even, k_pairs, ld_s, s, ld_s);
-    } else if (onednn) {
+    } else if (onednn) {  // fixed shapes: every row, the whole key tile
       detail::round_rows_bf16(d, cols, k_t, ld_s, k_bf16, ld_s);
       detail::round_rows_bf16(size_t(count), d_pad, v, d_pad, v_bf16, d_pad);
-      detail::gemm_bf16_onednn(false, active, cols, d_even, q_bf16 + row0 * d_even, d_even, k_bf16, ld_s, s, ld_s);
+      std::fill(v_bf16 + size_t(count) * d_pad, v_bf16 + ld_s * d_pad, uint16_t{0});
+      detail::gemm_bf16_onednn(m, ld_s, d_even, q_bf16, d_even, k_bf16, ld_s, s, ld_s);
     } else {
       detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
     }
-    detail::softmax_step(active, cols, scratch.valid.data(), s, ld_s, scratch.m.data() + row0,
-                         scratch.l.data() + row0, o + row0 * d_pad, d_pad, d_pad);
+    // S holds the active rows from its first row, onednn's every row of the
+    // work item; onednn's masked columns up to the whole tile become P = 0.
+    float* s_active = onednn ? s + row0 * ld_s : s;
+    detail::softmax_step(active, onednn ? ld_s : cols, scratch.valid.data(), s_active, ld_s,
+                         scratch.m.data() + row0, scratch.l.data() + row0, o + row0 * d_pad, d_pad, d_pad);
     if (bf16) {
       // An odd count's last pair reads P's next column, masked to 0 (cols >= count + 1).
       // P is rounded in its own pass on vcvtneps2bf16: rounding inside the
@@ -253,9 +269,10 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
       detail::gemm_bf16(true, active, d_pad, key_pairs, p_bf16, ld_s, v_pairs, d_pad, o + row0 * d_pad, d_pad);
     } else if (onednn) {
-      detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
-      detail::gemm_bf16_onednn(true, active, d_pad, size_t(count), p_bf16, ld_s, v_bf16, d_pad, o + row0 * d_pad,
-                               d_pad);
+      detail::round_rows_bf16(active, ld_s, s_active, ld_s, p_bf16 + row0 * ld_s, ld_s);
+      detail::gemm_bf16_onednn(m, d_pad, ld_s, p_bf16, ld_s, v_bf16, d_pad, pv, d_pad);
+      for (size_t r = row0; r < rows; ++r)  // the active rows only
+        for (size_t c = 0; c < d_pad; ++c) o[r * d_pad + c] += pv[r * d_pad + c];
     } else {
       detail::gemm_f32(true, active, d_pad, size_t(count), s, ld_s, v, d_pad, o + row0 * d_pad, d_pad);
     }
@@ -344,6 +361,7 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
             kernel, history, q, out, lse};
   const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
   const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
+  p.tile_rows = size_t(tile_positions) * size_t(p.group);
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
 

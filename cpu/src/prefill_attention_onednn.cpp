@@ -33,8 +33,7 @@ constexpr size_t kMaxCachedPrimitives = 64;
 
 struct Shape {
   int64_t rows, cols, depth, lda, ldb, ldc;
-  bool accumulate;
-  auto tie() const { return std::tie(rows, cols, depth, lda, ldb, ldc, accumulate); }
+  auto tie() const { return std::tie(rows, cols, depth, lda, ldb, ldc); }
   bool operator<(const Shape& other) const { return tie() < other.tie(); }
 };
 
@@ -50,11 +49,6 @@ dnnl::memory::desc matrix(int64_t rows, int64_t cols, dt type, int64_t ld) {
 dnnl::matmul::primitive_desc describe(const Shape& s) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (s.accumulate) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.f);
-    attr.set_post_ops(ops);
-  }
   const dnnl::matmul::desc desc(matrix(s.rows, s.depth, dt::bf16, s.lda), matrix(s.depth, s.cols, dt::bf16, s.ldb),
                                 matrix(s.rows, s.cols, dt::f32, s.ldc));
   return dnnl::matmul::primitive_desc(desc, attr, engine());
@@ -89,17 +83,17 @@ struct ThreadState {
 
 std::string onednn_bf16_implementation() {
   try {
-    return describe({64, 64, 64, 64, 64, 64, false}).impl_info_str();
+    return describe({64, 64, 64, 64, 64, 64}).impl_info_str();
   } catch (const dnnl::error&) {
     return "";  // no bf16 matmul on this CPU (AVX2 only)
   }
 }
 
-void gemm_bf16_onednn(bool accumulate, size_t rows, size_t cols, size_t depth, const uint16_t* a, size_t lda,
-                      const uint16_t* b, size_t ldb, float* c, size_t ldc) {
+void gemm_bf16_onednn(size_t rows, size_t cols, size_t depth, const uint16_t* a, size_t lda, const uint16_t* b,
+                      size_t ldb, float* c, size_t ldc) {
   if (rows == 0 || cols == 0) return;
   thread_local ThreadState state;
-  const Shape s{int64_t(rows), int64_t(cols), int64_t(depth), int64_t(lda), int64_t(ldb), int64_t(ldc), accumulate};
+  const Shape s{int64_t(rows), int64_t(cols), int64_t(depth), int64_t(lda), int64_t(ldb), int64_t(ldc)};
   Cached& cached = state.primitive(s);
   if (state.scratchpad.size() < cached.scratchpad_bytes) state.scratchpad.resize(cached.scratchpad_bytes);
   const dnnl::engine& e = engine();
@@ -116,10 +110,10 @@ void gemm_bf16_onednn(bool accumulate, size_t rows, size_t cols, size_t depth, c
   try {
     cached.primitive.execute(state.stream, args);
     state.stream.wait();
-  } catch (const dnnl::error& e) {
+  } catch (const dnnl::error& error) {
     omp_set_num_threads(omp_threads);
     fail(ErrorCode::kInternal, "prefill attention (onednn): matmul [", s.rows, ", ", s.depth, "] x [", s.depth, ", ",
-         s.cols, "] failed: ", e.what());
+         s.cols, "] failed: ", error.what());
   }
   omp_set_num_threads(omp_threads);
 }

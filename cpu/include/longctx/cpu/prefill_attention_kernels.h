@@ -59,12 +59,13 @@ void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uin
 
 // ---- bf16 through oneDNN ----
 
-// C[rows][cols] = A x B, or C += A x B when `accumulate`: A bf16 [rows][depth]
-// (lda apart), B bf16 [depth][cols] (ldb apart), both plain row-major, C f32.
-// oneDNN's matmul, on the calling thread alone. Error(kUnsupported) where
+// C[rows][cols] = A x B: A bf16 [rows][depth] (lda apart), B bf16
+// [depth][cols] (ldb apart), both plain row-major, C f32. oneDNN's matmul, on
+// the calling thread alone; its summation order may depend on the shapes
+// (prefill_attention.cpp calls it with fixed ones). Error(kUnsupported) where
 // oneDNN has no bf16 matmul.
-void gemm_bf16_onednn(bool accumulate, size_t rows, size_t cols, size_t depth, const uint16_t* a, size_t lda,
-                      const uint16_t* b, size_t ldb, float* c, size_t ldc);
+void gemm_bf16_onednn(size_t rows, size_t cols, size_t depth, const uint16_t* a, size_t lda, const uint16_t* b,
+                      size_t ldb, float* c, size_t ldc);
 // The implementation oneDNN picks for a bf16 matmul here ("brg:avx512_core_amx",
 // "brg:avx512_core_bf16", ...), or "" when it has none.
 std::string onednn_bf16_implementation();
