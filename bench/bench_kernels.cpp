@@ -260,6 +260,7 @@ int run_kernels(const std::vector<std::string>& args) {
   if (!a.prefill_histories.empty()) {
     const double fma_gflops = measure_fma_gflops(all), bf16_gflops = measure_bf16_gflops(all),
                  onednn_gflops = measure_onednn_bf16_gflops(all);
+    for (const Record& piece : onednn_tile_pieces(all)) std::printf("%s\n", piece.json().c_str());
     for (int64_t history : a.prefill_histories) {
       const size_t first = prefill.size();
       for (cpu::PrefillKernel kernel : cpu::supported_prefill_kernels())

@@ -93,5 +93,10 @@ double measure_bf16_gflops(int threads);
 // prefill kernel makes them (peak_onednn.cpp): AMX tiles where the CPU has
 // them; 0 where oneDNN has no bf16 matmul.
 double measure_onednn_bf16_gflops(int threads);
+// Where the onednn prefill kernel's time can go, per thread with every thread
+// busy: oneDNN bf16 matmuls of its tile shapes (and larger ones), the softmax
+// step and P's rounding of a 512 x 128 tile (peak_onednn.cpp). Empty where
+// oneDNN has no bf16 matmul.
+std::vector<Record> onednn_tile_pieces(int threads);
 
 }  // namespace longctx::bench
