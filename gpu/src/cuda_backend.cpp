@@ -366,28 +366,27 @@ std::unique_ptr<BackendTensor> CudaBackend::wrap(void* data, std::vector<int64_t
   return std::make_unique<CudaTensor>(dtype, std::move(shape), data);
 }
 
-// One event per hand-off: recorded on one stream, waited for by the other;
-// destroying it right away is allowed (the wait keeps what it needs).
+// What `to` queues from now on runs after what `from` has queued so far: one
+// event, recorded on `from`, waited for by `to`; destroying it right away is
+// allowed (the wait keeps what it needs).
+void hand_off(cudaStream_t from, cudaStream_t to, const char* what) {
+  cudaEvent_t event = nullptr;
+  const cudaError_t created = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (created != cudaSuccess) cuda_check(created, str_cat(what, ": cudaEventCreate").c_str());
+  const cudaError_t recorded = cudaEventRecord(event, from);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(to, event, 0) : recorded;
+  cudaEventDestroy(event);
+  if (waited != cudaSuccess) cuda_check(waited, str_cat(what, ": cudaEventRecord / cudaStreamWaitEvent").c_str());
+}
+
 void CudaBackend::wait_for(cudaStream_t stream) {
   activate(context_);
-  cudaEvent_t event = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "wait_for_stream: cudaEventCreate");
-  const cudaError_t recorded = cudaEventRecord(event, stream);
-  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(compute_.stream, event, 0) : recorded;
-  cudaEventDestroy(event);
-  cuda_check(waited, "wait_for_stream: cudaEventRecord / cudaStreamWaitEvent");
+  hand_off(stream, compute_.stream, "wait_for_stream");
 }
 
 void CudaBackend::join(cudaStream_t stream) {
   activate(context_);
-  for (cudaStream_t own : {compute_.stream, copy_.stream}) {
-    cudaEvent_t event = nullptr;
-    cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "join_stream: cudaEventCreate");
-    const cudaError_t recorded = cudaEventRecord(event, own);
-    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, event, 0) : recorded;
-    cudaEventDestroy(event);
-    cuda_check(waited, "join_stream: cudaEventRecord / cudaStreamWaitEvent");
-  }
+  for (cudaStream_t own : {compute_.stream, copy_.stream}) hand_off(own, stream, "join_stream");
 }
 
 CudaBackend& cuda_backend(Backend& backend, const char* what) {
