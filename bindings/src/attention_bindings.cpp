@@ -278,8 +278,7 @@ void use_cuda(PyLayerAttention& a, int n_heads, int device) {
     path->reserved = bytes;
     path->step = std::make_unique<scheduler::DeviceLayerAttention>(*path->backend->device_attention(), ds,
                                                                    *a.store.store, *a.attention);
-    // The store may hold tokens already (a loaded snapshot): the rings start from them.
-    for (int layer = 0; layer < shape.n_layers; ++layer) path->step->begin_layer(layer);
+    path->step->sync_with_store();  // the store may hold tokens already (a loaded snapshot)
     a.cuda = std::move(path);
   });
 }
@@ -305,12 +304,15 @@ std::unique_ptr<BackendTensor> wrap(const CudaPath& path, const Arg& arg, const 
                                  DType::kF32, what);
 }
 
-// Runs f on the path's backend between the hand-offs with the caller's
-// stream: the backend waits for what the stream queued (q/k/v written), the
-// stream then waits for what the backend queued (out written), even when f throws.
+// Runs f(q, k, v, out) on the path's backend, with the tensors wrapped as its
+// [rows, heads * head_dim] tensors and the store locked, between the
+// hand-offs with the caller's stream: the backend waits for what the stream
+// queued (q/k/v written), the stream then waits for what the backend queued
+// (out written), even when f throws.
 template <typename F>
-void on_stream(CudaPath& path, uintptr_t stream, F&& f) {
-  gpu::wait_for_stream(*path.backend, stream);
+void on_device(PyLayerAttention& a, CudaPath& path, uintptr_t stream, const Arg& q, const Arg& k, const Arg& v,
+               const Arg& out, F&& f) {
+  // Joins the caller's stream on the way out, throwing only when nothing else is in flight.
   struct Join {
     CudaPath& path;
     uintptr_t stream;
@@ -324,8 +326,13 @@ void on_stream(CudaPath& path, uintptr_t stream, F&& f) {
         }
       }
     }
-  } join{path, stream};
-  f();
+  };
+  run_locked(a.store, [&] {
+    auto qt = wrap(path, q, "q"), kt = wrap(path, k, "k"), vt = wrap(path, v, "v"), ot = wrap(path, out, "out");
+    gpu::wait_for_stream(*path.backend, stream);
+    const Join join{path, stream};
+    f(*qt, *kt, *vt, *ot);
+  });
 }
 
 void device_prefill_chunk(PyLayerAttention& a, int layer, int64_t first_pos, py::handle q, py::handle k,
@@ -337,9 +344,8 @@ void device_prefill_chunk(PyLayerAttention& a, int layer, int64_t first_pos, py:
   const Arg ka = device_arg(path, k, "k", {n, s.n_kv_heads, s.head_dim});
   const Arg va = device_arg(path, v, "v", {n, s.n_kv_heads, s.head_dim});
   const Arg oa = device_arg(path, out, "out", {n, s.n_heads, s.head_dim});
-  run_locked(a.store, [&] {
-    auto qt = wrap(path, qa, "q"), kt = wrap(path, ka, "k"), vt = wrap(path, va, "v"), ot = wrap(path, oa, "out");
-    on_stream(path, stream, [&] { path.step->prefill_chunk(layer, first_pos, *qt, *kt, *vt, *ot); });
+  on_device(a, path, stream, qa, ka, va, oa, [&](auto& qt, auto& kt, auto& vt, auto& ot) {
+    path.step->prefill_chunk(layer, first_pos, qt, kt, vt, ot);
   });
 }
 
@@ -351,14 +357,11 @@ void device_decode(PyLayerAttention& a, int layer, py::handle q, py::handle k, p
   const Arg ka = device_arg(path, k, "k", {1, s.n_kv_heads, s.head_dim});
   const Arg va = device_arg(path, v, "v", {1, s.n_kv_heads, s.head_dim});
   const Arg oa = device_arg(path, out, "out", {1, s.n_heads, s.head_dim});
-  run_locked(a.store, [&] {
-    auto qt = wrap(path, qa, "q"), kt = wrap(path, ka, "k"), vt = wrap(path, va, "v"), ot = wrap(path, oa, "out");
-    on_stream(path, stream, [&] {
-      if (layer < 0 || layer >= s.n_layers)
-        fail(ErrorCode::kInvalidArgument, "LayerAttention.device_decode: layer ", layer, " outside [0, ",
-             s.n_layers, ")");
-      path.step->decode(layer, a.store.store->n_tokens(layer), *qt, *kt, *vt, *ot);
-    });
+  on_device(a, path, stream, qa, ka, va, oa, [&](auto& qt, auto& kt, auto& vt, auto& ot) {
+    if (layer < 0 || layer >= s.n_layers)
+      fail(ErrorCode::kInvalidArgument, "LayerAttention.device_decode: layer ", layer, " outside [0, ", s.n_layers,
+           ")");
+    path.step->decode(layer, a.store.store->n_tokens(layer), qt, kt, vt, ot);
   });
 }
 
@@ -474,11 +477,7 @@ void bind_attention(py::module_& m) {
           [](PyLayerAttention& a) {
             run_locked(a.store, [&] {
               a.attention->restart();
-              if (!a.cuda) return;
-              // The device drops its tokens and takes the store's (none after a clear).
-              a.cuda->step->clear();
-              const int n_layers = a.store.store->layout().shape.n_layers;
-              for (int layer = 0; layer < n_layers; ++layer) a.cuda->step->begin_layer(layer);
+              if (a.cuda) a.cuda->step->sync_with_store();  // the device's tokens become the store's
             });
           },
           "A new sequence over the store as it is now (clear it first for an empty one): a fresh policy; on the "

@@ -106,6 +106,11 @@ void DeviceLayerAttention::begin_layer(int layer) {
   device_.begin_prefill_layer(layer, as_const(history.k), as_const(history.v));
 }
 
+void DeviceLayerAttention::sync_with_store() {
+  claim();
+  for (int layer = 0; layer < shape_.n_layers; ++layer) begin_layer(layer);
+}
+
 void DeviceLayerAttention::prefill_chunk(int layer, int64_t first_pos, const BackendTensor& q,
                                          const BackendTensor& k, const BackendTensor& v, BackendTensor& out,
                                          const std::function<void()>& queue_after) {

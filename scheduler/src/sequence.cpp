@@ -303,9 +303,9 @@ void Sequence::sync_with_store() {
            store_->n_tokens(layer), " tokens, layer 0 holds ", n);
   attention_->restart();
   if (device_) {
-    device_->claim();
-    broken_ = true;  // until every layer's ring holds the store's last tokens
-    for (int layer = 0; layer < model_.spec.n_layers; ++layer) device_->begin_layer(layer);
+    device_->claim();  // before broken_: a failure here leaves the sequence usable
+    broken_ = true;    // until every layer's ring holds the store's last tokens
+    device_->sync_with_store();
   }
   n_past_ = n;
   broken_ = false;

@@ -60,6 +60,9 @@ class DeviceLayerAttention {
 
   // The start of `layer`'s prefill turn (above).
   void begin_layer(int layer);
+  // claim(), then begin_layer for every layer: the device's rings hold the
+  // store's last tokens again (a loaded, truncated or cleared store, a new owner).
+  void sync_with_store();
   // q [n, n_heads*head_dim], k/v [n, n_kv_heads*head_dim] (device f32, after
   // RoPE) of `layer` at [first_pos, first_pos + n), first_pos = the tokens
   // the store holds for it: out [n, n_heads*head_dim] queued on the device,
