@@ -318,7 +318,9 @@ class SparseAttention(nn.Module):
             if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before RoPE
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self._rope(q, k, v, position_embeddings, p0, n, position_ids)
-            session.ensure_store(self.num_key_value_heads, self.head_dim, self.num_heads, q.device)
+            store = session.ensure_store(self.num_key_value_heads, self.head_dim, self.num_heads, q.device)
+            if p0 == 0 and store.n_tokens(layer) > 0:
+                session.new_sequence()
             if session.cuda_device is not None:
                 out = self._attend_on_cuda(session, layer, p0, n, q, k, v)
                 out = out.to(hidden_states.dtype).reshape(1, n, self.num_heads * self.head_dim)
@@ -327,10 +329,6 @@ class SparseAttention(nn.Module):
             kv_dtypes = (torch.float32, torch.float16, torch.bfloat16)
             kf = k.to("cpu", k.dtype if k.dtype in kv_dtypes else torch.float32).contiguous()
             vf = v.to("cpu", v.dtype if v.dtype in kv_dtypes else torch.float32).contiguous()
-
-            store = session.store
-            if p0 == 0 and store.n_tokens(layer) > 0:
-                session.new_sequence()
             out = torch.empty(n, self.num_heads, self.head_dim, dtype=torch.float32)
             attention = session.attention
             if n > 1 or p0 == 0:
@@ -352,8 +350,6 @@ class SparseAttention(nn.Module):
     def _attend_on_cuda(self, session, layer, p0, n, q, k, v):
         """The CUDA path (module docstring): f32 copies on the device, handed
         over zero-copy, ordered with torch's current stream."""
-        if p0 == 0 and session.store.n_tokens(layer) > 0:
-            session.new_sequence()
         qd, kd, vd = (t.to(torch.float32).contiguous() for t in (q, k, v))
         out = torch.empty(n, self.num_heads, self.head_dim, dtype=torch.float32, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
