@@ -34,10 +34,6 @@ double measure_onednn_bf16_gflops(int threads) {
   });
 }
 
-}  // namespace longctx::bench
-
-namespace longctx::bench {
-
 std::vector<Record> onednn_tile_pieces(int threads) {
   std::vector<Record> rows;
   if (!cpu::prefill_kernel_unsupported_reason(cpu::PrefillKernel::kOnednn).empty()) return rows;
