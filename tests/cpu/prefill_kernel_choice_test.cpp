@@ -1,0 +1,109 @@
+// Which prefill attention kernel runs where: every Highway target this CPU
+// runs is tested; bf16 exactly where the CPU has AVX512-BF16, onednn where
+// oneDNN has a bf16 matmul of its own, each refused with the reason
+// elsewhere; the default (auto) order; and the onednn kernel giving the
+// caller its OpenMP thread count back. Their results are checked against the
+// fp64 reference in prefill_attention_test.cpp, over every kernel listed here.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "longctx/core/cpu_features.h"
+#include "longctx/core/error.h"
+#include "longctx/cpu/prefill_attention.h"
+#include "prefill_fixture.h"
+
+namespace longctx::cpu {
+namespace {
+
+using namespace prefill_testing;
+
+// Running `kernel` on a small case throws Error(kUnsupported) mentioning `needle`.
+void expect_refused(PrefillKernel kernel, const std::string& needle) {
+  PrefillCase c;
+  std::mt19937 rng(9);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  try {
+    run_prefill(*t->store, 0, b, 0.f, kernel);
+    ADD_FAILURE() << "the " << prefill_kernel_name(kernel) << " kernel ran where it is unsupported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  auto has = [&](int64_t t) { return std::find(targets.begin(), targets.end(), t) != targets.end(); };
+  EXPECT_TRUE(has(HWY_SCALAR) || has(HWY_EMU128));
+  for (int64_t t : {HWY_SSE4, HWY_AVX2, HWY_AVX3}) {
+    if (hwy::SupportedTargets() & t) {
+      EXPECT_TRUE(has(t)) << hwy::TargetName(t);
+    }
+  }
+}
+
+// bf16 runs exactly where the CPU has AVX512-BF16, and is then the default
+// unless AMX is usable (then oneDNN's tiles are).
+TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
+  const CpuFeatures& f = cpu_features();
+  const bool expected = f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+  const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kOnednn;
+  EXPECT_EQ(amx, f.amx_bf16) << describe_cpu_features(f);
+  EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
+  EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
+  EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
+  EXPECT_EQ(best_prefill_kernel(), kernels.front());
+  if (!expected) {
+    expect_refused(PrefillKernel::kBf16, "AVX512-BF16");
+    GTEST_SKIP() << prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
+  }
+}
+
+// onednn runs where oneDNN has a bf16 matmul of its own (AVX-512 bf16 or AMX),
+// and is the default exactly where AMX is usable; every test that runs
+// supported_prefill_kernels() then checks it against the bf16 reference.
+TEST(PrefillAttention, OnednnKernelRunsWhereOnednnHasBf16) {
+  const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kOnednn) != kernels.end();
+  const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
+  EXPECT_EQ(listed, why.empty()) << why;
+  EXPECT_EQ(kernels.front() == PrefillKernel::kOnednn, cpu_features().amx_bf16 && why.empty());
+  if (listed) {
+    EXPECT_NE(prefill_kernel_engine(PrefillKernel::kOnednn).find("oneDNN "), std::string::npos);
+    EXPECT_EQ(prefill_kernel_engine(PrefillKernel::kOnednn).find("ref"), std::string::npos);
+    return;
+  }
+  expect_refused(PrefillKernel::kOnednn, "bf16 matmul");
+  GTEST_SKIP() << why;
+}
+
+// The onednn kernel runs each oneDNN call on one OpenMP thread, and gives the
+// calling thread its OpenMP thread count back: the CPU backend's matmuls,
+// called later from the same thread, run on every core.
+TEST(PrefillAttention, OnednnKernelLeavesTheCallersOpenMpThreadCount) {
+  const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(before + 3);
+  PrefillCase c;
+  std::mt19937 rng(11);
+  auto t = make_store(c, c.n_tokens());
+  fill_random(*t->store, c.n_tokens(), rng);
+  Buffers b(c, rng);
+  run_prefill(*t->store, c.history, b, 0.f, PrefillKernel::kOnednn);
+  EXPECT_EQ(omp_get_max_threads(), before + 3);
+  omp_set_num_threads(before);
+}
+
+}  // namespace
+}  // namespace longctx::cpu
