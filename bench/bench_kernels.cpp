@@ -170,8 +170,12 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dty
 }
 
 // Prefill attention of one chunk over `history` tokens with `kernel`, every thread of the machine.
-Record run_prefill_attention(const KernelsArgs& a, int64_t history, cpu::PrefillKernel kernel, double fma_gflops,
-                             double bf16_gflops, double onednn_gflops) {
+// The peaks of this run (GFLOP/s, 0 where the CPU lacks the unit), every thread busy.
+struct Peaks {
+  double fma = 0, bf16 = 0, onednn = 0, amx = 0;
+};
+
+Record run_prefill_attention(const KernelsArgs& a, int64_t history, cpu::PrefillKernel kernel, const Peaks& peaks) {
   const int64_t n = a.prefill_chunk;
   LongContextConfig config;
   config.max_seq_len = history + n;
@@ -200,9 +204,10 @@ Record run_prefill_attention(const KernelsArgs& a, int64_t history, cpu::Prefill
   r.set("history", history).set("chunk", n);
   r.set("q_heads", a.q_heads).set("kv_heads", a.kv_heads).set("head_dim", a.head_dim).set("dtype", "f16");
   r.set("threads", int64_t(tbb::info::default_concurrency())).set("ms", ms).set("tflops", gflops / 1e3);
-  r.set("fma_gflops", fma_gflops).set("of_fma_peak", gflops / fma_gflops);
-  r.set("bf16_gflops", bf16_gflops).set("of_bf16_peak", bf16_gflops > 0 ? gflops / bf16_gflops : 0.0);
-  r.set("onednn_gflops", onednn_gflops).set("of_onednn_peak", onednn_gflops > 0 ? gflops / onednn_gflops : 0.0);
+  r.set("fma_gflops", peaks.fma).set("of_fma_peak", gflops / peaks.fma);
+  r.set("bf16_gflops", peaks.bf16).set("of_bf16_peak", peaks.bf16 > 0 ? gflops / peaks.bf16 : 0.0);
+  r.set("onednn_gflops", peaks.onednn).set("of_onednn_peak", peaks.onednn > 0 ? gflops / peaks.onednn : 0.0);
+  r.set("amx_gflops", peaks.amx).set("of_amx_peak", peaks.amx > 0 ? gflops / peaks.amx : 0.0);
   r.set("engine", cpu::prefill_kernel_engine(kernel));
   return r;
 }
@@ -258,13 +263,13 @@ int run_kernels(const std::vector<std::string>& args) {
   }
   std::vector<Record> prefill;
   if (!a.prefill_histories.empty()) {
-    const double fma_gflops = measure_fma_gflops(all), bf16_gflops = measure_bf16_gflops(all),
-                 onednn_gflops = measure_onednn_bf16_gflops(all);
+    const Peaks peaks{measure_fma_gflops(all), measure_bf16_gflops(all), measure_onednn_bf16_gflops(all),
+                      measure_amx_bf16_gflops(all)};
     for (const Record& piece : onednn_tile_pieces(all)) std::printf("%s\n", piece.json().c_str());
     for (int64_t history : a.prefill_histories) {
       const size_t first = prefill.size();
       for (cpu::PrefillKernel kernel : cpu::supported_prefill_kernels())
-        prefill.push_back(run_prefill_attention(a, history, kernel, fma_gflops, bf16_gflops, onednn_gflops));
+        prefill.push_back(run_prefill_attention(a, history, kernel, peaks));
       // Each path against the f32 one (listed last) at the same history.
       const double f32_ms = std::stod(prefill.back().get("ms"));
       for (size_t i = first; i < prefill.size(); ++i) {
@@ -280,10 +285,10 @@ int run_kernels(const std::vector<std::string>& args) {
                         "dense_over_step", "select_share"});
   if (!prefill.empty()) {
     std::printf("\nCPU prefill attention, one layer, one chunk of %lld queries, f16 K/V, %d threads (peaks measured in "
-                "this run: FMA, vdpbf16ps, and oneDNN's bf16 matmul, which is the AMX rate where the CPU has AMX)\n",
+                "this run: FMA, vdpbf16ps, AMX tdpbf16ps, and oneDNN's bf16 matmul)\n",
                 static_cast<long long>(a.prefill_chunk), all);
     print_table(prefill, {"path", "engine", "history", "chunk", "ms", "tflops", "of_fma_peak", "of_bf16_peak",
-                          "of_onednn_peak", "over_f32"});
+                          "of_onednn_peak", "of_amx_peak", "over_f32"});
   }
   return 0;
 }

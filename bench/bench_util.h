@@ -89,6 +89,11 @@ double measure_int8_gops(int threads);
 // CPUs without AMX; 0 where the CPU has no AVX512-BF16.
 double measure_bf16_gflops(int threads);
 
+// AMX bf16 tile throughput (tdpbf16ps, 2 FLOP per product; peak_amx.cpp) of
+// `threads` threads: the roofline of the amx prefill kernel; 0 where AMX bf16
+// is not usable.
+double measure_amx_bf16_gflops(int threads);
+
 // oneDNN's bf16 matmul rate, one call per thread at a time as the onednn
 // prefill kernel makes them (peak_onednn.cpp): AMX tiles where the CPU has
 // them; 0 where oneDNN has no bf16 matmul.

@@ -46,13 +46,13 @@ void run_locked(const StoreHandle& h, F&& f) {
   f();
 }
 
-// One of the config key prefill_kernel's values ("auto", "f32", "bf16").
+// One of the config key prefill_kernel's values ("auto", "f32", "bf16", ...).
 cpu::PrefillKernel prefill_kernel_arg(const std::string& name) {
   for (PrefillKernelChoice choice : {PrefillKernelChoice::kAuto, PrefillKernelChoice::kF32, PrefillKernelChoice::kBf16,
-                                     PrefillKernelChoice::kOnednn})
+                                     PrefillKernelChoice::kOnednn, PrefillKernelChoice::kAmx})
     if (name == prefill_kernel_choice_name(choice)) return cpu::prefill_kernel_for(choice);
-  fail(ErrorCode::kInvalidArgument, "prefill_attention: kernel must be 'auto', 'f32', 'bf16' or 'onednn', got '", name,
-       "'");
+  fail(ErrorCode::kInvalidArgument,
+       "prefill_attention: kernel must be 'auto', 'f32', 'bf16', 'onednn' or 'amx', got '", name, "'");
 }
 
 py::tuple prefill_attention(const StoreHandle& h, int layer, int64_t first_pos, py::handle q, float scale,
@@ -375,7 +375,8 @@ void bind_attention(py::module_& m) {
         "earlier token of `layer` and the chunk causally (its K/V appended first). Returns (out f32 [n, "
         "n_q_heads, head_dim], lse f32 [n, n_q_heads]); scale 0 = 1/sqrt(head_dim). kernel: 'f32', 'bf16' "
         "(q, k, v, p rounded to bf16; AVX512-BF16 CPUs), 'onednn' (the same through oneDNN: AMX tiles where the "
-        "CPU has them) or 'auto', as the config key prefill_kernel.");
+        "CPU has them), 'amx' (the same on AMX tiles, fused with the softmax) or 'auto', as the config key "
+        "prefill_kernel.");
   m.def(
       "prefill_kernels",
       [] {
@@ -383,7 +384,7 @@ void bind_attention(py::module_& m) {
         for (cpu::PrefillKernel k : cpu::supported_prefill_kernels()) names.push_back(cpu::prefill_kernel_name(k));
         return names;
       },
-      "The prefill attention kernels this CPU runs, best first, e.g. ['onednn', 'bf16', 'f32'] (AMX), "
+      "The prefill attention kernels this CPU runs, best first, e.g. ['amx', 'onednn', 'bf16', 'f32'] (AMX), "
       "['bf16', 'onednn', 'f32'] (AVX512-BF16) or ['f32'].");
   m.def(
       "dense_decode_attention",

@@ -92,6 +92,7 @@ const char* prefill_kernel_choice_name(PrefillKernelChoice choice) {
     case PrefillKernelChoice::kF32: return "f32";
     case PrefillKernelChoice::kBf16: return "bf16";
     case PrefillKernelChoice::kOnednn: return "onednn";
+    case PrefillKernelChoice::kAmx: return "amx";
   }
   return "invalid";
 }

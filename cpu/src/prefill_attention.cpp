@@ -40,6 +40,12 @@
 // do not see a tile are untouched whatever it holds. A row's result then
 // depends only on its own data again.
 //
+// kAmx keeps kBf16's operands and layouts (q rounded once, K^T and V packed
+// in bf16 pairs, which is how AMX tiles load B) with head_dim rounded up to
+// 32 for whole tiles, and hands each key tile to amx_attend_key_tile
+// (prefill_attention_amx.cpp), which runs S = Q K^T, the softmax step and
+// O += P V fused, 32 rows at a time, both products on the tiles.
+//
 // The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8
 // heads, d=128, f16, Zen 4: 97 vs 98 GFLOP/s per core, 84% of the FMA peak)
@@ -104,13 +110,13 @@ struct TileScratch {
   Buffer<float> v;    // [kKeyTile][d_pad] values of the key tile
   Buffer<float> s;    // [rows][kKeyTile] scores, then probabilities
   Buffer<float> o;    // [rows][d_pad]    unnormalized output
-  // kBf16 only:
-  Buffer<uint16_t> q_bf16;  // [rows][d_even]          q rounded
-  Buffer<uint32_t> k_pairs; // [d_even / 2][kKeyTile]   K^T, pairs of channels
+  // kBf16 and kAmx:
+  Buffer<uint16_t> q_bf16;  // [rows][d_bf16]          q rounded
+  Buffer<uint32_t> k_pairs; // [d_bf16 / 2][kKeyTile]   K^T, pairs of channels
   Buffer<uint32_t> v_pairs; // [kKeyTile / 2][d_pad]    V, pairs of keys
-  Buffer<uint16_t> p_bf16;  // [rows][kKeyTile]         P rounded
+  Buffer<uint16_t> p_bf16;  // [rows][kKeyTile]         P rounded (kAmx: one block of rows)
   // kOnednn only (with q_bf16 and p_bf16):
-  Buffer<uint16_t> k_bf16;  // [d_even][kKeyTile]       K^T rounded
+  Buffer<uint16_t> k_bf16;  // [d_bf16][kKeyTile]       K^T rounded
   Buffer<uint16_t> v_bf16;  // [kKeyTile][d_pad]        V rounded
   Buffer<float> pv;         // [tile_rows][d_pad]       P V of one key tile
   std::vector<float> m, l;
@@ -126,8 +132,8 @@ struct Problem {
   int n_q_heads;
   int group;          // g: query heads per kv head
   int head_dim;
-  size_t d_pad;       // head_dim rounded up to kTileAlign
-  size_t d_even;      // head_dim rounded up to 2 (bf16 pairs)
+  size_t d_pad;       // head_dim rounded up to kTileAlign (kAmx: 32, two tiles' columns)
+  size_t d_bf16;      // head_dim rounded up to 2 (bf16 pairs; kAmx: 32, a tile's depth)
   float scale;
   PrefillKernel kernel;
   const Selection* history;  // per kv head, spans before first_pos
@@ -172,7 +178,9 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   constexpr size_t ld_s = size_t(kKeyTile);
 
   const bool onednn = p.kernel == PrefillKernel::kOnednn;
-  const size_t m = onednn ? p.tile_rows : rows;  // rows the products compute
+  const bool amx = p.kernel == PrefillKernel::kAmx;
+  // Rows the products compute: onednn's fixed shapes; AMX's whole blocks.
+  const size_t m = onednn ? p.tile_rows : amx ? round_up(rows, detail::kAmxRows) : rows;
   float* q = scratch.q.get(rows * d);
   float* k_t = scratch.k_t.get(d * ld_s);
   float* v = scratch.v.get(ld_s * d_pad);
@@ -191,22 +199,25 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     }
   }
   const bool bf16 = p.kernel == PrefillKernel::kBf16;
-  const size_t d_even = p.d_even;
+  const bool pairs = bf16 || amx;  // K^T and V packed in bf16 pairs
+  const size_t d_bf16 = p.d_bf16;
   uint16_t* q_bf16 = nullptr;
   uint32_t *k_pairs = nullptr, *v_pairs = nullptr;
   uint16_t *p_bf16 = nullptr, *k_bf16 = nullptr, *v_bf16 = nullptr;
   float* pv = nullptr;
-  if (bf16 || onednn) {
-    q_bf16 = scratch.q_bf16.get(m * d_even);  // an odd head_dim's last column stays 0
-    for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_even, DType::kBF16, d);
+  if (pairs || onednn) {
+    // Columns past head_dim stay 0; so do AMX's padding rows, or hold
+    // another item's finite rows, which only ever meet P = 0.
+    q_bf16 = scratch.q_bf16.get(m * d_bf16);
+    for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_bf16, DType::kBF16, d);
     p_bf16 = scratch.p_bf16.get(m * ld_s);
   }
-  if (bf16) {
-    k_pairs = scratch.k_pairs.get(d_even / 2 * ld_s);
+  if (pairs) {
+    k_pairs = scratch.k_pairs.get(d_bf16 / 2 * ld_s);
     v_pairs = scratch.v_pairs.get(ld_s / 2 * d_pad);
   }
   if (onednn) {
-    k_bf16 = scratch.k_bf16.get(d_even * ld_s);  // an odd head_dim's last row stays 0
+    k_bf16 = scratch.k_bf16.get(d_bf16 * ld_s);  // an odd head_dim's last row stays 0
     v_bf16 = scratch.v_bf16.get(ld_s * d_pad);
     pv = scratch.pv.get(m * d_pad);
   }
@@ -244,15 +255,31 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       const int64_t pos = p.first_pos + i_begin + int64_t((row0 + r) / size_t(g));
       scratch.valid[r] = int(tile_history + std::clamp<int64_t>(pos - chunk0 + 1, 0, count - tile_history));
     }
+    if (amx) {
+      // Whole tiles of 32 keys: the columns past the tile's keys are masked,
+      // and the value pairs past them zeroed so that P = 0 meets no Inf or NaN.
+      const size_t tile_keys = round_up(size_t(count), 2 * kTileAlign);
+      detail::pack_bf16_pairs(d, tile_keys, k_t, ld_s, k_pairs, ld_s);
+      detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
+      const size_t packed = (size_t(count) + 1) / 2;
+      std::fill(v_pairs + packed * d_pad, v_pairs + tile_keys / 2 * d_pad, 0u);
+      detail::AmxKeyTile tile;
+      tile.rows = rows, tile.row0 = row0, tile.keys = tile_keys, tile.depth = d_bf16, tile.valid = scratch.valid.data();
+      tile.q = q_bf16, tile.ld_q = d_bf16, tile.k_pairs = k_pairs, tile.ld_k = ld_s, tile.v_pairs = v_pairs;
+      tile.m = scratch.m.data(), tile.l = scratch.l.data(), tile.o = o, tile.ld_o = d_pad;
+      tile.s = s, tile.p = p_bf16;
+      detail::amx_attend_key_tile(tile);
+      continue;
+    }
     if (bf16) {
       detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
       detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
-      detail::gemm_bf16(false, active, cols, d_even / 2, q_bf16 + row0 * d_even, d_even, k_pairs, ld_s, s, ld_s);
+      detail::gemm_bf16(false, active, cols, d_bf16 / 2, q_bf16 + row0 * d_bf16, d_bf16, k_pairs, ld_s, s, ld_s);
     } else if (onednn) {  // fixed shapes: every row, the whole key tile
       detail::round_rows_bf16(d, cols, k_t, ld_s, k_bf16, ld_s);
       detail::round_rows_bf16(size_t(count), d_pad, v, d_pad, v_bf16, d_pad);
       std::fill(v_bf16 + size_t(count) * d_pad, v_bf16 + ld_s * d_pad, uint16_t{0});
-      detail::gemm_bf16_onednn(m, ld_s, d_even, q_bf16, d_even, k_bf16, ld_s, s, ld_s);
+      detail::gemm_bf16_onednn(m, ld_s, d_bf16, q_bf16, d_bf16, k_bf16, ld_s, s, ld_s);
     } else {
       detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
     }
@@ -356,9 +383,10 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
   check_inner_contiguous(as_const(out), "prefill_attention out");
   check_inner_contiguous(as_const(lse), "prefill_attention lse");
 
+  const bool amx = kernel == PrefillKernel::kAmx;
   Problem p{&store, layer, first_pos, n, int(n_q_heads), int(n_q_heads / shape.n_kv_heads), d,
-            round_up(size_t(d), kTileAlign), round_up(size_t(d), 2), scale == 0.f ? 1.f / std::sqrt(float(d)) : scale,
-            kernel, history, q, out, lse};
+            round_up(size_t(d), amx ? 2 * kTileAlign : kTileAlign), round_up(size_t(d), amx ? 2 * kTileAlign : 2),
+            scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, kernel, history, q, out, lse};
   const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
   const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
   p.tile_rows = size_t(tile_positions) * size_t(p.group);
@@ -382,6 +410,7 @@ const char* prefill_kernel_name(PrefillKernel kernel) {
     case PrefillKernel::kF32: return "f32";
     case PrefillKernel::kBf16: return "bf16";
     case PrefillKernel::kOnednn: return "onednn";
+    case PrefillKernel::kAmx: return "amx";
   }
   return "?";
 }
@@ -399,6 +428,14 @@ std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
   const CpuFeatures& f = cpu_features();
   if (kernel == PrefillKernel::kBf16 && !(f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c))
     return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps), which this CPU (" + f.brand + ") lacks";
+  if (kernel == PrefillKernel::kAmx) {
+    if (!f.amx_bf16) {
+      const std::string& why = amx_unusable_reason();
+      return "the amx prefill kernel needs AMX bf16 tiles, which are not usable here: " +
+             (why.empty() ? "the CPU (" + f.brand + ") has AMX without bf16" : why);
+    }
+    if (!f.avx512bf16) return "the amx prefill kernel needs AVX512-BF16 beside AMX, which this CPU (" + f.brand + ") lacks";
+  }
   if (kernel == PrefillKernel::kOnednn && onednn_bf16_kernel().empty())
     return "the onednn prefill kernel needs a bf16 matmul of oneDNN's own (AMX or AVX-512 bf16), which it has not "
            "for this CPU (" + f.brand + ")";
@@ -410,14 +447,17 @@ std::string prefill_kernel_engine(PrefillKernel kernel) {
     case PrefillKernel::kF32: return "f32 FMA (" + highway_target_name() + ")";
     case PrefillKernel::kBf16: return "vdpbf16ps";
     case PrefillKernel::kOnednn: return "oneDNN " + onednn_bf16_kernel();
+    case PrefillKernel::kAmx: return "AMX tdpbf16ps";
   }
   return "?";
 }
 
 std::vector<PrefillKernel> supported_prefill_kernels() {
   std::vector<PrefillKernel> kernels;
-  // oneDNN goes first only where it runs AMX tiles: on AVX512-BF16 alone our
-  // own vdpbf16ps kernel is the measured choice (README, prefill attention).
+  // Our fused AMX kernel first where the tiles are usable, then oneDNN's AMX
+  // matmul; on AVX512-BF16 alone our own vdpbf16ps kernel is the measured
+  // choice over oneDNN's (README, prefill attention).
+  if (prefill_kernel_unsupported_reason(PrefillKernel::kAmx).empty()) kernels.push_back(PrefillKernel::kAmx);
   const bool amx = cpu_features().amx_bf16 && prefill_kernel_unsupported_reason(PrefillKernel::kOnednn).empty();
   if (amx) kernels.push_back(PrefillKernel::kOnednn);
   if (prefill_kernel_unsupported_reason(PrefillKernel::kBf16).empty()) kernels.push_back(PrefillKernel::kBf16);
@@ -438,8 +478,11 @@ PrefillKernel prefill_kernel_for(PrefillKernelChoice choice) {
     case PrefillKernelChoice::kF32: return PrefillKernel::kF32;
     case PrefillKernelChoice::kBf16: break;
     case PrefillKernelChoice::kOnednn: break;
+    case PrefillKernelChoice::kAmx: break;
   }
-  const PrefillKernel kernel = choice == PrefillKernelChoice::kBf16 ? PrefillKernel::kBf16 : PrefillKernel::kOnednn;
+  const PrefillKernel kernel = choice == PrefillKernelChoice::kBf16   ? PrefillKernel::kBf16
+                               : choice == PrefillKernelChoice::kAmx ? PrefillKernel::kAmx
+                                                                     : PrefillKernel::kOnednn;
   const std::string unsupported = prefill_kernel_unsupported_reason(kernel);
   if (!unsupported.empty())
     fail(ErrorCode::kConfig, "prefill_kernel: ", prefill_kernel_name(kernel), ": ", unsupported, " (use auto or f32)");

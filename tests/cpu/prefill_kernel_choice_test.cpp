@@ -1,6 +1,7 @@
 // Which prefill attention kernel runs where: every Highway target this CPU
-// runs is tested; bf16 exactly where the CPU has AVX512-BF16, onednn where
-// oneDNN has a bf16 matmul of its own, each refused with the reason
+// runs is tested; bf16 exactly where the CPU has AVX512-BF16, amx where AMX
+// is usable, onednn where oneDNN has a bf16 matmul of its own, each refused
+// with the reason
 // elsewhere; the default (auto) order; and the onednn kernel giving the
 // caller its OpenMP thread count back. Their results are checked against the
 // fp64 reference in prefill_attention_test.cpp, over every kernel listed here.
@@ -52,13 +53,13 @@ TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
 }
 
 // bf16 runs exactly where the CPU has AVX512-BF16, and is then the default
-// unless AMX is usable (then oneDNN's tiles are).
+// unless AMX is usable (then our AMX kernel is).
 TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   const CpuFeatures& f = cpu_features();
   const bool expected = f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
-  const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kOnednn;
-  EXPECT_EQ(amx, f.amx_bf16) << describe_cpu_features(f);
+  const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kAmx;
+  EXPECT_EQ(amx, f.amx_bf16 && f.avx512bf16) << describe_cpu_features(f);
   EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
   EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
   EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
@@ -69,15 +70,47 @@ TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   }
 }
 
+// amx runs exactly where AMX bf16 tiles are usable (the CPU has them and
+// Linux granted the tile permission) beside AVX512-BF16, and is then the
+// default; every test that runs supported_prefill_kernels() then checks it
+// against the bf16 reference.
+TEST(PrefillAttention, AmxKernelRunsWhereAmxIsUsable) {
+  const CpuFeatures& f = cpu_features();
+  const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
+  const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kAmx) != kernels.end();
+  EXPECT_EQ(listed, f.amx_bf16 && f.avx512bf16) << describe_cpu_features(f);
+  EXPECT_EQ(listed, prefill_kernel_unsupported_reason(PrefillKernel::kAmx).empty());
+  if (listed) {
+    EXPECT_EQ(kernels.front(), PrefillKernel::kAmx);
+    EXPECT_EQ(prefill_kernel_for(PrefillKernelChoice::kAmx), PrefillKernel::kAmx);
+    return;
+  }
+  expect_refused(PrefillKernel::kAmx, "AMX");
+  try {
+    prefill_kernel_for(PrefillKernelChoice::kAmx);
+    ADD_FAILURE() << "prefill_kernel: amx accepted where AMX is not usable";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kConfig);
+    EXPECT_NE(std::string(e.what()).find("prefill_kernel: amx"), std::string::npos) << e.what();
+  }
+  GTEST_SKIP() << prefill_kernel_unsupported_reason(PrefillKernel::kAmx);
+}
+
 // onednn runs where oneDNN has a bf16 matmul of its own (AVX-512 bf16 or AMX),
-// and is the default exactly where AMX is usable; every test that runs
+// and comes right after amx where AMX is usable; every test that runs
 // supported_prefill_kernels() then checks it against the bf16 reference.
 TEST(PrefillAttention, OnednnKernelRunsWhereOnednnHasBf16) {
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kOnednn) != kernels.end();
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
   EXPECT_EQ(listed, why.empty()) << why;
-  EXPECT_EQ(kernels.front() == PrefillKernel::kOnednn, cpu_features().amx_bf16 && why.empty());
+  const bool amx = cpu_features().amx_bf16 && cpu_features().avx512bf16;
+  if (amx && why.empty()) {
+    ASSERT_GT(kernels.size(), 1u);
+    EXPECT_EQ(kernels[1], PrefillKernel::kOnednn);
+  } else {
+    EXPECT_NE(kernels.front(), PrefillKernel::kOnednn);
+  }
   if (listed) {
     EXPECT_NE(prefill_kernel_engine(PrefillKernel::kOnednn).find("oneDNN "), std::string::npos);
     EXPECT_EQ(prefill_kernel_engine(PrefillKernel::kOnednn).find("ref"), std::string::npos);

@@ -428,11 +428,12 @@ class KVStoreTest(unittest.TestCase):
 
 class AttentionTest(unittest.TestCase):
     def test_bf16_prefill_matches_the_reference_over_its_rounded_inputs(self):
-        """kernel='bf16' (and 'onednn', the same products through oneDNN)
+        """kernel='bf16' (and 'onednn' and 'amx', the same products through
+        oneDNN and on AMX tiles)
         rounds q * scale, k, v and the probabilities to bf16:
         against the fp64 reference over the rounded q, k, v its only extra
         error is P's rounding, at most 2^-8 max|v| per output."""
-        kernels = [k for k in ("bf16", "onednn") if k in lc.prefill_kernels()]  # the same rounded products
+        kernels = [k for k in ("bf16", "onednn", "amx") if k in lc.prefill_kernels()]  # the same rounded products
         if "bf16" not in kernels:
             with self.assertRaisesRegex(lc.Error, "AVX512-BF16"):
                 lc.prefill_attention(lc.KVStore(small_config(), 2, 1, 64), 1, 0, np.zeros((0, 1, 64), np.float32),
@@ -460,7 +461,7 @@ class AttentionTest(unittest.TestCase):
                     # Not the f32 kernel's result: the rounding happened.
                     f32_out, _ = lc.prefill_attention(store, 1, first, q, kernel="f32")
                     self.assertGreater(np.abs(out - f32_out).max(), 0)
-        with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32', 'bf16' or 'onednn', got 'fp8'"):
+        with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32', 'bf16', 'onednn' or 'amx', got 'fp8'"):
             lc.prefill_attention(store, 1, first, q, kernel="fp8")
 
     def test_prefill_and_decode_match_reference(self):

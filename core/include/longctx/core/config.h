@@ -42,7 +42,7 @@ const char* selection_policy_name(SelectionPolicy policy);
 
 // The products of the CPU's prefill attention (cpu::PrefillKernel): auto =
 // bf16 where the CPU multiplies bf16 in hardware (AVX512-BF16), else f32.
-enum class PrefillKernelChoice { kAuto, kF32, kBf16, kOnednn };
+enum class PrefillKernelChoice { kAuto, kF32, kBf16, kOnednn, kAmx };
 const char* prefill_kernel_choice_name(PrefillKernelChoice choice);
 
 // What a select step does with the context blocks it does not select: drop

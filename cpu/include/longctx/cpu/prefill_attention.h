@@ -6,7 +6,7 @@
 // A variant restricts the history (the tokens before the chunk) to given
 // spans per kv head, for sparse prefill (QUOKA).
 //
-// Three kernels compute the tiles' products (S = Q K^T and O += P V), picked
+// Four kernels compute the tiles' products (S = Q K^T and O += P V), picked
 // at run time (PrefillKernel); the online softmax is f32 in all:
 // - kF32: q, k, v and p in f32 on the FMA units (Highway, every CPU).
 // - kBf16: AVX512-BF16's vdpbf16ps (Zen 4/5, Sapphire Rapids and later) at
@@ -19,6 +19,10 @@
 //   matmul, which runs AMX tiles where the CPU has them (3.7 TFLOP/s per
 //   Sapphire Rapids core) and vdpbf16ps elsewhere; the results differ from
 //   kBf16's by summation order only.
+// - kAmx: the same bf16 operands on AMX tiles (tdpbf16ps) in a kernel of our
+//   own that fuses both products and the softmax step of a key tile, 32 rows
+//   at a time (prefill_attention_amx.cpp); Sapphire Rapids and later, with
+//   Linux's tile permission (cpu_features).
 #pragma once
 
 #include <cstdint>
@@ -32,18 +36,18 @@
 
 namespace longctx::cpu {
 
-enum class PrefillKernel : uint8_t { kF32, kBf16, kOnednn };
+enum class PrefillKernel : uint8_t { kF32, kBf16, kOnednn, kAmx };
 
-const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16", "onednn"
+const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16", "onednn", "amx"
 // The kernels this CPU runs, best first; kF32 is always last.
 std::vector<PrefillKernel> supported_prefill_kernels();
-// supported_prefill_kernels().front(): kOnednn where AMX is usable, else
-// kBf16 where the CPU has AVX512-BF16, else kF32.
+// supported_prefill_kernels().front(): kAmx where AMX is usable, else kBf16
+// where the CPU has AVX512-BF16, else kF32.
 PrefillKernel best_prefill_kernel();
-// Why `kernel` cannot run here (the CPU lacks AVX512-BF16; oneDNN has no
-// bf16 matmul), or "".
+// Why `kernel` cannot run here (the CPU lacks AVX512-BF16 or usable AMX;
+// oneDNN has no bf16 matmul), or "".
 std::string prefill_kernel_unsupported_reason(PrefillKernel kernel);
-// What computes a kernel's products here: "vdpbf16ps", "oneDNN brg:avx512_core_amx", ...
+// What computes a kernel's products here: "vdpbf16ps", "AMX tdpbf16ps", "oneDNN brg:avx512_core_amx", ...
 std::string prefill_kernel_engine(PrefillKernel kernel);
 // The kernel of the config key prefill_kernel: auto = best_prefill_kernel();
 // one this CPU lacks throws Error(kConfig) naming the key and the reason.

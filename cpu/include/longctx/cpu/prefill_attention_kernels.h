@@ -5,7 +5,10 @@
 // - bf16 (prefill_attention_bf16.cpp), AVX512-BF16 only: callers check
 //   PrefillKernel support first;
 // - bf16 through oneDNN (prefill_attention_onednn.cpp): AMX tiles where the
-//   CPU has them, where oneDNN has a bf16 matmul (onednn_bf16_implementation).
+//   CPU has them, where oneDNN has a bf16 matmul (onednn_bf16_implementation);
+// - AMX (prefill_attention_amx.cpp): both products and the softmax step of a
+//   key tile fused, AMX tiles and AVX512-BF16 only: callers check
+//   PrefillKernel support first.
 //
 // Every matrix is row-major f32 with a leading dimension (ld*) in elements.
 // Column counts and leading dimensions of the outputs must be multiples of
@@ -69,5 +72,37 @@ void gemm_bf16_onednn(size_t rows, size_t cols, size_t depth, const uint16_t* a,
 // The implementation oneDNN picks for a bf16 matmul here ("brg:avx512_core_amx",
 // "brg:avx512_core_bf16", ...), or "" when it has none.
 std::string onednn_bf16_implementation();
+
+// ---- AMX ----
+
+// Rows of the AMX kernel's blocks (two tiles of 16): a work item's bf16 q and
+// f32 O hold its rows rounded up to this many.
+constexpr size_t kAmxRows = 32;
+
+// One key tile of a work item whose rows [row0, rows) see some of its keys.
+struct AmxKeyTile {
+  size_t rows = 0;         // rows of the work item
+  size_t row0 = 0;         // the first row that sees a key of the tile
+  size_t keys = 0;         // the tile's keys rounded up to 32: columns of S, depth of P V
+  size_t depth = 0;        // depth of Q K^T: head_dim rounded up to 32
+  const int* valid = nullptr;  // [rows - row0]: keys of the tile row0 + r sees, >= 1
+  const uint16_t* q = nullptr;  // [rows rounded up to kAmxRows][ld_q] bf16 q * scale (0 past head_dim)
+  size_t ld_q = 0;
+  const uint32_t* k_pairs = nullptr;  // [depth / 2][ld_k] K^T, pairs of channels (pack_bf16_pairs)
+  size_t ld_k = 0;                    // >= keys; also the width of s and p
+  const uint32_t* v_pairs = nullptr;  // [keys / 2][ld_o] V, pairs of keys (0 or finite past the tile's keys)
+  float* m = nullptr;  // [rows] running max and sum of the online softmax
+  float* l = nullptr;
+  float* o = nullptr;  // [rows rounded up to kAmxRows][ld_o] unnormalized output, ld_o % 32 == 0
+  size_t ld_o = 0;
+  float* s = nullptr;     // scratch [kAmxRows][ld_k]
+  uint16_t* p = nullptr;  // scratch [kAmxRows][ld_k]
+};
+
+// S = Q K^T, the online softmax step (softmax_step's contract: rows before
+// row0 untouched) and O += P V for the rows [row0, rows), a block of kAmxRows
+// at a time; P is rounded to bf16 after the max is subtracted, l sums the f32
+// values.
+void amx_attend_key_tile(const AmxKeyTile& tile);
 
 }  // namespace longctx::cpu::detail
