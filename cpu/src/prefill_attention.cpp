@@ -3,7 +3,7 @@
 // Keys of a kv head: its history spans (dense: [0, first_pos)), then the
 // chunk [first_pos, first_pos + n), concatenated in position order and cut
 // into key tiles of kKeyTile consecutive keys of that list (dense: tiles start
-// at positions that are multiples of kKeyTile).
+// at positions that are multiples of kKeyTile; kAmx's tiles are kAmxKeyTile).
 //
 // Work item = (kv head, tile of query positions). The tile's rows are its
 // positions x the g query heads of the kv head (row = position * g + head in
@@ -21,7 +21,7 @@
 // consecutive chunk keys, so a row sees a prefix of the tile.
 //
 // Each element's result depends only on its own row and the fixed key tiling
-// (tiles start at multiples of kKeyTile), never on how queries are split into
+// (tiles start at multiples of the kernel's key tile), never on how queries are split into
 // tiles or threads: on one Highway target the output is the same whatever
 // the chunking and thread count.
 //
@@ -73,6 +73,9 @@ using detail::kTileAlign;
 
 // Keys per tile: K^T and V of one tile are 128 x d f32 each (64 KiB at d=128).
 constexpr int64_t kKeyTile = 128;
+// kAmx's key tiles: its P V product has the tile's keys as depth, and a tile
+// product runs longer for each time its O block is loaded and stored.
+constexpr int64_t kAmxKeyTile = 512;
 // Rows (positions x heads of a group) per query tile: as many as make the
 // tile's Q and O 128 KiB each (256 rows at d=128), so that with S and the key
 // tile one work item's data (512 KiB at d=128) stays in L2. Larger tiles
@@ -106,18 +109,18 @@ class Buffer {
 // Per-thread working set of one work item.
 struct TileScratch {
   Buffer<float> q;    // [rows][d]        queries times scale
-  Buffer<float> k_t;  // [d][kKeyTile]    keys of the key tile, channel-major
-  Buffer<float> v;    // [kKeyTile][d_pad] values of the key tile
-  Buffer<float> s;    // [rows][kKeyTile] scores, then probabilities
+  Buffer<float> k_t;  // [d][key_tile]    keys of the key tile, channel-major
+  Buffer<float> v;    // [key_tile][d_pad] values of the key tile
+  Buffer<float> s;    // [rows][key_tile] scores, then probabilities (kAmx: one block of rows)
   Buffer<float> o;    // [rows][d_pad]    unnormalized output
   // kBf16 and kAmx:
   Buffer<uint16_t> q_bf16;  // [rows][d_bf16]          q rounded
-  Buffer<uint32_t> k_pairs; // [d_bf16 / 2][kKeyTile]   K^T, pairs of channels
-  Buffer<uint32_t> v_pairs; // [kKeyTile / 2][d_pad]    V, pairs of keys
-  Buffer<uint16_t> p_bf16;  // [rows][kKeyTile]         P rounded (kAmx: one block of rows)
+  Buffer<uint32_t> k_pairs; // [d_bf16 / 2][key_tile]   K^T, pairs of channels
+  Buffer<uint32_t> v_pairs; // [key_tile / 2][d_pad]    V, pairs of keys
+  Buffer<uint16_t> p_bf16;  // [rows][key_tile]         P rounded (kAmx: one block of rows)
   // kOnednn only (with q_bf16 and p_bf16):
-  Buffer<uint16_t> k_bf16;  // [d_bf16][kKeyTile]       K^T rounded
-  Buffer<uint16_t> v_bf16;  // [kKeyTile][d_pad]        V rounded
+  Buffer<uint16_t> k_bf16;  // [d_bf16][key_tile]       K^T rounded
+  Buffer<uint16_t> v_bf16;  // [key_tile][d_pad]        V rounded
   Buffer<float> pv;         // [tile_rows][d_pad]       P V of one key tile
   std::vector<float> m, l;
   std::vector<int> valid;
@@ -139,6 +142,7 @@ struct Problem {
   const Selection* history;  // per kv head, spans before first_pos
   TensorView q;
   MutableTensorView out, lse;
+  int64_t key_tile = kKeyTile;  // keys per key tile (kAmxKeyTile for kAmx)
   size_t tile_rows = 0;  // rows of a full work item (positions x group); onednn's M
 
   const float* q_row(int64_t i, int head) const {
@@ -175,7 +179,7 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   const size_t d = size_t(p.head_dim);
   const size_t d_pad = p.d_pad;
   const size_t rows = size_t(i_end - i_begin) * size_t(g);
-  constexpr size_t ld_s = size_t(kKeyTile);
+  const size_t ld_s = size_t(p.key_tile);
 
   const bool onednn = p.kernel == PrefillKernel::kOnednn;
   const bool amx = p.kernel == PrefillKernel::kAmx;
@@ -232,8 +236,8 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
 
   size_t span = 0;      // cursor in the key list: span index,
   int64_t in_span = 0;  // keys of it already loaded
-  for (int64_t k0 = 0; k0 < n_keys; k0 += kKeyTile) {
-    const int64_t count = std::min(kKeyTile, n_keys - k0);
+  for (int64_t k0 = 0; k0 < n_keys; k0 += p.key_tile) {
+    const int64_t count = std::min(p.key_tile, n_keys - k0);
     const size_t cols = round_up(size_t(count), kTileAlign);
     for (int64_t col = 0; col < count;) {
       const int64_t take = std::min(keys[span].end - keys[span].begin - in_span, count - col);
@@ -390,6 +394,7 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
   const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
   const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
   p.tile_rows = size_t(tile_positions) * size_t(p.group);
+  if (amx) p.key_tile = kAmxKeyTile;
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
   const int64_t n_items = n_tiles * shape.n_kv_heads;
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hwy/highway.h"
@@ -110,6 +111,30 @@ TEST(PrefillAttention, ExplicitScaleIsUsed) {
   }
 }
 
+// Histories and chunks longer than several key tiles (128 keys; the amx
+// kernel's 512): the online softmax carries m, l and O from tile to tile,
+// through history tiles and chunk tiles whose causal mask cuts inside them.
+TEST(PrefillAttention, KeysOverSeveralKeyTilesMatchReference) {
+  std::mt19937 rng(31);
+  for (const auto& [history, n, head_dim, g] : {std::tuple<int64_t, int64_t, int, int>{1300, 37, 128, 4},
+                                                std::tuple<int64_t, int64_t, int, int>{0, 1100, 64, 1},
+                                                std::tuple<int64_t, int64_t, int, int>{600, 40, 256, 2}}) {
+    PrefillCase c;
+    c.history = history, c.n = n, c.head_dim = head_dim, c.g = g;
+    SCOPED_TRACE(c.describe());
+    auto t = make_store(c, c.n_tokens());
+    fill_random(*t->store, c.n_tokens(), rng);
+    Buffers b(c, rng);
+    const float scale = 1.f / std::sqrt(float(c.head_dim));
+    for (PrefillKernel kernel : supported_prefill_kernels()) {
+      SCOPED_TRACE(prefill_kernel_name(kernel));
+      b.reset_outputs();
+      run_prefill(*t->store, c.history, b, 0.f, kernel);
+      expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, scale, kernel), false, kernel);
+    }
+  }
+}
+
 // The prefill of a prompt in chunks, each attended right after its K/V is
 // appended (as the pipeline does), gives the same bits as one chunk over the
 // whole prompt, with one thread or all: a row's result depends only on its
@@ -121,7 +146,7 @@ TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
   c.head_dim = 64;
   c.n_kv_heads = 2;
   c.g = 4;
-  c.n = 300;
+  c.n = 1100;  // several key tiles of every kernel
   std::mt19937 rng(77);
   const size_t token_size = size_t(c.n_kv_heads * c.head_dim);
   const std::vector<float> k = normal_values(size_t(c.n) * token_size, rng);
@@ -141,7 +166,7 @@ TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
       SCOPED_TRACE(str_cat(threads, " threads"));
       auto chunked = make_store(c, c.n);
       int64_t first = 0;
-      for (int64_t size : {1, 7, 16, 100, 129, 47}) {
+      for (int64_t size : {1, 7, 16, 100, 129, 47, 600, 200}) {
         append(*chunked->store, 1, &k[size_t(first) * token_size], &v[size_t(first) * token_size], size);
         PrefillCase chunk_case = c;
         chunk_case.n = size;
