@@ -287,19 +287,21 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     } else {
       detail::gemm_f32(false, active, cols, d, q + row0 * d, d, k_t, ld_s, s, ld_s);
     }
+    if (bf16) {
+      // P straight into bf16 (AVX-512). An odd count's last pair reads P's
+      // next column, masked to 0 (cols >= count + 1).
+      detail::softmax_step_bf16(active, cols, scratch.valid.data(), s, ld_s, scratch.m.data() + row0,
+                                scratch.l.data() + row0, o + row0 * d_pad, d_pad, d_pad, p_bf16, ld_s);
+      const size_t key_pairs = (size_t(count) + 1) / 2;
+      detail::gemm_bf16(true, active, d_pad, key_pairs, p_bf16, ld_s, v_pairs, d_pad, o + row0 * d_pad, d_pad);
+      continue;
+    }
     // S holds the active rows from its first row, onednn's every row of the
     // work item; onednn's masked columns up to the whole tile become P = 0.
     float* s_active = onednn ? s + row0 * ld_s : s;
     detail::softmax_step(active, onednn ? ld_s : cols, scratch.valid.data(), s_active, ld_s,
                          scratch.m.data() + row0, scratch.l.data() + row0, o + row0 * d_pad, d_pad, d_pad);
-    if (bf16) {
-      // An odd count's last pair reads P's next column, masked to 0 (cols >= count + 1).
-      // P is rounded in its own pass on vcvtneps2bf16: rounding inside the
-      // softmax loop with Highway integer ops ran 2% slower (Zen 4).
-      const size_t key_pairs = (size_t(count) + 1) / 2;
-      detail::round_rows_bf16(active, cols, s, ld_s, p_bf16, ld_s);
-      detail::gemm_bf16(true, active, d_pad, key_pairs, p_bf16, ld_s, v_pairs, d_pad, o + row0 * d_pad, d_pad);
-    } else if (onednn) {
+    if (onednn) {
       detail::round_rows_bf16(active, ld_s, s_active, ld_s, p_bf16 + row0 * ld_s, ld_s);
       detail::gemm_bf16_onednn(m, d_pad, ld_s, p_bf16, ld_s, v_bf16, d_pad, pv, d_pad);
       for (size_t r = row0; r < rows; ++r)  // the active rows only

@@ -1,7 +1,7 @@
 // The AMX kernel of prefill attention (prefill_attention_kernels.h): one key
 // tile of a work item, fused. For each block of 32 rows:
 //   S = Q K^T        on bf16 tiles (tdpbf16ps), into a 32-row f32 scratch
-//   online softmax   on AVX-512, row by row: P rounded to bf16 into a scratch
+//   online softmax   softmax_step_bf16 (prefill_attention_bf16.cpp): P in bf16
 //   O += P V         on bf16 tiles, O's f32 blocks loaded into the tiles and back
 // so S and P of a block stay in L1 while both products run on the tile unit.
 // Compiled with AMX and AVX512-BF16 (cpu/CMakeLists.txt); reached only through
@@ -20,13 +20,8 @@
 // loads and stores in program order around them.
 #include <immintrin.h>
 
-// GCC 12's avx512fintrin.h passes _mm512_undefined_ps() through the unmasked
-// max, scalef, roundscale and extract intrinsics, which -Wmaybe-uninitialized
-// reports once they are inlined here.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -96,68 +91,6 @@ inline void block_product(bool accumulate, size_t depth, const uint16_t* a, size
   _tile_stored(3, c1 + kLanes, c_stride);
 }
 
-// 2^t for t <= 0 (t below -150 gives 0): t = n + f with n an integer and
-// |f| <= 1/2, 2^f = 1 + f c(f) with c of degree 4, its coefficients fitted
-// for the smallest relative error over [-1/2, 1/2] (1.9e-7 evaluated in f32,
-// 1.6 ulp), scaled by 2^n. 2^0 is exactly 1.
-inline __m512 exp2_nonpositive(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.3264701701700687e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671504609286785e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733581185341e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022242426872253e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470036506653e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-constexpr float kLog2e = 1.44269504088896341f;
-
-// The online softmax step of one row (softmax_step's contract, on `keys`
-// columns of which the first `valid` (>= 1) are real): P = exp(s - m')
-// rounded to bf16 into p (0 where masked), l and m updated, the row of O
-// rescaled. Whole vectors of real keys first, then at most one partial
-// vector under a mask; the vectors past it only get P = 0.
-inline void softmax_row(const float* s, size_t keys, int valid, float& m, float& l, float* o, size_t o_cols,
-                        uint16_t* p) {
-  const size_t whole = std::min(size_t(valid), keys) / kLanes * kLanes;  // columns of whole real vectors
-  const size_t rest = std::min(size_t(valid), keys) - whole;
-  const __mmask16 rest_lanes = __mmask16((1u << rest) - 1);
-  __m512 max_v = _mm512_set1_ps(-INFINITY);
-  for (size_t j = 0; j < whole; j += kLanes) max_v = _mm512_max_ps(max_v, _mm512_loadu_ps(s + j));
-  if (rest > 0) max_v = _mm512_mask_max_ps(max_v, rest_lanes, max_v, _mm512_loadu_ps(s + whole));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(max_v));  // finite: valid >= 1
-  // exp(s - m') = 2^((s - m') log2(e)). s - m' first: folding m' log2(e)
-  // into one constant would round it, an error of up to 2^-10 at |m'| = 1e4
-  // that lse keeps.
-  const __m512 log2e = _mm512_set1_ps(kLog2e);
-  const __m512 m_v = _mm512_set1_ps(m_new);
-  __m512 sum_v = _mm512_setzero_ps();
-  const auto exp_store = [&](size_t j, __m512 e) {
-    sum_v = _mm512_add_ps(sum_v, e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
-  };
-  for (size_t j = 0; j < whole; j += kLanes)
-    exp_store(j, exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m_v), log2e)));
-  size_t zero_from = whole;
-  if (rest > 0) {
-    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + whole), m_v), log2e);
-    exp_store(whole, _mm512_maskz_mov_ps(rest_lanes, exp2_nonpositive(t)));
-    zero_from += kLanes;
-  }
-  if (zero_from < keys) std::memset(p + zero_from, 0, (keys - zero_from) * sizeof(uint16_t));
-  // exp(m - m'): 0 on the first tile (m = -inf), exactly 1 when the max stays.
-  const float alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps((m - m_new) * kLog2e)));
-  l = l * alpha + _mm512_reduce_add_ps(sum_v);
-  m = m_new;
-  if (alpha != 1.f) {
-    const __m512 alpha_v = _mm512_set1_ps(alpha);
-    for (size_t j = 0; j < o_cols; j += kLanes) _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(o + j), alpha_v));
-  }
-}
-
 }  // namespace
 
 void amx_attend_key_tile(const AmxKeyTile& t) {
@@ -168,16 +101,14 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
     for (size_t col = 0; col < t.keys; col += 2 * kLanes)
       block_product(false, t.depth, t.q + block * t.ld_q, t.ld_q, t.k_pairs + col, t.ld_k, t.s + col, ld_s);
     compiler_barrier();
-    for (size_t r = 0; r < kAmxRows; ++r) {
-      const size_t row = block + r;
-      uint16_t* p_row = t.p + r * ld_s;
-      if (row < t.row0 || row >= t.rows) {  // no keys of this tile for it: P = 0 leaves its O as it is
-        std::memset(p_row, 0, t.keys * sizeof(uint16_t));
-        continue;
-      }
-      softmax_row(t.s + r * ld_s, t.keys, t.valid[row - t.row0], t.m[row], t.l[row], t.o + row * t.ld_o, t.ld_o,
-                  p_row);
-    }
+    // Rows [first, last) of the block see the tile's keys; the others get
+    // P = 0, which leaves their O as it is.
+    const size_t first = std::max(block, t.row0), last = std::min(block + kAmxRows, t.rows);
+    for (size_t row = block; row < block + kAmxRows; ++row)
+      if (row < first || row >= last) std::memset(t.p + (row - block) * ld_s, 0, t.keys * sizeof(uint16_t));
+    softmax_step_bf16(last - first, t.keys, t.valid + (first - t.row0), t.s + (first - block) * ld_s, ld_s,
+                      t.m + first, t.l + first, t.o + first * t.ld_o, t.ld_o, t.ld_o, t.p + (first - block) * ld_s,
+                      ld_s);
     compiler_barrier();
     for (size_t col = 0; col < t.ld_o; col += 2 * kLanes)
       block_product(true, t.keys, t.p, ld_s, t.v_pairs + col, t.ld_o, t.o + block * t.ld_o + col, t.ld_o);

@@ -57,6 +57,15 @@ void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const ui
 // must be a multiple of kTileAlign.
 void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst, size_t ldd);
 
+// softmax_step's contract on AVX-512 for the kernels whose P is bf16: rows
+// [0, rows) of s (lds apart) hold `keys` scores (a multiple of kTileAlign) of
+// which the first valid[r] >= 1 are real; P = exp(s - m') goes to p (ldp
+// apart) rounded to bf16, 0 where masked, and l sums the f32 values; m, l and
+// the rows of o are updated as softmax_step does. s is left as it was. exp is
+// a polynomial within 2 ulp of the f32 value.
+void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* s, size_t lds, float* m, float* l,
+                       float* o, size_t ldo, size_t o_cols, uint16_t* p, size_t ldp);
+
 // dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
 void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
 
