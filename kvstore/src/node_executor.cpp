@@ -1,6 +1,7 @@
 #include "longctx/kvstore/node_executor.h"
 
 #include <hwloc.h>
+#include <sched.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -22,10 +23,15 @@ namespace {
 
 // What a thread did on entering one of our arenas, undone when it leaves.
 // Entries and exits nest (an arena entered from inside another is left first).
+// The binding before is saved as the kernel's affinity mask, not through
+// hwloc: hwloc reports a binding cut down to its topology's PUs, so with a
+// topology of fewer PUs than the machine (HWLOC_SYNTHETIC, a restricted one)
+// restoring it would leave the thread bound to those.
 struct EntryFrame {
-  const void* observer = nullptr;    // the arena's observer
-  int node = -1;                     // the arena's node
-  hwloc_bitmap_t saved = nullptr;    // the thread's binding before; null: not pinned
+  const void* observer = nullptr;  // the arena's observer
+  int node = -1;                   // the arena's node
+  bool pinned = false;             // saved holds the thread's affinity before
+  cpu_set_t saved;
 };
 thread_local std::vector<EntryFrame> t_entries;
 
@@ -53,16 +59,13 @@ class NodeObserver : public tbb::task_scheduler_observer {
   }
 
   void on_scheduler_entry(bool /*is_worker*/) override {
-    EntryFrame frame{this, node_, nullptr};
-    if (topology_ != nullptr) {
-      frame.saved = hwloc_bitmap_alloc();
-      if (frame.saved != nullptr && hwloc_get_cpubind(topology_, frame.saved, HWLOC_CPUBIND_THREAD) != 0) {
-        hwloc_bitmap_free(frame.saved);
-        frame.saved = nullptr;
-      }
-      // Pin only what can be restored. A refused binding (a cpuset the
-      // process may not use) only costs locality.
-      if (frame.saved != nullptr) hwloc_set_cpubind(topology_, cpuset_, HWLOC_CPUBIND_THREAD);
+    EntryFrame frame;
+    frame.observer = this, frame.node = node_;
+    // Pin only what can be restored. A refused binding (a cpuset the process
+    // may not use) only costs locality.
+    if (topology_ != nullptr && sched_getaffinity(0, sizeof(frame.saved), &frame.saved) == 0) {
+      frame.pinned = true;
+      hwloc_set_cpubind(topology_, cpuset_, HWLOC_CPUBIND_THREAD);
     }
     t_entries.push_back(frame);
   }
@@ -70,10 +73,7 @@ class NodeObserver : public tbb::task_scheduler_observer {
   void on_scheduler_exit(bool /*is_worker*/) override {
     for (size_t i = t_entries.size(); i-- > 0;) {
       if (t_entries[i].observer != this) continue;
-      if (t_entries[i].saved != nullptr) {
-        hwloc_set_cpubind(topology_, t_entries[i].saved, HWLOC_CPUBIND_THREAD);
-        hwloc_bitmap_free(t_entries[i].saved);
-      }
+      if (t_entries[i].pinned) sched_setaffinity(0, sizeof(t_entries[i].saved), &t_entries[i].saved);
       t_entries.erase(t_entries.begin() + std::ptrdiff_t(i));
       return;
     }
