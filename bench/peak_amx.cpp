@@ -9,6 +9,7 @@
 
 #include "bench_util.h"
 #include "longctx/core/cpu_features.h"
+#include "longctx/cpu/prefill_attention_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -18,21 +19,11 @@ namespace longctx::bench {
 namespace {
 
 #if defined(__x86_64__)
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Multiply-adds done: 16 x 16 x 32 per instruction, four accumulators.
 __attribute__((target("amx-tile,amx-bf16"))) double tdpbf16_loop(int64_t iters, float* sink) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   alignas(64) static const uint16_t zeros[16 * 32] = {};  // the sums stay 0
   alignas(64) float out[16 * 16];
-  _tile_loadconfig(&config);
+  cpu::detail::amx_configure_tiles();  // 16 x 64 bytes each
   _tile_zero(0);  // tile numbers are immediates
   _tile_zero(1);
   _tile_zero(2);
@@ -49,7 +40,7 @@ __attribute__((target("amx-tile,amx-bf16"))) double tdpbf16_loop(int64_t iters, 
   }
   _tile_stored(0, out, 64);
   asm volatile("" ::: "memory");
-  _tile_release();
+  cpu::detail::amx_release_tiles();
   *sink = out[0];
   return double(iters) * 4 * 16 * 16 * 32;
 }

@@ -33,23 +33,11 @@ namespace {
 constexpr size_t kLanes = 16;      // f32 lanes of a zmm register; rows and f32 columns of a tile
 constexpr size_t kTileDepth = 32;  // bf16 values in a 64-byte tile row
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-7 configured as 16 x 64 bytes for the scope's lifetime.
 class TileScope {
  public:
-  TileScope() {
-    TileConfig config;
-    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kLanes;
-    _tile_loadconfig(&config);
-  }
-  ~TileScope() { _tile_release(); }
+  TileScope() { amx_configure_tiles(); }
+  ~TileScope() { amx_release_tiles(); }
   TileScope(const TileScope&) = delete;
   TileScope& operator=(const TileScope&) = delete;
 };
@@ -92,6 +80,20 @@ inline void block_product(bool accumulate, size_t depth, const uint16_t* a, size
 }
 
 }  // namespace
+
+void amx_configure_tiles() {
+  struct alignas(64) TileConfig {  // ldtilecfg's 64-byte operand, palette 1
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kLanes;
+  _tile_loadconfig(&config);
+}
+
+void amx_release_tiles() { _tile_release(); }
 
 void amx_attend_key_tile(const AmxKeyTile& t) {
   const TileScope tiles;

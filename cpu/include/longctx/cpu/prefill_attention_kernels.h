@@ -108,6 +108,12 @@ struct AmxKeyTile {
   uint16_t* p = nullptr;  // scratch [kAmxRows][ld_k]
 };
 
+// Tiles 0-7 of the calling thread configured as 16 rows x 64 bytes (palette
+// 1), the shape every AMX kernel here uses, until amx_release_tiles(). AMX
+// must be usable (cpu_features().amx_bf16).
+void amx_configure_tiles();
+void amx_release_tiles();
+
 // S = Q K^T, the online softmax step (softmax_step's contract: rows before
 // row0 untouched) and O += P V for the rows [row0, rows), a block of kAmxRows
 // at a time; P is rounded to bf16 after the max is subtracted, l sums the f32
