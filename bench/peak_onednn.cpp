@@ -1,9 +1,9 @@
 // The bf16 matmul rate of oneDNN as the onednn prefill kernel uses it: each
 // thread multiplies its own 512 x 1024 by 1024 x 512 bf16 matrices into f32
 // through gemm_bf16_onednn (one OpenMP thread per call, oneTBB's threads side
-// by side). Where the CPU has AMX that is oneDNN's AMX tile kernel, the
-// roofline the issue asks the AMX prefill path to reach 25% of; elsewhere
-// its AVX512-BF16 kernel. 0 where oneDNN has no bf16 matmul.
+// by side). Where the CPU has AMX that is oneDNN's AMX tile kernel (the AMX
+// tiles' own peak is peak_amx.cpp's); elsewhere its AVX512-BF16 kernel. 0
+// where oneDNN has no bf16 matmul.
 #include <algorithm>
 #include <cstdint>
 #include <functional>

@@ -27,8 +27,9 @@
 //
 // With PrefillKernel::kBf16 the same tiles go through bf16: Q * scale rounded
 // to bf16 once per work item, K^T and V packed from their f32 scratch into
-// bf16 pairs (prefill_attention_bf16.cpp), P rounded to bf16 after the softmax
-// step, both products on vdpbf16ps into the same f32 S and O. kOnednn rounds
+// bf16 pairs (prefill_attention_bf16.cpp), P written in bf16 by the softmax
+// step (softmax_step_bf16, after the max is subtracted), both products on
+// vdpbf16ps into the same f32 S and O. kOnednn rounds
 // the same values into plain row-major bf16 (K^T [d][keys], V [keys][d]) and
 // hands both products to oneDNN's matmul (prefill_attention_onednn.cpp),
 // which runs them on AMX tiles where the CPU has them. oneDNN's kernels sum
@@ -259,16 +260,19 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       const int64_t pos = p.first_pos + i_begin + int64_t((row0 + r) / size_t(g));
       scratch.valid[r] = int(tile_history + std::clamp<int64_t>(pos - chunk0 + 1, 0, count - tile_history));
     }
-    if (amx) {
-      // Whole tiles of 32 keys: the columns past the tile's keys are masked,
-      // and the value pairs past them zeroed so that P = 0 meets no Inf or NaN.
-      const size_t tile_keys = round_up(size_t(count), 2 * kTileAlign);
-      detail::pack_bf16_pairs(d, tile_keys, k_t, ld_s, k_pairs, ld_s);
+    // AMX reads whole tiles of 32 keys: the columns past the tile's keys are
+    // masked, and the value pairs past them zeroed so that P = 0 meets no Inf
+    // or NaN.
+    const size_t key_cols = amx ? round_up(size_t(count), 2 * kTileAlign) : cols;
+    if (pairs) {
+      detail::pack_bf16_pairs(d, key_cols, k_t, ld_s, k_pairs, ld_s);
       detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
+    }
+    if (amx) {
       const size_t packed = (size_t(count) + 1) / 2;
-      std::fill(v_pairs + packed * d_pad, v_pairs + tile_keys / 2 * d_pad, 0u);
+      std::fill(v_pairs + packed * d_pad, v_pairs + key_cols / 2 * d_pad, 0u);
       detail::AmxKeyTile tile;
-      tile.rows = rows, tile.row0 = row0, tile.keys = tile_keys, tile.depth = d_bf16, tile.valid = scratch.valid.data();
+      tile.rows = rows, tile.row0 = row0, tile.keys = key_cols, tile.depth = d_bf16, tile.valid = scratch.valid.data();
       tile.q = q_bf16, tile.ld_q = d_bf16, tile.k_pairs = k_pairs, tile.ld_k = ld_s, tile.v_pairs = v_pairs;
       tile.m = scratch.m.data(), tile.l = scratch.l.data(), tile.o = o, tile.ld_o = d_pad;
       tile.s = s, tile.p = p_bf16;
@@ -276,8 +280,6 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       continue;
     }
     if (bf16) {
-      detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
-      detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
       detail::gemm_bf16(false, active, cols, d_bf16 / 2, q_bf16 + row0 * d_bf16, d_bf16, k_pairs, ld_s, s, ld_s);
     } else if (onednn) {  // fixed shapes: every row, the whole key tile
       detail::round_rows_bf16(d, cols, k_t, ld_s, k_bf16, ld_s);

@@ -3,7 +3,8 @@
 //   S = Q K^T        on bf16 tiles (tdpbf16ps), into a 32-row f32 scratch
 //   online softmax   softmax_step_bf16 (prefill_attention_bf16.cpp): P in bf16
 //   O += P V         on bf16 tiles, O's f32 blocks loaded into the tiles and back
-// so S and P of a block stay in L1 while both products run on the tile unit.
+// so S and P of a block (96 KiB at 512 keys) stay in the core's caches
+// between the products instead of S covering the whole work item.
 // Compiled with AMX and AVX512-BF16 (cpu/CMakeLists.txt); reached only through
 // the run-time choice of PrefillKernel.
 //
@@ -19,7 +20,6 @@
 // stores and the vector code reading them (and the reverse) keeps ordinary
 // loads and stores in program order around them.
 #include <immintrin.h>
-
 
 #include <algorithm>
 #include <cstdint>

@@ -1,8 +1,9 @@
 // bf16 tile kernels of prefill attention (prefill_attention_kernels.h) on
 // AVX512-BF16's vdpbf16ps, which multiplies pairs of bf16 and adds both
 // products to an f32 lane: 32 multiply-adds per instruction where the f32 FMA
-// does 16. Compiled with AVX512-BF16 (cpu/CMakeLists.txt) and reached only
-// through the run-time choice of PrefillKernel.
+// does 16; and the softmax step that writes P in bf16, which the bf16 and
+// amx kernels share. Compiled with AVX512-BF16 (cpu/CMakeLists.txt) and
+// reached only through the run-time choice of PrefillKernel.
 //
 // The B operand of vdpbf16ps holds, per f32 lane (one column n), the pair of
 // rows 2k and 2k + 1 of that column: B is packed as [depth / 2][cols] 32-bit
