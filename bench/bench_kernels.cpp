@@ -229,6 +229,9 @@ int run_kernels(const std::vector<std::string>& args) {
     else if (args[i] == "--reps") a.reps = std::stoi(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
     else if (args[i] == "--split") a.split_tokens = std::stoll(next());
+    else if (args[i] == "--q-heads") a.q_heads = std::stoi(next());
+    else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
+    else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
     else if (args[i] == "--dtype") {
       const std::string& name = next();
       const std::optional<DType> t = parse_dtype(name);
@@ -240,6 +243,9 @@ int run_kernels(const std::vector<std::string>& args) {
       a.prefill_histories = {8192}, a.prefill_chunk = 1024;
     } else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
   }
+  if (a.kv_heads < 1 || a.q_heads < a.kv_heads || a.q_heads % a.kv_heads != 0)
+    fail(ErrorCode::kInvalidArgument, "kernels: --q-heads (", a.q_heads, ") must be a positive multiple of --kv-heads (",
+         a.kv_heads, ")");
   if (a.prefill_chunk < 1 || a.prefill_reps < 1)
     fail(ErrorCode::kInvalidArgument, "kernels: --prefill-chunk and --prefill-reps must be >= 1");
   for (int64_t h : a.prefill_histories)
