@@ -81,17 +81,22 @@ inline void block_product(bool accumulate, size_t depth, const uint16_t* a, size
 
 }  // namespace
 
-void amx_configure_tiles() {
-  struct alignas(64) TileConfig {  // ldtilecfg's 64-byte operand, palette 1
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kLanes;
-  _tile_loadconfig(&config);
-}
+// ldtilecfg's 64-byte operand, palette 1: tiles 0-7 of 16 rows x 64 bytes.
+// A constant in read-only data, not a local filled before the call: GCC's
+// _tile_loadconfig declares that it reads 8 bytes of its operand, so the
+// stores of a local's row and column fields were dropped as dead (every tile
+// left unconfigured, and the first tile instruction raised SIGILL).
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+constexpr TileConfig kTileConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+static_assert(sizeof(TileConfig) == 64);
+
+void amx_configure_tiles() { _tile_loadconfig(&kTileConfig); }
 
 void amx_release_tiles() { _tile_release(); }
 
