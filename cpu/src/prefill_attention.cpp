@@ -54,6 +54,7 @@
 #include "longctx/cpu/prefill_attention.h"
 
 #include <tbb/enumerable_thread_specific.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <cmath>
@@ -85,6 +86,13 @@ constexpr int64_t kAmxKeyTile = 512;
 // converting K/V weighs more against its faster products): 512 rows at
 // d=128 ran 4% faster than 256, 1024 another 1% (Zen 4, chunk 4096 over 32K).
 constexpr int64_t kTileFloats = 32768;
+// Work items per thread a chunk is cut into at least, where kMinTileRows
+// allows: at the demo's shape (5 kv heads, head_dim 32, 2048 positions per
+// tile) a 2048-query chunk made 5 items, and 2 threads ran 3 and 2 of them
+// (16 threads: 11 idle). Smaller tiles convert each key tile for fewer rows;
+// 256 rows instead of 2048 cost 3% more cycles in all (Zen 4).
+constexpr int64_t kItemsPerThread = 4;
+constexpr int64_t kMinTileRows = 128;
 
 size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -396,7 +404,16 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
             round_up(size_t(d), amx ? 2 * kTileAlign : kTileAlign), round_up(size_t(d), amx ? 2 * kTileAlign : 2),
             scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, kernel, history, q, out, lse};
   const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
-  const int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
+  int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
+  // Smaller tiles where the chunk would give fewer than kItemsPerThread work
+  // items per thread, down to kMinTileRows rows. Not for onednn, whose
+  // shapes (tile_rows) must not depend on the chunk or the threads.
+  if (kernel != PrefillKernel::kOnednn) {
+    const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+    const int64_t wanted_tiles = (kItemsPerThread * threads + shape.n_kv_heads - 1) / shape.n_kv_heads;
+    const int64_t min_positions = std::max<int64_t>(1, kMinTileRows / p.group);
+    tile_positions = std::min(tile_positions, std::max(min_positions, (n + wanted_tiles - 1) / wanted_tiles));
+  }
   p.tile_rows = size_t(tile_positions) * size_t(p.group);
   if (amx) p.key_tile = kAmxKeyTile;
   const int64_t n_tiles = (n + tile_positions - 1) / tile_positions;
