@@ -13,8 +13,9 @@
 
 // GCC 12's avx512fintrin.h passes _mm512_undefined_ps() through the unmasked
 // max, scalef, roundscale and extract intrinsics, which -Wmaybe-uninitialized
-// reports once they are inlined here.
+// reports (as -Wuninitialized once more of them are unrolled) when they are inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>
 #include <cmath>
@@ -94,6 +95,10 @@ inline __m512 exp2_nonpositive(__m512 t) {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
+// Independent accumulators of the max and the sum of a row: one chain would
+// wait for each max or add to finish (4 cycles) before the next vector.
+constexpr size_t kChains = 4;
+
 // The online softmax step of one row (softmax_step's contract, on `keys`
 // columns of which the first `valid` (>= 1) are real): P = exp(s - m')
 // rounded to bf16 into p (0 where masked), l and m updated, the row of O
@@ -103,33 +108,51 @@ inline void softmax_row(const float* s, size_t keys, int valid, float& m, float&
                         uint16_t* p) {
   const size_t whole = std::min(size_t(valid), keys) / kLanes * kLanes;  // columns of whole real vectors
   const size_t rest = std::min(size_t(valid), keys) - whole;
+  const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);  // columns the unrolled loops take
   const __mmask16 rest_lanes = __mmask16((1u << rest) - 1);
-  __m512 max_v = _mm512_set1_ps(-INFINITY);
-  for (size_t j = 0; j < whole; j += kLanes) max_v = _mm512_max_ps(max_v, _mm512_loadu_ps(s + j));
-  if (rest > 0) max_v = _mm512_mask_max_ps(max_v, rest_lanes, max_v, _mm512_loadu_ps(s + whole));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(max_v));  // finite: valid >= 1
+  __m512 max_v[kChains];
+  for (size_t c = 0; c < kChains; ++c) max_v[c] = _mm512_set1_ps(-INFINITY);
+  for (size_t j = 0; j < chained; j += kChains * kLanes)
+    for (size_t c = 0; c < kChains; ++c) max_v[c] = _mm512_max_ps(max_v[c], _mm512_loadu_ps(s + j + c * kLanes));
+  for (size_t j = chained; j < whole; j += kLanes) max_v[0] = _mm512_max_ps(max_v[0], _mm512_loadu_ps(s + j));
+  if (rest > 0) max_v[1] = _mm512_mask_max_ps(max_v[1], rest_lanes, max_v[1], _mm512_loadu_ps(s + whole));
+  for (size_t c = 1; c < kChains; ++c) max_v[0] = _mm512_max_ps(max_v[0], max_v[c]);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(max_v[0]));  // finite: valid >= 1
   // exp(s - m') = 2^((s - m') log2(e)). s - m' first: folding m' log2(e)
   // into one constant would round it, an error of up to 2^-10 at |m'| = 1e4
   // that lse keeps.
   const __m512 log2e = _mm512_set1_ps(kLog2e);
   const __m512 m_v = _mm512_set1_ps(m_new);
-  __m512 sum_v = _mm512_setzero_ps();
-  const auto exp_store = [&](size_t j, __m512 e) {
-    sum_v = _mm512_add_ps(sum_v, e);
+  const auto exp_at = [&](size_t j) { return exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m_v), log2e)); };
+  const auto store_p = [&](size_t j, __m512 e) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), to_bf16(e));
   };
-  for (size_t j = 0; j < whole; j += kLanes)
-    exp_store(j, exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m_v), log2e)));
+  __m512 sum_v[kChains];
+  for (size_t c = 0; c < kChains; ++c) sum_v[c] = _mm512_setzero_ps();
+  for (size_t j = 0; j < chained; j += kChains * kLanes) {
+    for (size_t c = 0; c < kChains; ++c) {
+      const __m512 e = exp_at(j + c * kLanes);
+      sum_v[c] = _mm512_add_ps(sum_v[c], e);
+      store_p(j + c * kLanes, e);
+    }
+  }
+  for (size_t j = chained; j < whole; j += kLanes) {
+    const __m512 e = exp_at(j);
+    sum_v[0] = _mm512_add_ps(sum_v[0], e);
+    store_p(j, e);
+  }
   size_t zero_from = whole;
   if (rest > 0) {
-    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + whole), m_v), log2e);
-    exp_store(whole, _mm512_maskz_mov_ps(rest_lanes, exp2_nonpositive(t)));
+    const __m512 e = _mm512_maskz_mov_ps(rest_lanes, exp_at(whole));
+    sum_v[1] = _mm512_add_ps(sum_v[1], e);
+    store_p(whole, e);
     zero_from += kLanes;
   }
   if (zero_from < keys) std::memset(p + zero_from, 0, (keys - zero_from) * sizeof(uint16_t));
+  for (size_t c = 1; c < kChains; ++c) sum_v[0] = _mm512_add_ps(sum_v[0], sum_v[c]);
   // exp(m - m'): 0 on the first tile (m = -inf), exactly 1 when the max stays.
   const float alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps((m - m_new) * kLog2e)));
-  l = l * alpha + _mm512_reduce_add_ps(sum_v);
+  l = l * alpha + _mm512_reduce_add_ps(sum_v[0]);
   m = m_new;
   if (alpha != 1.f) {
     const __m512 alpha_v = _mm512_set1_ps(alpha);
