@@ -34,6 +34,12 @@ def main():
     check(rc == 2 and "unknown subcommand 'nosuch'" in err, "unknown subcommand named", err)
     rc, out, err = run([BENCH, "kernels", "--dtype", "f8"])
     check(rc == 1 and "--dtype" in err and "'f8'" in err, "kernels --dtype f8 refused, naming it", err)
+    rc, out, err = run([BENCH, "kernels", "--q-heads", "6", "--kv-heads", "4"])
+    check(rc == 1 and "--q-heads (6)" in err and "--kv-heads (4)" in err, "kernels: q heads not a multiple of kv heads "
+          "refused, naming both", err)
+    rc, out, _ = run([BENCH, "kernels", "--help"])
+    for option in ("--q-heads", "--kv-heads", "--head-dim"):
+        check(option in out, f"kernels --help describes {option}", out)
     rc, out, err = run([BENCH, "accuracy", "--policies", "questt"])
     check(rc == 1 and "unknown policy 'questt'" in err, "unknown policy named", err)
     print(f"test_bench_cli: {_env.passed} checks passed")
