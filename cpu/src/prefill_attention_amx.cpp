@@ -79,8 +79,6 @@ inline void block_product(bool accumulate, size_t depth, const uint16_t* a, size
   _tile_stored(3, c1 + kLanes, c_stride);
 }
 
-}  // namespace
-
 // ldtilecfg's 64-byte operand, palette 1: tiles 0-7 of 16 rows x 64 bytes.
 // A constant in read-only data, not a local filled before the call: GCC's
 // _tile_loadconfig declares that it reads 8 bytes of its operand, so the
@@ -95,6 +93,8 @@ struct alignas(64) TileConfig {
 };
 constexpr TileConfig kTileConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 static_assert(sizeof(TileConfig) == 64);
+
+}  // namespace
 
 void amx_configure_tiles() { _tile_loadconfig(&kTileConfig); }
 
