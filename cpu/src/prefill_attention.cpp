@@ -197,7 +197,9 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
   float* q = scratch.q.get(rows * d);
   float* k_t = scratch.k_t.get(d * ld_s);
   float* v = scratch.v.get(ld_s * d_pad);
-  float* s = scratch.s.get(m * ld_s);
+  // kAmx keeps S and P of one block of rows at a time.
+  const size_t s_rows = amx ? detail::kAmxRows : m;
+  float* s = scratch.s.get(s_rows * ld_s);
   float* o = scratch.o.get(m * d_pad);
   scratch.m.assign(rows, -std::numeric_limits<float>::infinity());
   scratch.l.assign(rows, 0.f);
@@ -223,7 +225,7 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     // another item's finite rows, which only ever meet P = 0.
     q_bf16 = scratch.q_bf16.get(m * d_bf16);
     for (size_t r = 0; r < rows; ++r) convert(q + r * d, DType::kF32, q_bf16 + r * d_bf16, DType::kBF16, d);
-    p_bf16 = scratch.p_bf16.get(m * ld_s);
+    p_bf16 = scratch.p_bf16.get(s_rows * ld_s);
   }
   if (pairs) {
     k_pairs = scratch.k_pairs.get(d_bf16 / 2 * ld_s);
