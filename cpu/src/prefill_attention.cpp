@@ -501,16 +501,14 @@ PrefillKernel best_prefill_kernel() {
 }
 
 PrefillKernel prefill_kernel_for(PrefillKernelChoice choice) {
+  PrefillKernel kernel = PrefillKernel::kF32;
   switch (choice) {
     case PrefillKernelChoice::kAuto: return best_prefill_kernel();
     case PrefillKernelChoice::kF32: return PrefillKernel::kF32;
-    case PrefillKernelChoice::kBf16: break;
-    case PrefillKernelChoice::kOnednn: break;
-    case PrefillKernelChoice::kAmx: break;
+    case PrefillKernelChoice::kBf16: kernel = PrefillKernel::kBf16; break;
+    case PrefillKernelChoice::kOnednn: kernel = PrefillKernel::kOnednn; break;
+    case PrefillKernelChoice::kAmx: kernel = PrefillKernel::kAmx; break;
   }
-  const PrefillKernel kernel = choice == PrefillKernelChoice::kBf16   ? PrefillKernel::kBf16
-                               : choice == PrefillKernelChoice::kAmx ? PrefillKernel::kAmx
-                                                                     : PrefillKernel::kOnednn;
   const std::string unsupported = prefill_kernel_unsupported_reason(kernel);
   if (!unsupported.empty())
     fail(ErrorCode::kConfig, "prefill_kernel: ", prefill_kernel_name(kernel), ": ", unsupported, " (use auto or f32)");
