@@ -11,11 +11,14 @@
 // with a max over slots) the g queries of a group are summed first, so each
 // record costs one dot product: scoring then streams the records at memory speed.
 //
-// Work is cut into pieces of consecutive records of one kv head inside one
-// rep page, run in parallel with oneTBB.
+// Work is cut into pieces of consecutive records of one kv head, about
+// kPiecesPerThread per thread, run in parallel with oneTBB; the kernel scores
+// a piece one rep page at a time and prefetches across into the next page.
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include <tbb/task_arena.h>
 
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
@@ -29,9 +32,15 @@ using kvstore::KVStore;
 using kvstore::Partition;
 using kvstore::StoreLayout;
 
-constexpr int64_t kMaxRecordsPerPiece = 256;
+// A piece holds at least this many records where the layer has them (the
+// prefetch's cold start and the task's cost stay small next to its reads),
+// at most kMaxRecordsPerPiece (the threads share the work), and about
+// kPiecesPerThread pieces go to each thread in between.
+constexpr int64_t kMinRecordsPerPiece = 64;
+constexpr int64_t kMaxRecordsPerPiece = 1024;
+constexpr int64_t kPiecesPerThread = 4;
 
-// One piece of work: records [begin, end) of kv head `head`, inside one rep page.
+// One piece of work: records [begin, end) of kv head `head`.
 struct Piece {
   int head = 0;
   int64_t begin = 0;
@@ -126,19 +135,33 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   // fewer valid slots then.
   const int last_block_slots = plan.slots_full == 1 ? 1 : store.valid_rep_slots(layer, 0, last_block);
 
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t per_piece = std::clamp(n_context * n_kv_heads / (kPiecesPerThread * threads), kMinRecordsPerPiece,
+                                       kMaxRecordsPerPiece);
   std::vector<Piece> pieces;
   for (int h = 0; h < n_kv_heads; ++h) {
-    for (int64_t b = part.first_context_block; b < part.end_context_block;) {
-      const int64_t page_end = (b / rpp + 1) * rpp;
-      const int64_t end = std::min({page_end, part.end_context_block, b + kMaxRecordsPerPiece});
-      pieces.push_back({h, b, end});
-      b = end;
-    }
+    for (int64_t b = part.first_context_block; b < part.end_context_block; b += per_piece)
+      pieces.push_back({h, b, std::min(part.end_context_block, b + per_piece)});
   }
 
   const auto kv_head_of = [&](int64_t i) { return pieces[size_t(i)].head; };
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
     const Piece& piece = pieces[size_t(i)];
+    // The piece's runs: records of one rep page each, the partial last block
+    // (fewer valid FIX/DYNAMIC slots) a run of its own.
+    struct Run {
+      int64_t begin = 0;
+      int64_t end = 0;
+      int n_slots = 0;
+    };
+    std::vector<Run> runs;
+    for (int64_t b = piece.begin; b < piece.end;) {
+      int64_t end = std::min(piece.end, (b / rpp + 1) * rpp);
+      if (end - 1 == last_block && last_block_slots != plan.slots_full && end - 1 > b) --end;
+      const int n_slots = b == last_block ? last_block_slots : plan.slots_full;
+      runs.push_back({b, end, n_slots});
+      b = end;
+    }
     detail::ScoreRun run;
     run.rep_dtype = layout.kv_type;  // the records' keys are kept in kv_type
     run.scales_offset = size_t(layout.rep_slots) * size_t(layout.shape.head_dim);  // q8_0: after every code
@@ -149,21 +172,13 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
     run.query_reduce = plan.query_reduce;
     run.record_bytes = layout.record_bytes;
     auto* out_row = static_cast<float*>(scores.element({piece.head, 0}));  // block first_context_block
-
-    int64_t full_end = piece.end;
-    if (piece.end - 1 == last_block && last_block_slots != plan.slots_full) --full_end;
-    if (full_end > piece.begin) {
-      run.first_record = store.rep_record(layer, piece.head, piece.begin);
-      run.n_slots = plan.slots_full;
-      run.n_records = full_end - piece.begin;
-      run.out = out_row + (piece.begin - part.first_context_block);
-      detail::score_records(run);
-    }
-    if (full_end < piece.end) {
-      run.first_record = store.rep_record(layer, piece.head, full_end);
-      run.n_slots = last_block_slots;
-      run.n_records = 1;
-      run.out = out_row + (full_end - part.first_context_block);
+    for (size_t k = 0; k < runs.size(); ++k) {
+      run.first_record = store.rep_record(layer, piece.head, runs[k].begin);
+      run.n_slots = runs[k].n_slots;
+      run.n_records = runs[k].end - runs[k].begin;
+      run.out = out_row + (runs[k].begin - part.first_context_block);
+      run.next_first_record = k + 1 < runs.size() ? store.rep_record(layer, piece.head, runs[k + 1].begin) : nullptr;
+      run.next_n_records = k + 1 < runs.size() ? runs[k + 1].end - runs[k + 1].begin : 0;
       detail::score_records(run);
     }
   });

@@ -2,7 +2,9 @@
 // f32 queries with the key vectors of representative records stored in
 // f32/f16/bf16 or q8_0, fp32 accumulation. Each key vector is loaded once for up to
 // four queries; the hot case (one query: sums over the GQA group folded into
-// it) keeps two accumulators so the FMA latency does not bind.
+// it) keeps two accumulators so the FMA latency does not bind. The records
+// kScorePrefetchBytes ahead, in this run or the caller's next, are prefetched
+// into L2 while a record computes.
 #include <algorithm>
 #include <limits>
 
@@ -122,14 +124,29 @@ HWY_INLINE void DotsOfPass(const ScoreRun& run, int n_queries, const float* quer
   }
 }
 
+// Requests record r + ahead (in this run or the next one) into L2.
+HWY_INLINE void PrefetchAhead(const ScoreRun& run, int64_t r, int64_t ahead) {
+  const int64_t target = r + ahead;
+  const std::byte* record = nullptr;
+  if (target < run.n_records) {
+    record = run.first_record + size_t(target) * run.record_bytes;
+  } else if (target - run.n_records < run.next_n_records) {
+    record = run.next_first_record + size_t(target - run.n_records) * run.record_bytes;
+  }
+  if (record == nullptr) return;
+  for (size_t b = 0; b < run.record_bytes; b += 64) __builtin_prefetch(record + b, 0, 2);
+}
+
 template <DType kT>
 void ScoreRecordsOf(const ScoreRun& run) {
   const size_t len = size_t(run.slot_len);
   const bool slot_max = run.slot_reduce == Reduce::kMax;
   const bool query_max = run.query_reduce == Reduce::kMax;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t ahead = std::max<int64_t>(1, int64_t(kScorePrefetchBytes / run.record_bytes));
   for (int64_t r = 0; r < run.n_records; ++r) {
     const std::byte* record = run.first_record + size_t(r) * run.record_bytes;
+    PrefetchAhead(run, r, ahead);
     float total = query_max ? kNegInf : 0.f;
     for (int q0 = 0; q0 < run.n_queries; q0 += kMaxQueriesPerPass) {
       const int pass = std::min(kMaxQueriesPerPass, run.n_queries - q0);

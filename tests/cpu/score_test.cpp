@@ -184,6 +184,10 @@ TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
   // Partial last blocks in the context: FIX with 2 of 4 slots valid, DYNAMIC with 3 of 6.
   cases.push_back({RT::kFix, DType::kF16, 2, 64, 16, 4, 0, 0, 16 * 5 + 5});
   cases.push_back({RT::kDynamic, DType::kBF16, 2, 128, 16, 6, 16, 0, 16 * 3 + 3});
+  // Pieces crossing rep pages (2 KiB and 4 KiB records: 32 and 15 per page),
+  // the second ending in a partial block with 3 of 4 FIX slots valid.
+  cases.push_back({RT::kQuest, DType::kF32, 2, 256, 16, 2, 0, 0, 16 * 70 + 7});
+  cases.push_back({RT::kFix, DType::kF32, 1, 256, 8, 4, 0, 0, 8 * 40 + 3});
   for (const RT type : {RT::kMax, RT::kMean, RT::kQuest, RT::kFix, RT::kDynamic})
     for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
       for (int i = 0; i < 2; ++i) cases.push_back(random_case(type, dtype, rng));
