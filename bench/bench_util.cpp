@@ -129,33 +129,6 @@ void evict_caches() {
                     });
 }
 
-double measure_read_gbps(size_t bytes, int threads, int reps) {
-  const size_t words = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> data(new uint64_t[words]);
-  for (size_t i = 0; i < words; ++i) data[i] = i;
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
-  const size_t slice = (words + threads - 1) / threads;
-  std::vector<uint64_t> sums(static_cast<size_t>(threads));
-  auto read = [&] {
-    tbb::parallel_for(0, threads, [&](int t) {
-      const size_t begin = std::min(words, size_t(t) * slice), end = std::min(words, begin + slice);
-      uint64_t acc[8] = {};  // independent chains so the loop is bound by loads, not adds
-      size_t i = begin;
-      for (; i + 8 <= end; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += data[i + j];
-      for (; i < end; ++i) acc[0] += data[i];
-      uint64_t total = 0;
-      for (uint64_t a : acc) total += a;
-      sums[size_t(t)] = total;
-    });
-  };
-  read();
-  const double seconds = median(time_runs(reps, read));
-  volatile uint64_t sink = sums[0];  // keep the sums alive
-  (void)sink;
-  return double(bytes) / seconds / 1e9;
-}
-
 namespace {
 
 // A "Key:   1234 kB" line of /proc/self/status, in bytes.

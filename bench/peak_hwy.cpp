@@ -1,8 +1,14 @@
-// Peak arithmetic of this CPU measured in the same run as the kernels it
-// bounds: fp32 FMA throughput (Highway, the best vector target), so GEMM
-// rates can be quoted as a share of what the cores can do.
+// Peaks of this CPU measured in the same run as the kernels they bound, on
+// Highway's best vector target: fp32 FMA throughput, so GEMM rates can be
+// quoted as a share of what the cores can do, and read bandwidth, so
+// memory-bound kernels can be quoted as a share of what DRAM delivers.
 
+#include <algorithm>
+#include <memory>
 #include <vector>
+
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 
 #include "bench_util.h"
 
@@ -32,6 +38,22 @@ double FmaLoop(int64_t iters, float* sink) {
   return double(iters) * 12 * 2 * double(hn::Lanes(d));
 }
 
+// Sum of words [0, n) (n a multiple of 4 vectors) in full-width vector loads:
+// narrower loads cannot keep enough lines in flight (a 2-core Xeon read 11 GB/s
+// with 8-byte loads, 20 with 64-byte ones).
+uint64_t SumWords(const uint64_t* words, size_t n) {
+  const hn::ScalableTag<uint64_t> d;
+  const size_t lanes = hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;  // independent chains
+  for (size_t i = 0; i < n; i += 4 * lanes) {
+    a0 = hn::Add(a0, hn::LoadU(d, words + i));
+    a1 = hn::Add(a1, hn::LoadU(d, words + i + lanes));
+    a2 = hn::Add(a2, hn::LoadU(d, words + i + 2 * lanes));
+    a3 = hn::Add(a3, hn::LoadU(d, words + i + 3 * lanes));
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace longctx::bench
 HWY_AFTER_NAMESPACE();
@@ -39,11 +61,33 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace longctx::bench {
 HWY_EXPORT(FmaLoop);
+HWY_EXPORT(SumWords);
 
 double measure_fma_gflops(int threads) {
   std::vector<float> sinks(static_cast<size_t>(threads));
   return measure_parallel_rate(
       threads, [&](int t) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(int64_t(20) << 20, &sinks[size_t(t)]); });
+}
+
+double measure_read_gbps(size_t bytes, int threads, int reps) {
+  constexpr size_t kSliceAlign = 64;  // words: whole vectors of every target, 4 at a time
+  const size_t words = bytes / sizeof(uint64_t) / kSliceAlign * kSliceAlign;
+  std::unique_ptr<uint64_t[]> data(new uint64_t[words]);
+  for (size_t i = 0; i < words; ++i) data[i] = i;
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  const size_t slice = (words / kSliceAlign + threads - 1) / threads * kSliceAlign;
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  auto read = [&] {
+    tbb::parallel_for(0, threads, [&](int t) {
+      const size_t begin = std::min(words, size_t(t) * slice), end = std::min(words, begin + slice);
+      sums[size_t(t)] = HWY_DYNAMIC_DISPATCH(SumWords)(data.get() + begin, end - begin);
+    });
+  };
+  read();
+  const double seconds = median(time_runs(reps, read));
+  volatile uint64_t sink = sums[0];  // keep the sums alive
+  (void)sink;
+  return double(words * sizeof(uint64_t)) / seconds / 1e9;
 }
 
 }  // namespace longctx::bench
