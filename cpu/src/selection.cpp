@@ -84,6 +84,12 @@ int64_t Selection::tokens(int kv_head) const {
   return total;
 }
 
+// top_k keeps a heap of the k best where k <= n / kHeapRatio, and partitions
+// every key (nth_element) otherwise. On a Xeon EMR, hot: k = 32 of 8192 scores
+// (1M tokens, block 128) 39 us with the heap against 78; k = 32 of 1024 2.7 us
+// with nth_element against 3.1.
+constexpr int64_t kHeapRatio = 64;
+
 std::vector<int64_t> top_k(const float* scores, int64_t n, int64_t k) {
   if (n < 0 || n > int64_t{std::numeric_limits<uint32_t>::max()})
     fail(ErrorCode::kInvalidArgument, "top_k: n is ", n, ", must be in [0, 2^32)");
@@ -92,14 +98,33 @@ std::vector<int64_t> top_k(const float* scores, int64_t n, int64_t k) {
   if (scores == nullptr) fail(ErrorCode::kInvalidArgument, "top_k: scores is null for n = ", n);
 
   // (rank key, index) packed in 64 bits: distinct, and their order is the
-  // rank order with ties broken by the lower index.
-  std::vector<uint64_t> keys(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = (uint64_t{rank_key(scores[i])} << 32) | uint64_t(i);
-  if (k < n) std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end());
-  std::sort(keys.begin(), keys.begin() + k);
+  // rank order with ties broken by the lower index. The k smallest are kept.
+  const auto key = [scores](int64_t i) { return (uint64_t{rank_key(scores[i])} << 32) | uint64_t(i); };
+  std::vector<uint64_t> kept;
+  if (k * kHeapRatio <= n) {
+    // A max-heap of the k best so far: most keys cost one well-predicted
+    // compare with its top, where nth_element's partitions mispredict about
+    // half their branches.
+    kept.reserve(size_t(k));
+    for (int64_t i = 0; i < k; ++i) kept.push_back(key(i));
+    std::make_heap(kept.begin(), kept.end());
+    for (int64_t i = k; i < n; ++i) {
+      const uint64_t x = key(i);
+      if (x >= kept.front()) continue;
+      std::pop_heap(kept.begin(), kept.end());
+      kept.back() = x;
+      std::push_heap(kept.begin(), kept.end());
+    }
+  } else {
+    kept.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) kept[size_t(i)] = key(i);
+    if (k < n) std::nth_element(kept.begin(), kept.begin() + (k - 1), kept.end());
+    kept.resize(size_t(k));
+  }
+  std::sort(kept.begin(), kept.end());
 
   std::vector<int64_t> indices(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) indices[size_t(i)] = int64_t(keys[size_t(i)] & 0xFFFFFFFFu);
+  for (int64_t i = 0; i < k; ++i) indices[size_t(i)] = int64_t(kept[size_t(i)] & 0xFFFFFFFFu);
   return indices;
 }
 
