@@ -147,21 +147,12 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   const auto kv_head_of = [&](int64_t i) { return pieces[size_t(i)].head; };
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
     const Piece& piece = pieces[size_t(i)];
-    // The piece's runs: records of one rep page each, the partial last block
-    // (fewer valid FIX/DYNAMIC slots) a run of its own.
-    struct Run {
-      int64_t begin = 0;
-      int64_t end = 0;
-      int n_slots = 0;
+    // The end of the run that starts at record b: the records of one rep
+    // page, the partial last block (fewer valid FIX/DYNAMIC slots) a run of its own.
+    const auto run_end = [&](int64_t b) {
+      const int64_t end = std::min(piece.end, (b / rpp + 1) * rpp);
+      return end - 1 == last_block && last_block_slots != plan.slots_full && end - 1 > b ? end - 1 : end;
     };
-    std::vector<Run> runs;
-    for (int64_t b = piece.begin; b < piece.end;) {
-      int64_t end = std::min(piece.end, (b / rpp + 1) * rpp);
-      if (end - 1 == last_block && last_block_slots != plan.slots_full && end - 1 > b) --end;
-      const int n_slots = b == last_block ? last_block_slots : plan.slots_full;
-      runs.push_back({b, end, n_slots});
-      b = end;
-    }
     detail::ScoreRun run;
     run.rep_dtype = layout.kv_type;  // the records' keys are kept in kv_type
     run.scales_offset = size_t(layout.rep_slots) * size_t(layout.shape.head_dim);  // q8_0: after every code
@@ -172,14 +163,19 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
     run.query_reduce = plan.query_reduce;
     run.record_bytes = layout.record_bytes;
     auto* out_row = static_cast<float*>(scores.element({piece.head, 0}));  // block first_context_block
-    for (size_t k = 0; k < runs.size(); ++k) {
-      run.first_record = store.rep_record(layer, piece.head, runs[k].begin);
-      run.n_slots = runs[k].n_slots;
-      run.n_records = runs[k].end - runs[k].begin;
-      run.out = out_row + (runs[k].begin - part.first_context_block);
-      run.next_first_record = k + 1 < runs.size() ? store.rep_record(layer, piece.head, runs[k + 1].begin) : nullptr;
-      run.next_n_records = k + 1 < runs.size() ? runs[k + 1].end - runs[k + 1].begin : 0;
+    const std::byte* first_record = store.rep_record(layer, piece.head, piece.begin);
+    for (int64_t begin = piece.begin, end = run_end(begin); begin < piece.end;) {
+      const int64_t next_end = end < piece.end ? run_end(end) : end;
+      run.first_record = first_record;
+      run.n_slots = begin == last_block ? last_block_slots : plan.slots_full;
+      run.n_records = end - begin;
+      run.out = out_row + (begin - part.first_context_block);
+      run.next_first_record = end < piece.end ? store.rep_record(layer, piece.head, end) : nullptr;
+      run.next_n_records = next_end - end;
       detail::score_records(run);
+      first_record = run.next_first_record;
+      begin = end;
+      end = next_end;
     }
   });
 }
