@@ -26,6 +26,7 @@ using DF32 = hn::ScalableTag<float>;
 using VF32 = hn::Vec<DF32>;
 
 constexpr int kMaxQueriesPerPass = 4;
+constexpr size_t kMaxSlotLen = 2 * 512;  // QUEST's pair at the largest head_dim a KVStore takes
 
 // Elements [i, i + Lanes) of a kv_type array, widened to f32.
 template <DType kT>
@@ -84,16 +85,30 @@ HWY_INLINE void DotsQ8(const float* queries, const int8_t* codes, const std::byt
   using V = hn::Vec<decltype(df)>;
   V acc[kQ];
   for (int q = 0; q < kQ; ++q) acc[q] = hn::Zero(df);
-  const hn::CappedTag<float, 1> d1;  // one scale at a time, widened by the vector unit
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  // The slot's scales widened first, whole vectors then one at a time (no
+  // load past the last), so that each group's is a broadcast from memory: a
+  // load, where widening it in the loop took three vector operations.
+  const size_t groups = len / 32;
   const auto* scales_f16 = reinterpret_cast<const hwy::float16_t*>(scales);
-  for (size_t g = 0; g < len / 32; ++g) {
-    const V scale = hn::Set(df, hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, scales_f16 + g))));
+  float scale_f32[kMaxSlotLen / 32];
+  const hn::CappedTag<float, 8> d8;
+  const hn::Rebind<hwy::float16_t, decltype(d8)> dh8;
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  size_t widened = 0;
+  for (; widened + hn::Lanes(d8) <= groups; widened += hn::Lanes(d8))
+    hn::StoreU(hn::PromoteTo(d8, hn::LoadU(dh8, scales_f16 + widened)), d8, scale_f32 + widened);
+  for (; widened < groups; ++widened)
+    scale_f32[widened] = hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, scales_f16 + widened)));
+  for (size_t g = 0; g < groups; ++g) {
+    const V scale = hn::Set(df, scale_f32[g]);
+    const int8_t* group_codes = codes + 32 * g;
+    const float* group_queries = queries + 32 * g;
     V group[kQ];
     for (int q = 0; q < kQ; ++q) group[q] = hn::Zero(df);
-    for (size_t i = 32 * g; i < 32 * (g + 1); i += lanes) {
-      const V k = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + i)));
-      for (int q = 0; q < kQ; ++q) group[q] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k, group[q]);
+    for (size_t i = 0; i < 32; i += lanes) {  // a constant trip count: unrolled
+      const V k = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, group_codes + i)));
+      for (int q = 0; q < kQ; ++q) group[q] = hn::MulAdd(hn::LoadU(df, group_queries + q * len + i), k, group[q]);
     }
     for (int q = 0; q < kQ; ++q) acc[q] = hn::MulAdd(group[q], scale, acc[q]);
   }
@@ -144,6 +159,13 @@ void ScoreRecordsOf(const ScoreRun& run) {
   const bool query_max = run.query_reduce == Reduce::kMax;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t ahead = std::max<int64_t>(1, int64_t(kScorePrefetchBytes / run.record_bytes));
+  if (run.n_queries == 1 && run.n_slots == 1) {  // the hot case: a record's score is one dot product
+    for (int64_t r = 0; r < run.n_records; ++r) {
+      PrefetchAhead(run, r, ahead);
+      SlotDots<kT, 1>(run, run.queries, run.first_record + size_t(r) * run.record_bytes, 0, run.out + r);
+    }
+    return;
+  }
   for (int64_t r = 0; r < run.n_records; ++r) {
     const std::byte* record = run.first_record + size_t(r) * run.record_bytes;
     PrefetchAhead(run, r, ahead);
