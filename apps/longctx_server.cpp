@@ -5,12 +5,15 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -436,8 +439,22 @@ int run(const Args& a) {
   http.Post("/v1/chat/completions", CompletionHandler(engine, true));
   http.Post("/v1/completions", CompletionHandler(engine, false));
 
+  // Debian's libcpp-httplib listens with a backlog of 5 (compiled in). When
+  // 36 clients connected at once that overflowed: the kernel fell back to SYN
+  // cookies, some of which failed, and those clients got a reset instead of
+  // an answer (a 503 when the queue is full). A second listen() on the bound
+  // socket raises the backlog; the last socket httplib created is that one.
+  int listening_socket = -1;
+  http.set_socket_options([&listening_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket = sock;
+  });
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) fail(ErrorCode::kIo, "cannot listen on ", a.host, ":", a.port, " (in use, or not an address of this machine)");
+  constexpr int kListenBacklog = 1024;
+  if (listening_socket < 0 || ::listen(listening_socket, kListenBacklog) != 0)
+    std::fprintf(stderr, "longctx-server: warning: could not raise the listen backlog to %d (%s); bursts of "
+                 "connections may be reset\n", kListenBacklog, std::strerror(errno));
 
   std::thread signal_thread([&] {
     int sig = 0;
