@@ -108,6 +108,7 @@ Detected detect() {
   }
   f.avx512f = bit(leaf7.ebx, 16) && os_saves_zmm;
   if (!f.avx512f) return out;
+  f.avx512dq = bit(leaf7.ebx, 17);
   f.avx512bw = bit(leaf7.ebx, 30);
   f.avx512vl = bit(leaf7.ebx, 31);
   f.avx512vnni = bit(leaf7.ecx, 11);
@@ -136,7 +137,7 @@ std::string describe_cpu_features(const CpuFeatures& features) {
   const std::pair<bool, const char*> flags[] = {
       {features.avx2, "avx2"},           {features.fma, "fma"},
       {features.f16c, "f16c"},           {features.avx512f, "avx512f"},
-      {features.avx512bw, "avx512bw"},   {features.avx512vl, "avx512vl"},
+      {features.avx512dq, "avx512dq"},   {features.avx512bw, "avx512bw"},   {features.avx512vl, "avx512vl"},
       {features.avx512bf16, "avx512bf16"}, {features.avx512fp16, "avx512fp16"},
       {features.avx512vnni, "avx512vnni"}, {features.avx_vnni, "avx_vnni"},
       {features.amx_bf16, "amx_bf16"},     {features.amx_int8, "amx_int8"},

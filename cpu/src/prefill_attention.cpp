@@ -452,17 +452,27 @@ const std::string& onednn_bf16_kernel() {
   return impl;
 }
 
+// What prefill_attention_bf16.cpp is compiled for (cpu/CMakeLists.txt); the
+// amx kernel runs its softmax step too. Every CPU with AVX512-BF16 so far
+// (Cooper Lake, Sapphire Rapids, Zen 4) has the rest.
+namespace {
+bool bf16_softmax_usable(const CpuFeatures& f) {
+  return f.avx512bf16 && f.avx512dq && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+}
+}  // namespace
+
 std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
   const CpuFeatures& f = cpu_features();
-  if (kernel == PrefillKernel::kBf16 && !(f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c))
-    return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps), which this CPU (" + f.brand + ") lacks";
+  if (kernel == PrefillKernel::kBf16 && !bf16_softmax_usable(f))
+    return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps) with AVX512DQ, which this CPU (" + f.brand + ") lacks";
   if (kernel == PrefillKernel::kAmx) {
     if (!f.amx_bf16) {
       const std::string& why = amx_unusable_reason();
       return "the amx prefill kernel needs AMX bf16 tiles, which are not usable here: " +
              (why.empty() ? "the CPU (" + f.brand + ") has AMX without bf16" : why);
     }
-    if (!f.avx512bf16) return "the amx prefill kernel needs AVX512-BF16 beside AMX, which this CPU (" + f.brand + ") lacks";
+    if (!bf16_softmax_usable(f))
+      return "the amx prefill kernel needs AVX512-BF16 (and AVX512DQ) beside AMX, which this CPU (" + f.brand + ") lacks";
   }
   if (kernel == PrefillKernel::kOnednn && onednn_bf16_kernel().empty())
     return "the onednn prefill kernel needs a bf16 matmul of oneDNN's own (AMX or AVX-512 bf16), which it has not "

@@ -44,7 +44,7 @@ ProcCpuInfo read_proc_cpuinfo() {
 TEST(CpuFeatures, SelfConsistent) {
   const CpuFeatures& f = cpu_features();
   EXPECT_EQ(&f, &cpu_features()) << "detected once";
-  if (f.avx512bw || f.avx512vl || f.avx512bf16 || f.avx512fp16) {
+  if (f.avx512dq || f.avx512bw || f.avx512vl || f.avx512bf16 || f.avx512fp16) {
     EXPECT_TRUE(f.avx512f) << describe_cpu_features(f);
   }
 }
@@ -55,7 +55,7 @@ TEST(CpuFeatures, AgreesWithProcCpuInfo) {
   const CpuFeatures& f = cpu_features();
   const std::pair<bool, const char*> flags[] = {
       {f.avx2, "avx2"},         {f.fma, "fma"},           {f.f16c, "f16c"},
-      {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+      {f.avx512f, "avx512f"},   {f.avx512dq, "avx512dq"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
       {f.avx512bf16, "avx512_bf16"}, {f.avx512fp16, "avx512_fp16"},
       {f.avx512vnni, "avx512_vnni"}, {f.avx_vnni, "avx_vnni"},
       {f.amx_bf16, "amx_bf16"},       {f.amx_int8, "amx_int8"},
@@ -91,8 +91,8 @@ TEST(CpuFeatures, DescribeListsPresentFlags) {
   EXPECT_EQ(describe_cpu_features(f), "(none)");
   f.avx2 = f.fma = f.f16c = true;
   EXPECT_EQ(describe_cpu_features(f), "avx2 fma f16c");
-  f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512fp16 = true;
-  EXPECT_EQ(describe_cpu_features(f), "avx2 fma f16c avx512f avx512bw avx512vl avx512bf16 avx512fp16");
+  f.avx512f = f.avx512dq = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512fp16 = true;
+  EXPECT_EQ(describe_cpu_features(f), "avx2 fma f16c avx512f avx512dq avx512bw avx512vl avx512bf16 avx512fp16");
   CpuFeatures only_bf16;
   only_bf16.avx512bf16 = true;
   EXPECT_EQ(describe_cpu_features(only_bf16), "avx512bf16");

@@ -56,10 +56,10 @@ TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
 // unless AMX is usable (then our AMX kernel is).
 TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   const CpuFeatures& f = cpu_features();
-  const bool expected = f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+  const bool expected = f.avx512bf16 && f.avx512dq && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kAmx;
-  EXPECT_EQ(amx, f.amx_bf16 && f.avx512bf16) << describe_cpu_features(f);
+  EXPECT_EQ(amx, f.amx_bf16 && f.avx512bf16 && f.avx512dq) << describe_cpu_features(f);
   EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
   EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
   EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
@@ -78,7 +78,7 @@ TEST(PrefillAttention, AmxKernelRunsWhereAmxIsUsable) {
   const CpuFeatures& f = cpu_features();
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kAmx) != kernels.end();
-  EXPECT_EQ(listed, f.amx_bf16 && f.avx512bf16) << describe_cpu_features(f);
+  EXPECT_EQ(listed, f.amx_bf16 && f.avx512bf16 && f.avx512dq) << describe_cpu_features(f);
   EXPECT_EQ(listed, prefill_kernel_unsupported_reason(PrefillKernel::kAmx).empty());
   if (listed) {
     EXPECT_EQ(kernels.front(), PrefillKernel::kAmx);
@@ -104,7 +104,7 @@ TEST(PrefillAttention, OnednnKernelRunsWhereOnednnHasBf16) {
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kOnednn) != kernels.end();
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
   EXPECT_EQ(listed, why.empty()) << why;
-  const bool amx = cpu_features().amx_bf16 && cpu_features().avx512bf16;
+  const bool amx = cpu_features().amx_bf16 && cpu_features().avx512bf16 && cpu_features().avx512dq;
   if (amx && why.empty()) {
     ASSERT_GT(kernels.size(), 1u);
     EXPECT_EQ(kernels[1], PrefillKernel::kOnednn);
