@@ -59,15 +59,17 @@ TEST(TopK, MatchesStableSortWithTiesNaNAndInfinities) {
         else if (trial < 4) s = specials[rng() % specials.size()];
         else s = normal(rng);
       }
-      // 1 (n >= 64), n / 200 + 2 (n >= 1000) and n / 64 take the bounded heap.
-      for (const int64_t k : {int64_t{-2}, int64_t{0}, int64_t{1}, n / 200 + 2, n / 64, n / 3, n - 1, n, n + 5}) {
+      // Up to k = n / 8 (chunks of 8 keys or more) top_k ranks only the keys
+      // at or better than the worst chunk best; n / 8 + 1 ranks them all.
+      for (const int64_t k : {int64_t{-2}, int64_t{0}, int64_t{1}, n / 200 + 2, n / 64, n / 8, n / 8 + 1, n / 3,
+                              n - 1, n, n + 5}) {
         SCOPED_TRACE(str_cat("n=", n, " trial=", trial, " k=", k));
         EXPECT_EQ(top_k(scores.data(), n, k), reference_top_k(scores, k));
         ++checked;
       }
     }
   }
-  EXPECT_EQ(checked, 9 * 6 * 9);
+  EXPECT_EQ(checked, 9 * 6 * 11);
   EXPECT_TRUE(top_k(nullptr, 0, 3).empty());
   expect_invalid_argument([] { top_k(nullptr, 5, 2); }, "null scores");
   expect_invalid_argument([] { top_k(nullptr, -1, 2); }, "negative n");
