@@ -45,7 +45,8 @@
 // in bf16 pairs, which is how AMX tiles load B) with head_dim rounded up to
 // 32 for whole tiles, and hands each key tile to amx_attend_key_tile
 // (prefill_attention_amx.cpp), which runs S = Q K^T, the softmax step and
-// O += P V fused, 32 rows at a time, both products on the tiles.
+// O += P V fused, 32 rows at a time, both products on the tiles; its m is a
+// reference max (m + log(l) is the lse all the same).
 //
 // The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8

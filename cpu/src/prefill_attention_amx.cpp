@@ -1,10 +1,15 @@
 // The AMX kernel of prefill attention (prefill_attention_kernels.h): one key
-// tile of a work item, fused. For each block of 32 rows:
-//   S = Q K^T        on bf16 tiles (tdpbf16ps), into a 32-row f32 scratch
-//   online softmax   softmax_step_bf16 (prefill_attention_bf16.cpp): P in bf16
+// tile of a work item, fused. For each block of 32 rows, chunk by chunk of
+// 128 keys:
+//   S = Q K^T        on bf16 tiles (tdpbf16ps), into a 32 x 128 f32 scratch
+//   softmax          row_max_bf16 and exp_row_bf16 (prefill_attention_bf16.cpp):
+//                    P = exp(S - m) in bf16, m the row's reference max
+// then, for the whole tile,
 //   O += P V         on bf16 tiles, O's f32 blocks loaded into the tiles and back
-// so S and P of a block (96 KiB at 512 keys) stay in the core's caches
-// between the products instead of S covering the whole work item.
+// so S stays in L1 and P (32 KiB at 512 keys) in the core's caches between
+// the products. m is raised only when a chunk's max passes it by more than
+// kMaxLead; the P already written (relative to the old m) then goes into O
+// before the row's O and l are rescaled.
 // Compiled with AMX and AVX512-BF16 (cpu/CMakeLists.txt); reached only through
 // the run-time choice of PrefillKernel.
 //
@@ -22,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -32,6 +38,15 @@ namespace {
 
 constexpr size_t kLanes = 16;      // f32 lanes of a zmm register; rows and f32 columns of a tile
 constexpr size_t kTileDepth = 32;  // bf16 values in a 64-byte tile row
+// Keys of S a block holds at a time: 16 KiB of f32 scores stay in L1, where
+// the tile stores of a whole 512-key S (64 KiB) went to L2 and ran 2.5-3x
+// slower.
+constexpr size_t kChunkKeys = 128;
+// How far a chunk's max may pass a row's reference max before the reference
+// is raised: P = exp(s - m) <= e^8, far from f32's and bf16's overflow and
+// with the same relative rounding, in exchange for raising (and flushing P
+// into O) almost never after a row's first chunk.
+constexpr float kMaxLead = 8.f;
 
 // Tiles 0-7 configured as 16 x 64 bytes for the scope's lifetime.
 class TileScope {
@@ -102,24 +117,62 @@ void amx_release_tiles() { _tile_release(); }
 
 void amx_attend_key_tile(const AmxKeyTile& t) {
   const TileScope tiles;
-  const size_t ld_s = t.ld_k;  // S and P of a row block are as wide as K^T's tile
+  const size_t ld_s = std::min(kChunkKeys, t.ld_k);  // S holds one chunk of a block
+  const size_t ld_p = t.ld_k;                        // P the whole key tile
   for (size_t block = t.row0 / kAmxRows * kAmxRows; block < t.rows; block += kAmxRows) {
-    compiler_barrier();
-    for (size_t col = 0; col < t.keys; col += 2 * kLanes)
-      block_product(false, t.depth, t.q + block * t.ld_q, t.ld_q, t.k_pairs + col, t.ld_k, t.s + col, ld_s);
-    compiler_barrier();
-    // Rows [first, last) of the block see the tile's keys; the others get
-    // P = 0, which leaves their O as it is.
+    // Rows [first, last) of the block see the first valid[row - row0] keys
+    // of the tile; the others get P = 0, which leaves their O as it is.
     const size_t first = std::max(block, t.row0), last = std::min(block + kAmxRows, t.rows);
-    for (size_t row = block; row < block + kAmxRows; ++row)
-      if (row < first || row >= last) std::memset(t.p + (row - block) * ld_s, 0, t.keys * sizeof(uint16_t));
-    softmax_step_bf16(last - first, t.keys, t.valid + (first - t.row0), t.s + (first - block) * ld_s, ld_s,
-                      t.m + first, t.l + first, t.o + first * t.ld_o, t.ld_o, t.ld_o, t.p + (first - block) * ld_s,
-                      ld_s);
-    compiler_barrier();
-    for (size_t col = 0; col < t.ld_o; col += 2 * kLanes)
-      block_product(true, t.keys, t.p, ld_s, t.v_pairs + col, t.ld_o, t.o + block * t.ld_o + col, t.ld_o);
-    compiler_barrier();
+    size_t block_keys = 0;
+    for (size_t row = first; row < last; ++row) block_keys = std::max(block_keys, size_t(t.valid[row - t.row0]));
+    const auto seen = [&](size_t row, size_t c0, size_t width) -> size_t {
+      if (row < first || row >= last) return 0;
+      const size_t valid = size_t(t.valid[row - t.row0]);
+      return valid > c0 ? std::min(valid - c0, width) : 0;
+    };
+    size_t pv_from = 0;  // keys [pv_from, c0) of P are not in O yet
+    const auto add_pv = [&](size_t until) {
+      compiler_barrier();
+      for (size_t col = 0; col < t.ld_o; col += 2 * kLanes)
+        block_product(true, until - pv_from, t.p + pv_from, ld_p, t.v_pairs + pv_from / 2 * t.ld_o + col, t.ld_o,
+                      t.o + block * t.ld_o + col, t.ld_o);
+      compiler_barrier();
+      pv_from = until;
+    };
+    size_t c0 = 0;
+    for (; c0 < block_keys; c0 += ld_s) {
+      const size_t width = std::min(ld_s, t.keys - c0);
+      compiler_barrier();
+      for (size_t col = 0; col < width; col += 2 * kLanes)
+        block_product(false, t.depth, t.q + block * t.ld_q, t.ld_q, t.k_pairs + c0 + col, t.ld_k, t.s + col, ld_s);
+      compiler_barrier();
+      // A row's reference max m stays until a chunk's max passes it by more
+      // than kMaxLead. Raising it rescales the row's O, so the P of the
+      // earlier chunks (relative to the old m, every row's complete) goes
+      // into O first.
+      for (size_t r = 0; r < kAmxRows; ++r) {
+        const size_t row = block + r, count = seen(row, c0, width);
+        const float* s = t.s + r * ld_s;
+        uint16_t* p = t.p + r * ld_p + c0;
+        if (count == 0) {
+          std::memset(p, 0, width * sizeof(uint16_t));
+          continue;
+        }
+        float& m = t.m[row];
+        float& l = t.l[row];
+        const float chunk_max = row_max_bf16(s, count);
+        if (!(chunk_max <= m + kMaxLead)) {  // also the row's first key (m = -inf)
+          if (pv_from < c0) add_pv(c0);
+          const float alpha = std::isinf(m) ? 0.f : std::exp(m - chunk_max);
+          l *= alpha;
+          float* o = t.o + row * t.ld_o;
+          if (l > 0.f) std::transform(o, o + t.ld_o, o, [alpha](float x) { return x * alpha; });
+          m = chunk_max;
+        }
+        l += exp_row_bf16(s, count, width, m, p);
+      }
+    }
+    add_pv(std::min(c0, t.keys));
   }
 }
 

@@ -76,14 +76,14 @@ inline void micro_kernel_rows(size_t rows, size_t vecs, bool accumulate, size_t 
 // 16 f32 -> 16 bf16, rounded to nearest even.
 inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
-// 2^t for t <= 0 (t below -150 gives 0): t = n + f with n = floor(t) and
+// 2^t for t < 128 (t below -150 gives 0): t = n + f with n = floor(t) and
 // f in [0, 1) (vreduceps, exact), 2^f = 1 + f c(f) with c of degree 4, its
 // coefficients fitted for the smallest relative error over [0, 1], scaled by
 // 2^n (vscalefps takes the floor of t itself). Evaluated in f32 the relative
 // error is at most 1.83e-7 (every f32 t in [-1, 0] checked; the [-1/2, 1/2]
 // form with a rounded n it replaces reached 1.72e-7, one instruction more).
 // 2^0 is exactly 1.
-inline __m512 exp2_nonpositive(__m512 t) {
+inline __m512 exp2_above_minus150(__m512 t) {
   t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(1.8671307479962707e-3f);
@@ -101,31 +101,38 @@ constexpr float kLog2e = 1.44269504088896341f;
 // wait for each max or add to finish (4 cycles) before the next vector.
 constexpr size_t kChains = 4;
 
-// The online softmax step of one row (softmax_step's contract, on `keys`
-// columns of which the first `valid` (>= 1) are real): P = exp(s - m')
-// rounded to bf16 into p (0 where masked), l and m updated, the row of O
-// rescaled. Whole vectors of real keys first, then at most one partial
-// vector under a mask; the vectors past it only get P = 0.
-inline void softmax_row(const float* s, size_t keys, int valid, float& m, float& l, float* o, size_t o_cols,
-                        uint16_t* p) {
-  const size_t whole = std::min(size_t(valid), keys) / kLanes * kLanes;  // columns of whole real vectors
-  const size_t rest = std::min(size_t(valid), keys) - whole;
-  const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);  // columns the unrolled loops take
-  const __mmask16 rest_lanes = __mmask16((1u << rest) - 1);
+// The largest of s[0, count), count >= 1: whole vectors, then at most one
+// partial vector under a mask.
+inline float row_max(const float* s, size_t count) {
+  const size_t whole = count / kLanes * kLanes;
+  const size_t rest = count - whole;
+  const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);  // columns the unrolled loop takes
   __m512 max_v[kChains];
   for (size_t c = 0; c < kChains; ++c) max_v[c] = _mm512_set1_ps(-INFINITY);
   for (size_t j = 0; j < chained; j += kChains * kLanes)
     for (size_t c = 0; c < kChains; ++c) max_v[c] = _mm512_max_ps(max_v[c], _mm512_loadu_ps(s + j + c * kLanes));
   for (size_t j = chained; j < whole; j += kLanes) max_v[0] = _mm512_max_ps(max_v[0], _mm512_loadu_ps(s + j));
-  if (rest > 0) max_v[1] = _mm512_mask_max_ps(max_v[1], rest_lanes, max_v[1], _mm512_loadu_ps(s + whole));
+  if (rest > 0) {
+    const __mmask16 rest_lanes = __mmask16((1u << rest) - 1);
+    max_v[1] = _mm512_mask_max_ps(max_v[1], rest_lanes, max_v[1], _mm512_loadu_ps(s + whole));
+  }
   for (size_t c = 1; c < kChains; ++c) max_v[0] = _mm512_max_ps(max_v[0], max_v[c]);
-  const float m_new = std::max(m, _mm512_reduce_max_ps(max_v[0]));  // finite: valid >= 1
-  // exp(s - m') = 2^((s - m') log2(e)). s - m' first: folding m' log2(e)
-  // into one constant would round it, an error of up to 2^-10 at |m'| = 1e4
-  // that lse keeps.
+  return _mm512_reduce_max_ps(max_v[0]);
+}
+
+// p[j] = bf16(exp(s[j] - m)) for j < count, 0 for count <= j < cols; returns
+// the sum of the f32 exps. Whole vectors first, then at most one partial
+// vector under a mask; the vectors past it only get P = 0.
+inline float exp_row(const float* s, size_t count, size_t cols, float m, uint16_t* p) {
+  const size_t whole = count / kLanes * kLanes;
+  const size_t rest = count - whole;
+  const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);
+  // exp(s - m) = 2^((s - m) log2(e)). s - m first: folding m log2(e) into
+  // one constant would round it, an error of up to 2^-10 at |m| = 1e4 that
+  // lse keeps.
   const __m512 log2e = _mm512_set1_ps(kLog2e);
-  const __m512 m_v = _mm512_set1_ps(m_new);
-  const auto exp_at = [&](size_t j) { return exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m_v), log2e)); };
+  const __m512 m_v = _mm512_set1_ps(m);
+  const auto exp_at = [&](size_t j) { return exp2_above_minus150(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m_v), log2e)); };
   const auto store_p = [&](size_t j, __m512 e) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), to_bf16(e));
   };
@@ -147,16 +154,28 @@ inline void softmax_row(const float* s, size_t keys, int valid, float& m, float&
   }
   size_t zero_from = whole;
   if (rest > 0) {
-    const __m512 e = _mm512_maskz_mov_ps(rest_lanes, exp_at(whole));
+    const __m512 e = _mm512_maskz_mov_ps(__mmask16((1u << rest) - 1), exp_at(whole));
     sum_v[1] = _mm512_add_ps(sum_v[1], e);
     store_p(whole, e);
     zero_from += kLanes;
   }
-  if (zero_from < keys) std::memset(p + zero_from, 0, (keys - zero_from) * sizeof(uint16_t));
+  if (zero_from < cols) std::memset(p + zero_from, 0, (cols - zero_from) * sizeof(uint16_t));
   for (size_t c = 1; c < kChains; ++c) sum_v[0] = _mm512_add_ps(sum_v[0], sum_v[c]);
+  return _mm512_reduce_add_ps(sum_v[0]);
+}
+
+// The online softmax step of one row (softmax_step's contract, on `keys`
+// columns of which the first `valid` (>= 1) are real): P = exp(s - m')
+// rounded to bf16 into p (0 where masked), l and m updated, the row of O
+// rescaled.
+inline void softmax_row(const float* s, size_t keys, int valid, float& m, float& l, float* o, size_t o_cols,
+                        uint16_t* p) {
+  const size_t count = std::min(size_t(valid), keys);
+  const float m_new = std::max(m, row_max(s, count));  // finite: valid >= 1
+  const float sum = exp_row(s, count, keys, m_new, p);
   // exp(m - m'): 0 on the first tile (m = -inf), exactly 1 when the max stays.
-  const float alpha = _mm512_cvtss_f32(exp2_nonpositive(_mm512_set1_ps((m - m_new) * kLog2e)));
-  l = l * alpha + _mm512_reduce_add_ps(sum_v[0]);
+  const float alpha = _mm512_cvtss_f32(exp2_above_minus150(_mm512_set1_ps((m - m_new) * kLog2e)));
+  l = l * alpha + sum;
   m = m_new;
   if (alpha != 1.f) {
     const __m512 alpha_v = _mm512_set1_ps(alpha);
@@ -170,6 +189,12 @@ void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* 
                        float* o, size_t ldo, size_t o_cols, uint16_t* p, size_t ldp) {
   for (size_t r = 0; r < rows; ++r)
     softmax_row(s + r * lds, keys, valid[r], m[r], l[r], o + r * ldo, o_cols, p + r * ldp);
+}
+
+float row_max_bf16(const float* s, size_t count) { return row_max(s, count); }
+
+float exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p) {
+  return exp_row(s, count, cols, m, p);
 }
 
 void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const uint16_t* a, size_t lda,

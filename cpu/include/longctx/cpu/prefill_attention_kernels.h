@@ -66,6 +66,13 @@ void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uin
 void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* s, size_t lds, float* m, float* l,
                        float* o, size_t ldo, size_t o_cols, uint16_t* p, size_t ldp);
 
+// Its two passes over a row, for the amx kernel's chunks: the largest of
+// s[0, count) (count >= 1); and p[j] = bf16(exp(s[j] - m)) for j < count, 0
+// for count <= j < cols, returning the sum of the f32 exps (s[j] - m up to
+// 80: m need not be the max).
+float row_max_bf16(const float* s, size_t count);
+float exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p);
+
 // dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
 void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
 
@@ -114,10 +121,12 @@ struct AmxKeyTile {
 void amx_configure_tiles();
 void amx_release_tiles();
 
-// S = Q K^T, the online softmax step (softmax_step's contract: rows before
-// row0 untouched) and O += P V for the rows [row0, rows), a block of kAmxRows
-// at a time; P is rounded to bf16 after the max is subtracted, l sums the f32
-// values.
+// S = Q K^T, an online softmax step and O += P V for the rows [row0, rows)
+// (rows before row0 untouched), a block of kAmxRows at a time. Unlike
+// softmax_step, m is a reference that stays while the scores stay below m + 8
+// (P = exp(s - m) <= e^8; O and l are rescaled when it rises), so m + log(l)
+// is still the lse; P is rounded to bf16 after m is subtracted, l sums the
+// f32 values.
 void amx_attend_key_tile(const AmxKeyTile& tile);
 
 }  // namespace longctx::cpu::detail
