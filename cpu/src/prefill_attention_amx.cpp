@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "longctx/cpu/prefill_attention_kernels.h"
 
@@ -130,6 +131,14 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
       const size_t valid = size_t(t.valid[row - t.row0]);
       return valid > c0 ? std::min(valid - c0, width) : 0;
     };
+    // Each row's sum of exps over this tile, lane by lane: reduced into l
+    // once, at the end of the tile or when the row's m rises.
+    alignas(64) float l_lanes[kAmxRows][kLanes] = {};
+    const auto add_lanes = [&](size_t r) {
+      float sum = 0.f;
+      for (float& x : l_lanes[r]) sum += std::exchange(x, 0.f);
+      t.l[block + r] += sum;
+    };
     size_t pv_from = 0;  // keys [pv_from, c0) of P are not in O yet
     const auto add_pv = [&](size_t until) {
       compiler_barrier();
@@ -160,18 +169,20 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
         }
         float& m = t.m[row];
         float& l = t.l[row];
-        const float chunk_max = row_max_bf16(s, count);
-        if (!(chunk_max <= m + kMaxLead)) {  // also the row's first key (m = -inf)
+        const float chunk_max = row_max_above_bf16(s, count, m + kMaxLead);
+        if (chunk_max != -INFINITY) {  // also the row's first key (m = -inf)
           if (pv_from < c0) add_pv(c0);
           const float alpha = std::isinf(m) ? 0.f : std::exp(m - chunk_max);
+          add_lanes(r);
           l *= alpha;
           float* o = t.o + row * t.ld_o;
           if (l > 0.f) std::transform(o, o + t.ld_o, o, [alpha](float x) { return x * alpha; });
           m = chunk_max;
         }
-        l += exp_row_bf16(s, count, width, m, p);
+        exp_row_bf16(s, count, width, m, p, l_lanes[r]);
       }
     }
+    for (size_t row = first; row < last; ++row) add_lanes(row - block);
     add_pv(std::min(c0, t.keys));
   }
 }

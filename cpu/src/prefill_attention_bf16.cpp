@@ -101,9 +101,9 @@ constexpr float kLog2e = 1.44269504088896341f;
 // wait for each max or add to finish (4 cycles) before the next vector.
 constexpr size_t kChains = 4;
 
-// The largest of s[0, count), count >= 1: whole vectors, then at most one
-// partial vector under a mask.
-inline float row_max(const float* s, size_t count) {
+// Lane-wise maxima of s[0, count), count >= 1 (their max is the row's):
+// whole vectors, then at most one partial vector under a mask.
+inline __m512 row_max(const float* s, size_t count) {
   const size_t whole = count / kLanes * kLanes;
   const size_t rest = count - whole;
   const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);  // columns the unrolled loop takes
@@ -117,13 +117,13 @@ inline float row_max(const float* s, size_t count) {
     max_v[1] = _mm512_mask_max_ps(max_v[1], rest_lanes, max_v[1], _mm512_loadu_ps(s + whole));
   }
   for (size_t c = 1; c < kChains; ++c) max_v[0] = _mm512_max_ps(max_v[0], max_v[c]);
-  return _mm512_reduce_max_ps(max_v[0]);
+  return max_v[0];
 }
 
 // p[j] = bf16(exp(s[j] - m)) for j < count, 0 for count <= j < cols; returns
-// the sum of the f32 exps. Whole vectors first, then at most one partial
-// vector under a mask; the vectors past it only get P = 0.
-inline float exp_row(const float* s, size_t count, size_t cols, float m, uint16_t* p) {
+// the f32 exps summed lane-wise. Whole vectors first, then at most one
+// partial vector under a mask; the vectors past it only get P = 0.
+inline __m512 exp_row(const float* s, size_t count, size_t cols, float m, uint16_t* p) {
   const size_t whole = count / kLanes * kLanes;
   const size_t rest = count - whole;
   const size_t chained = whole / (kChains * kLanes) * (kChains * kLanes);
@@ -161,7 +161,7 @@ inline float exp_row(const float* s, size_t count, size_t cols, float m, uint16_
   }
   if (zero_from < cols) std::memset(p + zero_from, 0, (cols - zero_from) * sizeof(uint16_t));
   for (size_t c = 1; c < kChains; ++c) sum_v[0] = _mm512_add_ps(sum_v[0], sum_v[c]);
-  return _mm512_reduce_add_ps(sum_v[0]);
+  return sum_v[0];
 }
 
 // The online softmax step of one row (softmax_step's contract, on `keys`
@@ -171,8 +171,8 @@ inline float exp_row(const float* s, size_t count, size_t cols, float m, uint16_
 inline void softmax_row(const float* s, size_t keys, int valid, float& m, float& l, float* o, size_t o_cols,
                         uint16_t* p) {
   const size_t count = std::min(size_t(valid), keys);
-  const float m_new = std::max(m, row_max(s, count));  // finite: valid >= 1
-  const float sum = exp_row(s, count, keys, m_new, p);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(row_max(s, count)));  // finite: valid >= 1
+  const float sum = _mm512_reduce_add_ps(exp_row(s, count, keys, m_new, p));
   // exp(m - m'): 0 on the first tile (m = -inf), exactly 1 when the max stays.
   const float alpha = _mm512_cvtss_f32(exp2_above_minus150(_mm512_set1_ps((m - m_new) * kLog2e)));
   l = l * alpha + sum;
@@ -191,10 +191,15 @@ void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* 
     softmax_row(s + r * lds, keys, valid[r], m[r], l[r], o + r * ldo, o_cols, p + r * ldp);
 }
 
-float row_max_bf16(const float* s, size_t count) { return row_max(s, count); }
+float row_max_above_bf16(const float* s, size_t count, float bound) {
+  const __m512 max_v = row_max(s, count);
+  // Not <= bound: also a NaN.
+  if (_mm512_cmp_ps_mask(max_v, _mm512_set1_ps(bound), _CMP_NLE_UQ) == 0) return -INFINITY;
+  return _mm512_reduce_max_ps(max_v);
+}
 
-float exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p) {
-  return exp_row(s, count, cols, m, p);
+void exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p, float* sum_lanes) {
+  _mm512_storeu_ps(sum_lanes, _mm512_add_ps(_mm512_loadu_ps(sum_lanes), exp_row(s, count, cols, m, p)));
 }
 
 void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const uint16_t* a, size_t lda,

@@ -66,12 +66,14 @@ void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uin
 void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* s, size_t lds, float* m, float* l,
                        float* o, size_t ldo, size_t o_cols, uint16_t* p, size_t ldp);
 
-// Its two passes over a row, for the amx kernel's chunks: the largest of
-// s[0, count) (count >= 1); and p[j] = bf16(exp(s[j] - m)) for j < count, 0
-// for count <= j < cols, returning the sum of the f32 exps (s[j] - m up to
-// 80: m need not be the max).
-float row_max_bf16(const float* s, size_t count);
-float exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p);
+// Its two passes over a row, for the amx kernel's chunks, without the
+// horizontal sums that took a third of a 128-key row's time:
+// - the largest of s[0, count) (count >= 1) where it is not <= bound, else -inf;
+// - p[j] = bf16(exp(s[j] - m)) for j < count, 0 for count <= j < cols, the
+//   f32 exps added lane-wise into sum_lanes[16] (s[j] - m up to 80: m need
+//   not be the max).
+float row_max_above_bf16(const float* s, size_t count, float bound);
+void exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p, float* sum_lanes);
 
 // dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
 void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
