@@ -2,7 +2,7 @@
 // tile of a work item, fused. For each block of 32 rows, chunk by chunk of
 // 128 keys:
 //   S = Q K^T        on bf16 tiles (tdpbf16ps), into a 32 x 128 f32 scratch
-//   softmax          row_max_bf16 and exp_row_bf16 (prefill_attention_bf16.cpp):
+//   softmax          row_max_above_bf16 and exp_row_bf16 (prefill_attention_bf16.cpp):
 //                    P = exp(S - m) in bf16, m the row's reference max
 // then, for the whole tile,
 //   O += P V         on bf16 tiles, O's f32 blocks loaded into the tiles and back

@@ -109,7 +109,7 @@ struct AmxKeyTile {
   const uint32_t* k_pairs = nullptr;  // [depth / 2][ld_k] K^T, pairs of channels (pack_bf16_pairs)
   size_t ld_k = 0;                    // >= keys; also the width of s and p
   const uint32_t* v_pairs = nullptr;  // [keys / 2][ld_o] V, pairs of keys (0 or finite past the tile's keys)
-  float* m = nullptr;  // [rows] running max and sum of the online softmax
+  float* m = nullptr;  // [rows] reference max (see amx_attend_key_tile) and sum of the online softmax
   float* l = nullptr;
   float* o = nullptr;  // [rows rounded up to kAmxRows][ld_o] unnormalized output, ld_o % 32 == 0
   size_t ld_o = 0;
