@@ -176,7 +176,7 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
           add_lanes(r);
           l *= alpha;
           float* o = t.o + row * t.ld_o;
-          if (l > 0.f) std::transform(o, o + t.ld_o, o, [alpha](float x) { return x * alpha; });
+          std::transform(o, o + t.ld_o, o, [alpha](float x) { return x * alpha; });  // alpha may be 0
           m = chunk_max;
         }
         exp_row_bf16(s, count, width, m, p, l_lanes[r]);

@@ -233,6 +233,48 @@ TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
   }
 }
 
+// Logits that jump by 200 (exp(-200) is 0 in f32) partway through a key
+// tile: keys 0..199 have channel 0 at 0, the later ones at 1, and the
+// queries' channel 0 is 200. Every key before the jump must drop out of O
+// and l, whatever chunk of a tile it sits in.
+TEST(PrefillAttention, LogitJumpPastExpRangeDropsEarlierKeys) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-2, 2);
+  for (DType kv_type : {DType::kF32, DType::kF16}) {
+    PrefillCase c;
+    c.kv_type = kv_type;
+    c.block_size = 16;
+    c.head_dim = 32;
+    c.n_kv_heads = 1;
+    c.g = 1;
+    c.history = 300;
+    c.n = 40;
+    SCOPED_TRACE(c.describe());
+    auto t = make_store(c, c.n_tokens());
+    std::vector<float> k(size_t(c.n_tokens() * c.head_dim)), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      const size_t position = i / size_t(c.head_dim);
+      k[i] = i % size_t(c.head_dim) == 0 ? (position < 200 ? 0.f : 1.f) : float(small(rng));
+      v[i] = float(small(rng));
+    }
+    append(*t->store, 1, k.data(), v.data(), c.n_tokens());
+    Buffers b(c, rng);
+    for (int64_t i = 0; i < c.n; ++i) {
+      float* q = b.q_row(i, 0);
+      q[0] = 200.f;
+      for (int ch = 1; ch < c.head_dim; ++ch) q[ch] = float(small(rng));
+    }
+    for (const KernelRun& run : every_kernel_run()) {
+      SCOPED_TRACE(run.name());
+      const KernelScope scope(run);
+      b.reset_outputs();
+      run_prefill(*t->store, c.history, b, 1.f, run.kernel);
+      expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
+                               /*exact_logits=*/true, run.kernel);
+    }
+  }
+}
+
 // Attention sinks: the first tokens have keys of huge norm (every channel
 // 60 or 1e4; 1e4 rounds to 10016 in bf16, read back as stored). Queries leaning towards them put all
 // weight on the sinks; queries leaning away must still attend the rest.
