@@ -25,6 +25,12 @@ namespace {
 
 using namespace prefill_testing;
 
+// What the bf16 kernel needs (its file's compile flags), and the amx kernel
+// beside AMX bf16 tiles: the amx kernel runs the bf16 file's softmax step.
+bool has_bf16_kernel_isa(const CpuFeatures& f) {
+  return f.avx512bf16 && f.avx512dq && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+}
+
 // Running `kernel` on a small case throws Error(kUnsupported) mentioning `needle`.
 void expect_refused(PrefillKernel kernel, const std::string& needle) {
   PrefillCase c;
@@ -56,10 +62,10 @@ TEST(PrefillAttention, TestsRunEveryTargetThisCpuSupports) {
 // unless AMX is usable (then our AMX kernel is).
 TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   const CpuFeatures& f = cpu_features();
-  const bool expected = f.avx512bf16 && f.avx512dq && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+  const bool expected = has_bf16_kernel_isa(f);
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kAmx;
-  EXPECT_EQ(amx, f.amx_bf16 && f.avx512bf16 && f.avx512dq) << describe_cpu_features(f);
+  EXPECT_EQ(amx, f.amx_bf16 && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
   EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
   EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
   EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
@@ -78,7 +84,7 @@ TEST(PrefillAttention, AmxKernelRunsWhereAmxIsUsable) {
   const CpuFeatures& f = cpu_features();
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kAmx) != kernels.end();
-  EXPECT_EQ(listed, f.amx_bf16 && f.avx512bf16 && f.avx512dq) << describe_cpu_features(f);
+  EXPECT_EQ(listed, f.amx_bf16 && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
   EXPECT_EQ(listed, prefill_kernel_unsupported_reason(PrefillKernel::kAmx).empty());
   if (listed) {
     EXPECT_EQ(kernels.front(), PrefillKernel::kAmx);
@@ -104,7 +110,7 @@ TEST(PrefillAttention, OnednnKernelRunsWhereOnednnHasBf16) {
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kOnednn) != kernels.end();
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kOnednn);
   EXPECT_EQ(listed, why.empty()) << why;
-  const bool amx = cpu_features().amx_bf16 && cpu_features().avx512bf16 && cpu_features().avx512dq;
+  const bool amx = cpu_features().amx_bf16 && has_bf16_kernel_isa(cpu_features());
   if (amx && why.empty()) {
     ASSERT_GT(kernels.size(), 1u);
     EXPECT_EQ(kernels[1], PrefillKernel::kOnednn);

@@ -107,7 +107,7 @@ struct AmxKeyTile {
   const uint16_t* q = nullptr;  // [rows rounded up to kAmxRows][ld_q] bf16 q * scale (0 past head_dim)
   size_t ld_q = 0;
   const uint32_t* k_pairs = nullptr;  // [depth / 2][ld_k] K^T, pairs of channels (pack_bf16_pairs)
-  size_t ld_k = 0;                    // >= keys; also the width of s and p
+  size_t ld_k = 0;                    // >= keys; also the width of p (s's rows are min(128, ld_k) apart)
   const uint32_t* v_pairs = nullptr;  // [keys / 2][ld_o] V, pairs of keys (0 or finite past the tile's keys)
   float* m = nullptr;  // [rows] reference max (see amx_attend_key_tile) and sum of the online softmax
   float* l = nullptr;
