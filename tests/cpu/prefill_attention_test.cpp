@@ -191,6 +191,19 @@ TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
   }
 }
 
+// Every kernel this CPU runs, at scale 1, against the reference with exact
+// logits (integer data whose logits f32 holds exactly).
+void expect_every_kernel_exact(const kvstore::KVStore& store, int64_t first_pos, Buffers& b) {
+  for (const KernelRun& run : every_kernel_run()) {
+    SCOPED_TRACE(run.name());
+    const KernelScope scope(run);
+    b.reset_outputs();
+    run_prefill(store, first_pos, b, 1.f, run.kernel);
+    expect_matches_reference(b, first_pos, reference_rows(store, first_pos, b, 1.0, run.kernel),
+                             /*exact_logits=*/true, run.kernel);
+  }
+}
+
 // Integer keys, values and queries with scale 1: channel 0 adds +-1e4 to
 // every logit (q_0 = +-100, k_0 = 100), the other channels add small integers,
 // so the softmax is not trivial and every logit is exact in f32.
@@ -222,14 +235,7 @@ TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
         for (int ch = 1; ch < c.head_dim; ++ch) q[ch] = float(small(rng));
       }
     }
-    for (const KernelRun& run : every_kernel_run()) {
-      SCOPED_TRACE(run.name());
-      const KernelScope scope(run);
-      b.reset_outputs();
-      run_prefill(*t->store, c.history, b, 1.f, run.kernel);
-      expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
-                               /*exact_logits=*/true, run.kernel);
-    }
+    expect_every_kernel_exact(*t->store, c.history, b);
   }
 }
 
@@ -264,14 +270,7 @@ TEST(PrefillAttention, LogitJumpPastExpRangeDropsEarlierKeys) {
       q[0] = 200.f;
       for (int ch = 1; ch < c.head_dim; ++ch) q[ch] = float(small(rng));
     }
-    for (const KernelRun& run : every_kernel_run()) {
-      SCOPED_TRACE(run.name());
-      const KernelScope scope(run);
-      b.reset_outputs();
-      run_prefill(*t->store, c.history, b, 1.f, run.kernel);
-      expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
-                               /*exact_logits=*/true, run.kernel);
-    }
+    expect_every_kernel_exact(*t->store, c.history, b);
   }
 }
 
@@ -308,14 +307,7 @@ TEST(PrefillAttention, HugeNormSinkKeysNeverGiveNaN) {
           for (int ch = 0; ch < c.head_dim; ++ch) b.q_row(i, h)[ch] = sign * float(lean(rng));
         }
       }
-      for (const KernelRun& run : every_kernel_run()) {
-        SCOPED_TRACE(run.name());
-        const KernelScope scope(run);
-        b.reset_outputs();
-        run_prefill(*t->store, c.history, b, 1.f, run.kernel);
-        expect_matches_reference(b, c.history, reference_rows(*t->store, c.history, b, 1.0, run.kernel),
-                                 /*exact_logits=*/true, run.kernel);
-      }
+      expect_every_kernel_exact(*t->store, c.history, b);
     }
   }
 }
