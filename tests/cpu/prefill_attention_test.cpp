@@ -577,7 +577,7 @@ TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
 // The bf16 kernels' exp directly: a row whose running max m = t < 0 meets a
 // key of score 0, so its O (all 1) is rescaled by exp(t - 0), which the
 // kernel computes as 2^(f32(t * log2(e))). Against that power of two in fp64
-// the polynomial's relative error must stay within its documented 1.9e-7
+// the polynomial's relative error must stay within its documented 3.0e-6
 // over the whole normal range, t from 0 down to -87.
 TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
@@ -598,7 +598,7 @@ TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
     const float arg = t * 1.44269504088896341f;  // the kernel's (m - m') log2(e), m' = 0
     const double ref = std::exp2(double(arg));
     worst = std::max(worst, std::abs(double(o[0]) - ref) / ref);
-    ASSERT_NEAR(o[0], ref, 1.9e-7 * ref) << "t = " << t;
+    ASSERT_NEAR(o[0], ref, 3.0e-6 * ref) << "t = " << t;
     ASSERT_EQ(o[kCols - 1], o[0]);
     ASSERT_EQ(m, 0.f);
     ASSERT_EQ(l, 1.f) << "l = l_old exp(t) + exp(0) with l_old = 0";

@@ -173,6 +173,7 @@ inline void run_prefill(const kvstore::KVStore& store, int64_t first_pos, Buffer
 //         + (2 A + 2 L) u       (the online-softmax rescalings exp(m_old - m_new), one
 //                                per key tile, at most L: their arguments add up to at
 //                                most 2A, each rounded, each product rounded)
+//         + exp_polynomial_error (bf16 and amx: their exp's own error)
 // - l and each output channel are f32 sums of L terms (lanes, lane reduction,
 //   tiles): relative error <= 4 L u of the sum of |terms|.
 // out = sum p v / sum p:  |err| <= V (2 e_p + 8 L u + 2 u)
@@ -195,11 +196,21 @@ inline const double kUBf16 = std::ldexp(1.0, -8);  // bf16 unit roundoff (8-bit 
 // bf16 and onednn multiply the same bf16-rounded q * scale, k, v and p.
 inline bool rounds_to_bf16(PrefillKernel kernel) { return kernel != PrefillKernel::kF32; }
 
+// bf16 and amx take exp from a polynomial within a relative 3.0e-6
+// (prefill_attention_kernels.h) instead of Exp's 2 ulp: once for p itself and
+// once per rise of the row's max after it, at most once per 128 keys (kBf16's
+// key tiles, kAmx's chunks).
+inline double exp_polynomial_error(PrefillKernel kernel, double n_keys) {
+  const bool polynomial = kernel == PrefillKernel::kBf16 || kernel == PrefillKernel::kAmx;
+  return polynomial ? 3.0e-6 * (1 + std::ceil(n_keys / 128)) : 0.0;
+}
+
 inline Bounds error_bounds(const prefill_ref::Row& ref, int head_dim, int64_t n_keys, bool exact_logits = false,
                     PrefillKernel kernel = PrefillKernel::kF32) {
   const double A = ref.max_logit_terms, L = double(n_keys);
   const double e_s = exact_logits ? 0.0 : (head_dim + 2) * kU * A;
-  const double e_p = 2 * e_s + 110 * kU + ((exact_logits ? 0.0 : 2 * A) + 2 * L) * kU;
+  const double e_p =
+      2 * e_s + 110 * kU + ((exact_logits ? 0.0 : 2 * A) + 2 * L) * kU + exp_polynomial_error(kernel, L);
   const double p_rounding = rounds_to_bf16(kernel) ? kUBf16 : 0.0;
   Bounds b;
   b.out = ref.max_abs_value * (2 * e_p + p_rounding + 8 * L * kU + 2 * kU);
