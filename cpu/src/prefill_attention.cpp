@@ -41,12 +41,12 @@
 // do not see a tile are untouched whatever it holds. A row's result then
 // depends only on its own data again.
 //
-// kAmx keeps kBf16's operands and layouts (q rounded once, K^T and V packed
-// in bf16 pairs, which is how AMX tiles load B) with head_dim rounded up to
-// 32 for whole tiles, and hands each key tile to amx_attend_key_tile
-// (prefill_attention_amx.cpp), which runs S = Q K^T, the softmax step and
-// O += P V fused, 32 rows at a time, both products on the tiles; its m is a
-// reference max (m + log(l) is the lse all the same).
+// kAmx keeps kBf16's operands (q rounded once, K^T and V in bf16 pairs,
+// which is how AMX tiles load B, but packed tile by tile: pack_bf16_tiles)
+// with head_dim rounded up to 32 for whole tiles, and hands each key tile
+// to amx_attend_key_tile (prefill_attention_amx.cpp), which runs S = Q K^T,
+// the softmax step and O += P V fused, 32 rows at a time, both products on
+// the tiles; its m is a reference max (m + log(l) is the lse all the same).
 //
 // The f32 products use our Highway GEMM (prefill_attention_hwy.cpp): oneDNN's
 // sgemm on the same scratch tiles ran no faster (chunk 512 at 8K keys, 32/8
@@ -125,8 +125,8 @@ struct TileScratch {
   Buffer<float> o;    // [rows][d_pad]    unnormalized output
   // kBf16 and kAmx:
   Buffer<uint16_t> q_bf16;  // [rows][d_bf16]          q rounded
-  Buffer<uint32_t> k_pairs; // [d_bf16 / 2][key_tile]   K^T, pairs of channels
-  Buffer<uint32_t> v_pairs; // [key_tile / 2][d_pad]    V, pairs of keys
+  Buffer<uint32_t> k_pairs; // [d_bf16 / 2][key_tile]   K^T, pairs of channels (kAmx: the same words in tiles)
+  Buffer<uint32_t> v_pairs; // [key_tile / 2][d_pad]    V, pairs of keys (kAmx: in tiles)
   Buffer<uint16_t> p_bf16;  // [rows][key_tile]         P rounded (kAmx: one block of rows)
   // kOnednn only (with q_bf16 and p_bf16):
   Buffer<uint16_t> k_bf16;  // [d_bf16][key_tile]       K^T rounded
@@ -271,26 +271,24 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
       const int64_t pos = p.first_pos + i_begin + int64_t((row0 + r) / size_t(g));
       scratch.valid[r] = int(tile_history + std::clamp<int64_t>(pos - chunk0 + 1, 0, count - tile_history));
     }
-    // AMX reads whole tiles of 32 keys: the columns past the tile's keys are
-    // masked, and the value pairs past them zeroed so that P = 0 meets no Inf
-    // or NaN.
-    const size_t key_cols = amx ? round_up(size_t(count), 2 * kTileAlign) : cols;
-    if (pairs) {
-      detail::pack_bf16_pairs(d, key_cols, k_t, ld_s, k_pairs, ld_s);
-      detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
-    }
     if (amx) {
-      const size_t packed = (size_t(count) + 1) / 2;
-      std::fill(v_pairs + packed * d_pad, v_pairs + key_cols / 2 * d_pad, 0u);
+      // Whole tiles of 32 keys, packed tile by tile: the columns past the
+      // tile's keys are masked, and the value rows past them are zeros
+      // (pack_bf16_tiles) so that P = 0 meets no Inf or NaN.
+      const size_t key_cols = round_up(size_t(count), 2 * kTileAlign);
+      detail::pack_bf16_tiles(d, key_cols, k_t, ld_s, k_pairs);
+      detail::pack_bf16_tiles(size_t(count), d_pad, v, d_pad, v_pairs);
       detail::AmxKeyTile tile;
       tile.rows = rows, tile.row0 = row0, tile.keys = key_cols, tile.depth = d_bf16, tile.valid = scratch.valid.data();
-      tile.q = q_bf16, tile.ld_q = d_bf16, tile.k_pairs = k_pairs, tile.ld_k = ld_s, tile.v_pairs = v_pairs;
+      tile.q = q_bf16, tile.ld_q = d_bf16, tile.k_tiles = k_pairs, tile.v_tiles = v_pairs, tile.ld_p = ld_s;
       tile.m = scratch.m.data(), tile.l = scratch.l.data(), tile.o = o, tile.ld_o = d_pad;
       tile.s = s, tile.p = p_bf16;
       detail::amx_attend_key_tile(tile);
       continue;
     }
     if (bf16) {
+      detail::pack_bf16_pairs(d, cols, k_t, ld_s, k_pairs, ld_s);
+      detail::pack_bf16_pairs(size_t(count), d_pad, v, d_pad, v_pairs, d_pad);
       detail::gemm_bf16(false, active, cols, d_bf16 / 2, q_bf16 + row0 * d_bf16, d_bf16, k_pairs, ld_s, s, ld_s);
     } else if (onednn) {  // fixed shapes: every row, the whole key tile
       detail::round_rows_bf16(d, cols, k_t, ld_s, k_bf16, ld_s);

@@ -215,15 +215,35 @@ void gemm_bf16(bool accumulate, size_t rows, size_t cols, size_t pairs, const ui
   }
 }
 
-void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst, size_t ldd) {
-  // Interleaves the words of two 32-element halves: indices 0..31 pick from
-  // the first source, 32..63 from the second.
-  alignas(64) uint16_t lo_idx[32], hi_idx[32];
-  for (uint16_t i = 0; i < 16; ++i) {
-    lo_idx[2 * i] = i, lo_idx[2 * i + 1] = uint16_t(32 + i);
-    hi_idx[2 * i] = uint16_t(16 + i), hi_idx[2 * i + 1] = uint16_t(48 + i);
+namespace {
+
+// Word indices of vpermt2w that interleave the bf16 of two rows, each 32
+// values of a vcvtne2ps2bf16 (indices 0..31 pick from the first row, 32..63
+// from the second): lo pairs columns 0-15, hi columns 16-31.
+struct PairIndices {
+  __m512i lo, hi;
+  PairIndices() {
+    alignas(64) uint16_t lo_idx[32], hi_idx[32];
+    for (uint16_t i = 0; i < 16; ++i) {
+      lo_idx[2 * i] = i, lo_idx[2 * i + 1] = uint16_t(32 + i);
+      hi_idx[2 * i] = uint16_t(16 + i), hi_idx[2 * i + 1] = uint16_t(48 + i);
+    }
+    lo = _mm512_load_si512(lo_idx);
+    hi = _mm512_load_si512(hi_idx);
   }
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+};
+
+// Columns j..j+31 of two rows as bf16 (odd null: zeros).
+inline __m512i bf16_pair(const float* even, const float* odd, size_t j, __m512i* odd_bf16) {
+  *odd_bf16 = odd ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(odd + j + kLanes), _mm512_loadu_ps(odd + j))
+                  : _mm512_setzero_si512();
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(even + j + kLanes), _mm512_loadu_ps(even + j));
+}
+
+}  // namespace
+
+void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst, size_t ldd) {
+  const PairIndices idx;
   for (size_t r = 0; r < rows; r += 2) {
     const float* even = src + r * lds;
     const float* odd = r + 1 < rows ? even + lds : nullptr;  // a missing odd row packs as zeros
@@ -232,14 +252,36 @@ void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uin
       if (j + kLanes == cols) {  // a last half vector: 16 columns
         const __m512i e = _mm512_castsi256_si512(to_bf16(_mm512_loadu_ps(even + j)));
         const __m512i o = _mm512_castsi256_si512(odd ? to_bf16(_mm512_loadu_ps(odd + j)) : _mm256_setzero_si256());
-        _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, lo, o));
+        _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, idx.lo, o));
         break;
       }
-      const __m512i e = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(even + j + kLanes), _mm512_loadu_ps(even + j));
-      const __m512i o = odd ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(odd + j + kLanes), _mm512_loadu_ps(odd + j))
-                            : _mm512_setzero_si512();
-      _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, lo, o));
-      _mm512_storeu_si512(out + j + kLanes, _mm512_permutex2var_epi16(e, hi, o));
+      __m512i o;
+      const __m512i e = bf16_pair(even, odd, j, &o);
+      _mm512_storeu_si512(out + j, _mm512_permutex2var_epi16(e, idx.lo, o));
+      _mm512_storeu_si512(out + j + kLanes, _mm512_permutex2var_epi16(e, idx.hi, o));
+    }
+  }
+}
+
+void pack_bf16_tiles(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst) {
+  constexpr size_t kTileWords = kLanes * kLanes;
+  const PairIndices idx;
+  const size_t steps = (rows + 2 * kLanes - 1) / (2 * kLanes);  // tiles of 32 rows per 16 columns
+  const size_t group = steps * kTileWords;                      // words from one column tile to the next
+  for (size_t pair = 0; pair < steps * kLanes; ++pair) {
+    const size_t r = 2 * pair;
+    uint32_t* row = dst + pair / kLanes * kTileWords + pair % kLanes * kLanes;  // row of tile (0, pair / 16)
+    for (size_t j = 0; j < cols; j += 2 * kLanes) {
+      uint32_t* out = row + j / kLanes * group;
+      if (r >= rows) {  // past the last row: zeros
+        _mm512_storeu_si512(out, _mm512_setzero_si512());
+        _mm512_storeu_si512(out + group, _mm512_setzero_si512());
+        continue;
+      }
+      __m512i o;
+      const __m512i e = bf16_pair(src + r * lds, r + 1 < rows ? src + (r + 1) * lds : nullptr, j, &o);
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(e, idx.lo, o));
+      _mm512_storeu_si512(out + group, _mm512_permutex2var_epi16(e, idx.hi, o));
     }
   }
 }

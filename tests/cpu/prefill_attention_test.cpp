@@ -607,3 +607,44 @@ TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
 }
 
 }  // namespace longctx::cpu
+
+namespace longctx::cpu {
+
+// pack_bf16_tiles against its layout written out element by element: tile
+// (g, k) at (g * steps + k) * 256 words, row i the bf16 pair of rows 32k + 2i
+// and 32k + 2i + 1 (the odd row in the high half) of columns 16g..16g+15,
+// zeros past the last row; nothing written past the tiles. Odd row counts,
+// partial and whole 32-row steps, padded source rows.
+TEST(PrefillAttention, AmxTilePackingMatchesItsLayout) {
+  const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
+  if (!why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  constexpr uint32_t kSentinel = 0xdeadbeef;
+  for (size_t rows : {1, 2, 17, 31, 32, 33, 64, 100, 128}) {
+    for (size_t cols : {32, 64, 160}) {
+      SCOPED_TRACE(str_cat("rows ", rows, " cols ", cols));
+      const size_t lds = cols + 16;
+      std::vector<float> src(rows * lds);
+      for (float& x : src) x = normal(rng);
+      const size_t steps = (rows + 31) / 32, words = cols / 16 * steps * 256;
+      std::vector<uint32_t> dst(words + 64, kSentinel);
+      detail::pack_bf16_tiles(rows, cols, src.data(), lds, dst.data());
+      const auto bf16_at = [&](size_t r, size_t c) -> uint32_t {
+        return r < rows ? f32_to_bf16_bits(src[r * lds + c]) : 0u;
+      };
+      for (size_t g = 0; g < cols / 16; ++g)
+        for (size_t k = 0; k < steps; ++k)
+          for (size_t i = 0; i < 16; ++i)
+            for (size_t c = 0; c < 16; ++c) {
+              const size_t r = 32 * k + 2 * i, col = 16 * g + c;
+              const uint32_t want = bf16_at(r, col) | bf16_at(r + 1, col) << 16;
+              ASSERT_EQ(dst[(g * steps + k) * 256 + i * 16 + c], want) << "tile (" << g << ", " << k << ") row " << i
+                                                                       << " column " << c;
+            }
+      for (size_t w = words; w < dst.size(); ++w) ASSERT_EQ(dst[w], kSentinel) << "word " << w << " past the tiles";
+    }
+  }
+}
+
+}  // namespace longctx::cpu

@@ -75,6 +75,12 @@ void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* 
 float row_max_above_bf16(const float* s, size_t count, float bound);
 void exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p, float* sum_lanes);
 
+// The same pairs as the B operand of AMX tiles, tile by tile: tile (g, k) of
+// [cols / 16][ceil(rows / 32)], 1 KiB at dst + (g * ceil(rows / 32) + k) * 256,
+// holds in its row i the pairs of rows 32k + 2i and 32k + 2i + 1 of columns
+// 16g to 16g + 15, so that a tile loads 1 KiB in a row; the rows past `rows`
+// are zeros. cols must be a multiple of 32.
+void pack_bf16_tiles(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst);
 // dst[r][j] = bf16(src[r][j]), rounded to nearest even; cols a multiple of kTileAlign.
 void round_rows_bf16(size_t rows, size_t cols, const float* src, size_t lds, uint16_t* dst, size_t ldd);
 
@@ -106,9 +112,9 @@ struct AmxKeyTile {
   const int* valid = nullptr;  // [rows - row0]: keys of the tile row0 + r sees, >= 1
   const uint16_t* q = nullptr;  // [rows rounded up to kAmxRows][ld_q] bf16 q * scale (0 past head_dim)
   size_t ld_q = 0;
-  const uint32_t* k_pairs = nullptr;  // [depth / 2][ld_k] K^T, pairs of channels (pack_bf16_pairs)
-  size_t ld_k = 0;                    // >= keys; also the width of p (s's rows are min(128, ld_k) apart)
-  const uint32_t* v_pairs = nullptr;  // [keys / 2][ld_o] V, pairs of keys (0 or finite past the tile's keys)
+  const uint32_t* k_tiles = nullptr;  // K^T [depth][keys] as pack_bf16_tiles writes it
+  const uint32_t* v_tiles = nullptr;  // V [keys][ld_o] as pack_bf16_tiles writes it (0 or finite past the tile's keys)
+  size_t ld_p = 0;                    // >= keys: p's rows are ld_p apart, s's min(128, ld_p)
   float* m = nullptr;  // [rows] reference max (see amx_attend_key_tile) and sum of the online softmax
   float* l = nullptr;
   float* o = nullptr;  // [rows rounded up to kAmxRows][ld_o] unnormalized output, ld_o % 32 == 0
