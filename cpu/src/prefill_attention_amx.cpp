@@ -18,9 +18,10 @@
 // (16 pairs of rows x 16 columns, each 32-bit word a bf16 pair); every tile is
 // 16 rows of 64 bytes. K^T and V come packed tile by tile (pack_bf16_tiles),
 // each B tile 1 KiB in a row: the rows of a [pairs][keys] layout were 2 KiB
-// apart at head_dim 128, and prefill ran 10% slower there (20% at 64). A tdpbf16ps sums its 32 products per element in the
-// hardware's fixed order, and our loops walk the depth in order, so a row's
-// result depends only on its own data and the key tiling.
+// apart at head_dim 128, and prefill ran 10% slower there (20% at 64).
+// A tdpbf16ps sums its 32 products per element in the hardware's fixed
+// order, and our loops walk the depth in order, so a row's result depends
+// only on its own data and the key tiling.
 //
 // GCC's tile intrinsics are asm statements that do not tell the compiler
 // which memory they read or write: compiler_barrier() between a phase's tile
