@@ -87,6 +87,15 @@ constexpr int64_t kAmxKeyTile = 512;
 // converting K/V weighs more against its faster products): 512 rows at
 // d=128 ran 4% faster than 256, 1024 another 1% (Zen 4, chunk 4096 over 32K).
 constexpr int64_t kTileFloats = 32768;
+// kAmx takes 2048 rows whatever head_dim: each work item reads its kv head's
+// keys from memory and converts and packs them once, which weighed more the
+// faster the tile kernel got. Against the 65536 floats above (chunk 4096
+// over 32K, 2 threads, Xeon EMR): head_dim 128, 512 -> 2048 rows, 26% less
+// time (1024: 22%); head_dim 256, 256 -> 2048 rows, 38% less (1024: 34%);
+// head_dim 64 (1024 rows before) the same within noise. A work item's Q,
+// O and scratch then outgrow L2 (about 6 MiB at head_dim 256), which costs
+// less: O is read and written once per 32 rows and key tile.
+constexpr int64_t kAmxTileRows = 2048;
 // Work items per thread a chunk is cut into at least, where kMinTileRows
 // allows: at the demo's shape (5 kv heads, head_dim 32, 2048 positions per
 // tile) a 2048-query chunk made 5 items, and 2 threads ran 3 and 2 of them
@@ -405,7 +414,7 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
             round_up(size_t(d), amx ? 2 * kTileAlign : kTileAlign), round_up(size_t(d), amx ? 2 * kTileAlign : 2),
             scale == 0.f ? 1.f / std::sqrt(float(d)) : scale, kernel, history, q, out, lse};
   const int64_t tile_floats = kernel != PrefillKernel::kF32 ? 2 * kTileFloats : kTileFloats;
-  int64_t tile_positions = std::max<int64_t>(1, tile_floats / (int64_t(p.group) * d));
+  int64_t tile_positions = std::max<int64_t>(1, amx ? kAmxTileRows / p.group : tile_floats / (int64_t(p.group) * d));
   // Smaller tiles where the chunk would give fewer than kItemsPerThread work
   // items per thread, down to kMinTileRows rows. Not for onednn, whose
   // shapes (tile_rows) must not depend on the chunk or the threads.
