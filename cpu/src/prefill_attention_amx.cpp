@@ -42,7 +42,6 @@ namespace {
 
 constexpr size_t kLanes = 16;      // f32 lanes of a zmm register; rows and f32 columns of a tile
 constexpr size_t kTileDepth = 32;  // bf16 values in a 64-byte tile row
-constexpr size_t kTileWords = kLanes * kLanes;  // 32-bit words of a 1 KiB tile
 // Keys of S a block holds at a time: 16 KiB of f32 scores stay in L1, where
 // the tile stores of a whole 512-key S (64 KiB) went to L2 and ran 2.5-3x
 // slower.
@@ -66,7 +65,7 @@ inline void compiler_barrier() { asm volatile("" ::: "memory"); }
 
 // C[32][32] = A[32][depth] x B[depth][32], or C += A x B when `accumulate`.
 // A: bf16 rows, lda elements apart; B: tiles as pack_bf16_tiles writes them,
-// the first column tile's depth steps at b, b + kTileWords, ..., the second
+// the first column tile's depth steps at b, b + kAmxTileWords, ..., the second
 // column tile's col_step words further; C: f32, ldc apart. depth % 32 == 0.
 // Each load comes just before the first product that needs it, so the
 // tiles load while the previous products run (2-7% faster than loading all
@@ -88,7 +87,7 @@ inline void block_product(bool accumulate, size_t depth, const uint16_t* a, size
     _tile_zero(3);
   }
   for (size_t k = 0; k < depth; k += kTileDepth) {
-    const uint32_t* b_k = b + k / kTileDepth * kTileWords;
+    const uint32_t* b_k = b + k / kTileDepth * kAmxTileWords;
     _tile_loadd(4, a + k, a_stride);
     _tile_loadd(6, b_k, b_stride);
     _tile_dpbf16ps(0, 4, 6);
@@ -154,8 +153,8 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
       compiler_barrier();
       for (size_t col = 0; col < t.ld_o; col += 2 * kLanes)
         block_product(true, until - pv_from, t.p + pv_from, ld_p,
-                      t.v_tiles + (col / kLanes * v_steps + pv_from / kTileDepth) * kTileWords, v_steps * kTileWords,
-                      t.o + block * t.ld_o + col, t.ld_o);
+                      t.v_tiles + (col / kLanes * v_steps + pv_from / kTileDepth) * kAmxTileWords,
+                      v_steps * kAmxTileWords, t.o + block * t.ld_o + col, t.ld_o);
       compiler_barrier();
       pv_from = until;
     };
@@ -165,7 +164,8 @@ void amx_attend_key_tile(const AmxKeyTile& t) {
       compiler_barrier();
       for (size_t col = 0; col < width; col += 2 * kLanes)
         block_product(false, t.depth, t.q + block * t.ld_q, t.ld_q,
-                      t.k_tiles + (c0 + col) / kLanes * k_steps * kTileWords, k_steps * kTileWords, t.s + col, ld_s);
+                      t.k_tiles + (c0 + col) / kLanes * k_steps * kAmxTileWords, k_steps * kAmxTileWords, t.s + col,
+                      ld_s);
       compiler_barrier();
       // A row's reference max m stays until a chunk's max passes it by more
       // than kMaxLead. Raising it rescales the row's O, so the P of the

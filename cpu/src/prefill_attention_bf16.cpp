@@ -264,13 +264,12 @@ void pack_bf16_pairs(size_t rows, size_t cols, const float* src, size_t lds, uin
 }
 
 void pack_bf16_tiles(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst) {
-  constexpr size_t kTileWords = kLanes * kLanes;
   const PairIndices idx;
   const size_t steps = (rows + 2 * kLanes - 1) / (2 * kLanes);  // tiles of 32 rows per 16 columns
-  const size_t group = steps * kTileWords;                      // words from one column tile to the next
+  const size_t group = steps * kAmxTileWords;                   // words from one column tile to the next
   for (size_t pair = 0; pair < steps * kLanes; ++pair) {
     const size_t r = 2 * pair;
-    uint32_t* row = dst + pair / kLanes * kTileWords + pair % kLanes * kLanes;  // row of tile (0, pair / 16)
+    uint32_t* row = dst + pair / kLanes * kAmxTileWords + pair % kLanes * kLanes;  // row of tile (0, pair / 16)
     for (size_t j = 0; j < cols; j += 2 * kLanes) {
       uint32_t* out = row + j / kLanes * group;
       if (r >= rows) {  // past the last row: zeros

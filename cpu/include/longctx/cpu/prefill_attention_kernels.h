@@ -75,9 +75,11 @@ void softmax_step_bf16(size_t rows, size_t keys, const int* valid, const float* 
 float row_max_above_bf16(const float* s, size_t count, float bound);
 void exp_row_bf16(const float* s, size_t count, size_t cols, float m, uint16_t* p, float* sum_lanes);
 
+// 32-bit words of one AMX tile as pack_bf16_tiles lays it out (16 rows of 64 bytes).
+constexpr size_t kAmxTileWords = 256;
 // The same pairs as the B operand of AMX tiles, tile by tile: tile (g, k) of
-// [cols / 16][ceil(rows / 32)], 1 KiB at dst + (g * ceil(rows / 32) + k) * 256,
-// holds in its row i the pairs of rows 32k + 2i and 32k + 2i + 1 of columns
+// [cols / 16][ceil(rows / 32)], 1 KiB at
+// dst + (g * ceil(rows / 32) + k) * kAmxTileWords, holds in its row i the pairs of rows 32k + 2i and 32k + 2i + 1 of columns
 // 16g to 16g + 15, so that a tile loads 1 KiB in a row; the rows past `rows`
 // are zeros. cols must be a multiple of 32.
 void pack_bf16_tiles(size_t rows, size_t cols, const float* src, size_t lds, uint32_t* dst);
