@@ -4,14 +4,17 @@
 #include "longctx/cpu/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
-#include <limits>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attention_kernel.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
+#include "longctx/core/lse_merge.h"
 #include "longctx/cpu/quant_matmul.h"
 #include "longctx/kvstore/node_executor.h"
 
@@ -55,11 +58,13 @@ int64_t default_split_tokens(int64_t total_tokens) {
   return (per_piece + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
 }
 
-// A piece: slices [first_slice, end_slice) of one kv head.
+// A piece: n_tokens consecutive selected tokens of one kv head, from token
+// `token` of its span `span` on (the spans walked in order).
 struct Piece {
   int kv_head = 0;
-  size_t first_slice = 0;
-  size_t end_slice = 0;
+  size_t span = 0;
+  int64_t token = 0;
+  int64_t n_tokens = 0;
 };
 
 void check_arguments(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
@@ -113,30 +118,73 @@ void check_arguments(const kvstore::KVStore& store, int layer, const TensorView&
 }
 
 // Cuts each kv head's selected tokens, in order, into pieces of split_tokens
-// tokens (a head's last piece may be shorter) made of block slices.
-void plan_pieces(const kvstore::KVStore& store, int layer, const Selection& selection, int64_t split_tokens,
-                 std::vector<detail::BlockSlice>& slices, std::vector<Piece>& pieces) {
-  const int block_size = store.layout().block_size;
+// tokens (a head's last piece may be shorter). Arithmetic on the spans only:
+// the pages of a piece are looked up by the task that runs it (piece_slices),
+// so those scattered reads are spread over the threads.
+std::vector<Piece> plan_pieces(const Selection& selection, int64_t split_tokens) {
+  std::vector<Piece> pieces;
   for (size_t h = 0; h < selection.spans.size(); ++h) {
     int64_t in_piece = split_tokens;  // tokens in the last piece; full: the next token opens one
-    for (const TokenSpan& span : selection.spans[h]) {
-      for (int64_t t = span.begin; t < span.end;) {
+    const std::vector<TokenSpan>& spans = selection.spans[h];
+    for (size_t i = 0; i < spans.size(); ++i) {
+      for (int64_t t = spans[i].begin; t < spans[i].end;) {
         if (in_piece == split_tokens) {
-          pieces.push_back({int(h), slices.size(), slices.size()});
+          pieces.push_back({int(h), i, t, 0});
           in_piece = 0;
         }
-        const int64_t block = t / block_size;
-        const int64_t block_begin = block * block_size;
-        const int64_t room = split_tokens - in_piece;
-        const int64_t end = std::min(span.end, block_begin + block_size);
-        const int64_t slice_end = end - t <= room ? end : t + room;
-        const kvstore::BlockView view = store.block(layer, int(h), block);
-        slices.push_back({view.k_t, view.v, int(t - block_begin), int(slice_end - block_begin), view.k_scales,
-                          view.v_scales});
-        pieces.back().end_slice = slices.size();
-        in_piece += slice_end - t;
-        t = slice_end;
+        const int64_t take = std::min(spans[i].end - t, split_tokens - in_piece);
+        pieces.back().n_tokens += take;
+        in_piece += take;
+        t += take;
       }
+    }
+  }
+  return pieces;
+}
+
+// The block slices of a piece: its tokens cut at block ends, each slice one
+// block page's [begin, end). With max_slices, only the first ones.
+void piece_slices(const kvstore::KVStore& store, int layer, const Selection& selection, const Piece& piece,
+                  std::vector<detail::BlockSlice>& slices, size_t max_slices = SIZE_MAX) {
+  const int block_size = store.layout().block_size;
+  const std::vector<TokenSpan>& spans = selection.spans[size_t(piece.kv_head)];
+  slices.clear();
+  size_t span = piece.span;
+  int64_t t = piece.token;
+  for (int64_t left = piece.n_tokens; left > 0 && slices.size() < max_slices;) {
+    const int64_t block = t / block_size;
+    const int64_t block_begin = block * block_size;
+    const int64_t end = std::min({spans[span].end, block_begin + block_size, t + left});
+    const kvstore::BlockView view = store.block(layer, piece.kv_head, block);
+    slices.push_back({view.k_t, view.v, int(t - block_begin), int(end - block_begin), view.k_scales, view.v_scales});
+    left -= end - t;
+    t = end;
+    if (t == spans[span].end && ++span < spans.size()) t = spans[span].begin;
+  }
+}
+
+// Writes the g rows of kv head h from its `count` pieces (their outputs
+// [count][g][dim] at head_out, lse [count][g] at head_lse) by one LSE merge
+// of them all (core/lse_merge.h), in piece order; no piece: rows of 0 and
+// lse -inf.
+void write_head(const float* head_out, const float* head_lse, size_t count, int h, int g, int dim,
+                const MutableTensorView& out, const MutableTensorView& lse) {
+  for (int i = 0; i < g; ++i) {
+    const int qh = h * g + i;
+    float* out_row = static_cast<float*>(out.data) + qh * out.strides[0];
+    float* lse_at = static_cast<float*>(lse.data) + qh * lse.strides[0];
+    std::fill(out_row, out_row + dim, 0.f);
+    *lse_at = -INFINITY;
+    if (count == 0) continue;
+    const LseMerge m = lse_merge(head_lse + i, int(count), size_t(g));
+    *lse_at = m.lse;
+    if (m.weight_sum == 0.f) continue;  // every piece empty
+    for (size_t p = 0; p < count; ++p) {
+      const float weight = lse_weight(head_lse[p * size_t(g) + size_t(i)], m.max_lse);
+      if (weight == 0.f) continue;  // an empty piece is not read
+      const float coefficient = weight / m.weight_sum;
+      const float* row = head_out + (p * size_t(g) + size_t(i)) * size_t(dim);
+      for (int c = 0; c < dim; ++c) out_row[c] += coefficient * row[c];
     }
   }
 }
@@ -181,9 +229,21 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
       params.split_tokens > 0 ? std::max(params.split_tokens, (total_tokens + kMaxPieces - 1) / kMaxPieces)
                               : default_split_tokens(total_tokens);
 
-  std::vector<detail::BlockSlice> slices;
-  std::vector<Piece> pieces;
-  plan_pieces(store, layer, selection, split_tokens, slices, pieces);
+  const std::vector<Piece> pieces = plan_pieces(selection, split_tokens);
+  // Each kv head's pieces are consecutive: [head_first[h], head_first[h + 1]).
+  std::vector<size_t> head_first(size_t(n_kv_heads) + 1);
+  for (size_t h = 0, p = 0; h <= size_t(n_kv_heads); ++h) {
+    while (p < pieces.size() && size_t(pieces[p].kv_head) < h) ++p;
+    head_first[h] = p;
+  }
+  for (int h = 0; h < n_kv_heads; ++h) {  // no token selected: rows of 0, lse -inf
+    if (head_first[size_t(h)] == head_first[size_t(h) + 1]) write_head(nullptr, nullptr, 0, h, g, dim, out, lse);
+  }
+  // Pieces of each kv head still running: the task that finishes a head's
+  // last piece merges them and writes the head's rows, so no merge waits for
+  // the other heads.
+  const std::unique_ptr<std::atomic<size_t>[]> running(new std::atomic<size_t>[size_t(n_kv_heads)]);
+  for (int h = 0; h < n_kv_heads; ++h) running[size_t(h)] = head_first[size_t(h) + 1] - head_first[size_t(h)];
 
   const size_t piece_floats = size_t(g) * dim;
   std::vector<float> piece_out(pieces.size() * piece_floats);
@@ -191,49 +251,35 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
   const auto kv_head_of = [&](int64_t p) { return pieces[size_t(p)].kv_head; };
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t item) {
     const size_t p = size_t(item);
+    const int h = pieces[p].kv_head;
+    std::vector<detail::BlockSlice> slices, following;
+    piece_slices(store, layer, selection, pieces[p], slices);
+    if (p + 1 < pieces.size()) piece_slices(store, layer, selection, pieces[p + 1], following, 1);
     detail::PieceArgs args;
-    args.q = q_scaled.data() + size_t(pieces[p].kv_head) * piece_floats;
+    args.q = q_scaled.data() + size_t(h) * piece_floats;
     if (q8) {
       const size_t piece_groups = piece_floats / kvstore::kQ8Group;
-      args.q_codes = q_q8.q.data() + size_t(pieces[p].kv_head) * piece_floats;
-      args.q_scales = q_q8.d.data() + size_t(pieces[p].kv_head) * piece_groups;
-      args.q_code_sums = q_code_sums.data() + size_t(pieces[p].kv_head) * piece_groups;
+      args.q_codes = q_q8.q.data() + size_t(h) * piece_floats;
+      args.q_scales = q_q8.d.data() + size_t(h) * piece_groups;
+      args.q_code_sums = q_code_sums.data() + size_t(h) * piece_groups;
     }
     args.g = g;
     args.head_dim = dim;
     args.block_size = layout.block_size;
     args.kv_type = layout.kv_type;
-    args.slices = slices.data() + pieces[p].first_slice;
-    args.n_slices = pieces[p].end_slice - pieces[p].first_slice;
-    if (p + 1 < pieces.size()) args.following = slices.data() + pieces[p + 1].first_slice;
+    args.slices = slices.data();
+    args.n_slices = slices.size();
+    if (!following.empty()) args.following = following.data();
     args.out = piece_out.data() + p * piece_floats;
     args.lse = piece_lse.data() + p * size_t(g);
     detail::attend_piece(args);
+    // acq_rel: the last task sees every other piece's out and lse.
+    if (running[size_t(h)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      const size_t first = head_first[size_t(h)];
+      write_head(piece_out.data() + first * piece_floats, piece_lse.data() + first * size_t(g),
+                 head_first[size_t(h) + 1] - first, h, g, dim, out, lse);
+    }
   });
-
-  // Merge each kv head's pieces in piece order (a fixed order: deterministic)
-  // into its first piece, then write the group's rows.
-  size_t p = 0;
-  for (int h = 0; h < n_kv_heads; ++h) {
-    const size_t first = p;
-    for (; p < pieces.size() && pieces[p].kv_head == h; ++p) {
-      if (p == first) continue;
-      merge_attention(&piece_out[first * piece_floats], &piece_lse[first * g], &piece_out[p * piece_floats],
-                      &piece_lse[p * g], &piece_out[first * piece_floats], &piece_lse[first * g], g, dim);
-    }
-    for (int i = 0; i < g; ++i) {
-      const int qh = h * g + i;
-      float* out_row = static_cast<float*>(out.data) + qh * out.strides[0];
-      float* lse_at = static_cast<float*>(lse.data) + qh * lse.strides[0];
-      if (p == first) {  // no token selected for this kv head
-        std::fill(out_row, out_row + dim, 0.f);
-        *lse_at = -std::numeric_limits<float>::infinity();
-      } else {
-        std::copy_n(&piece_out[first * piece_floats + size_t(i) * dim], dim, out_row);
-        *lse_at = piece_lse[first * g + i];
-      }
-    }
-  }
 }
 
 void dense_decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q,
