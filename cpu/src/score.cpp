@@ -15,6 +15,8 @@
 // kPiecesPerThread per thread, run in parallel with oneTBB; the kernel scores
 // a piece one rep page at a time and prefetches across into the next page.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -113,7 +115,7 @@ void check_decode_query(const KVStore& store, int layer, const TensorView& q, co
 }
 
 void score_blocks(const KVStore& store, int layer, const TensorView& q, const ScoreParams& params,
-                  const MutableTensorView& scores) {
+                  const MutableTensorView& scores, const std::function<void(int)>& head_scored) {
   const StoreLayout& layout = store.layout();
   const int n_kv_heads = layout.shape.n_kv_heads;
   check_decode_query(store, layer, q, "score_blocks");
@@ -143,6 +145,12 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
     for (int64_t b = part.first_context_block; b < part.end_context_block; b += per_piece)
       pieces.push_back({h, b, std::min(part.end_context_block, b + per_piece)});
   }
+
+  // Pieces of each kv head not finished yet: the task that finishes a head's
+  // last one calls head_scored.
+  const std::unique_ptr<std::atomic<int64_t>[]> unfinished(new std::atomic<int64_t>[size_t(n_kv_heads)]);
+  for (int h = 0; h < n_kv_heads; ++h) unfinished[size_t(h)] = 0;
+  for (const Piece& piece : pieces) ++unfinished[size_t(piece.head)];
 
   const auto kv_head_of = [&](int64_t i) { return pieces[size_t(i)].head; };
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
@@ -177,6 +185,9 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
       begin = end;
       end = next_end;
     }
+    // acq_rel: the last task sees every other piece's scores of the head.
+    if (head_scored && unfinished[size_t(piece.head)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      head_scored(piece.head);
   });
 }
 

@@ -233,6 +233,20 @@ std::vector<float> block_votes(const std::vector<float>& token_votes, int n_kv_h
   return out;
 }
 
+namespace {
+
+// Indices into a row of context-block scores -> absolute blocks, -inf
+// (excluded) dropped, sorted.
+std::vector<int64_t> to_blocks(const std::vector<int64_t>& indices, const float* row, const Partition& partition) {
+  std::vector<int64_t> blocks;
+  for (const int64_t i : indices)
+    if (!(std::isinf(row[i]) && row[i] < 0.f)) blocks.push_back(partition.first_context_block + i);
+  std::sort(blocks.begin(), blocks.end());
+  return blocks;
+}
+
+}  // namespace
+
 std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores, int n_kv_heads,
                                                 const Partition& partition, int64_t count, HeadSelectMode mode,
                                                 const BudgetConfig& budget) {
@@ -242,33 +256,28 @@ std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores
   if (n_context < 0 || scores.size() != size_t(n_kv_heads) * size_t(n_context))
     fail(ErrorCode::kInvalidArgument, "choose_blocks: ", scores.size(), " scores for ", n_kv_heads, " kv heads x ",
          n_context, " context blocks");
-  // Indices of a row -> absolute blocks, -inf (excluded) dropped, sorted.
-  const auto to_blocks = [&](const std::vector<int64_t>& indices, const float* row) {
-    std::vector<int64_t> blocks;
-    for (const int64_t i : indices)
-      if (!(std::isinf(row[i]) && row[i] < 0.f)) blocks.push_back(partition.first_context_block + i);
-    std::sort(blocks.begin(), blocks.end());
-    return blocks;
-  };
-
   std::vector<std::vector<int64_t>> chosen;
   if (mode == HeadSelectMode::kShared) {
     std::vector<float> total(scores.begin(), scores.begin() + n_context);
     for (int h = 1; h < n_kv_heads; ++h)
       for (int64_t i = 0; i < n_context; ++i) total[size_t(i)] += scores[size_t(h * n_context + i)];
-    chosen.push_back(to_blocks(top_k(total.data(), n_context, count), total.data()));
+    chosen.push_back(to_blocks(top_k(total.data(), n_context, count), total.data(), partition));
   } else if (budget.policy == BudgetConfig::Policy::kAdaptive) {
     const auto picked = adakv_select(scores.data(), n_kv_heads, n_context, count, budget.alpha);
-    for (int h = 0; h < n_kv_heads; ++h) chosen.push_back(to_blocks(picked[size_t(h)], scores.data() + h * n_context));
+    for (int h = 0; h < n_kv_heads; ++h)
+      chosen.push_back(to_blocks(picked[size_t(h)], scores.data() + h * n_context, partition));
   } else {
     // One top-k per head, the heads in parallel: a decode step waits for them.
     chosen.resize(size_t(n_kv_heads));
     tbb::parallel_for(0, n_kv_heads, [&](int h) {
-      const float* row = scores.data() + size_t(h) * size_t(n_context);
-      chosen[size_t(h)] = to_blocks(top_k(row, n_context, count), row);
+      chosen[size_t(h)] = choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, count);
     });
   }
   return chosen;
+}
+
+std::vector<int64_t> choose_head_blocks(const float* row, const Partition& partition, int64_t count) {
+  return to_blocks(top_k(row, partition.end_context_block - partition.first_context_block, count), row, partition);
 }
 
 std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& block_votes, int n_kv_heads,

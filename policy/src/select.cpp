@@ -121,7 +121,18 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   }
 
   std::vector<float> scores(size_t(n_kv_heads) * size_t(n_context));
-  cpu::score_blocks(store, layer, q, spec.score, make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context}));
+  const MutableTensorView scores_view = make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context});
+  if (preselected == nullptr && spec.mode == HeadSelectMode::kSeparate &&
+      spec.budget.policy == BudgetConfig::Policy::kUniform) {
+    // choose_blocks' per-head top-k, each head's in the task that completes
+    // its scores: no second parallel pass waits for them all.
+    std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(n_kv_heads));
+    cpu::score_blocks(store, layer, q, spec.score, scores_view, [&](int h) {
+      chosen[size_t(h)] = choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks);
+    });
+    return build(chosen);
+  }
+  cpu::score_blocks(store, layer, q, spec.score, scores_view);
   if (preselected == nullptr) return build(choose_blocks(scores, n_kv_heads, partition, spec.blocks, spec.mode, spec.budget));
   return build(reselect_blocks(preselected->blocks, preselected->count, std::move(scores), n_kv_heads, partition,
                                spec.blocks, spec.mode, spec.budget));

@@ -19,8 +19,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <mutex>
 #include <random>
 #include <vector>
+
+#include <tbb/task_arena.h>
 
 #include "hwy/targets.h"
 #include "longctx/core/error.h"
@@ -328,8 +331,45 @@ TEST(ScoreBlocks, EmptyContextWritesNothing) {
   ASSERT_EQ(ts.store().partition(TestStore::kLayer).end_context_block,
             ts.store().partition(TestStore::kLayer).first_context_block);
   const Query q = random_query(c.n_kv_heads, c.head_dim, rng);
+  int calls = 0;
   score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
-               make_mutable_view(nullptr, DType::kF32, {c.n_kv_heads, 0}));
+               make_mutable_view(nullptr, DType::kF32, {c.n_kv_heads, 0}), [&](int) { ++calls; });
+  EXPECT_EQ(calls, 0);  // no row, no head_scored
+}
+
+// head_scored runs once per kv head, after the head's whole row is written:
+// the row it sees is the final one. Arenas of 1, 2 and 4 threads cut each
+// head's 600 blocks into 1 to 4 pieces.
+TEST(ScoreBlocks, HeadScoredSeesEachCompleteRowOnce) {
+  std::mt19937 rng(8);
+  StoreCase c;
+  c.n_kv_heads = 4;
+  c.n_tokens = 16 * 600 + 5;
+  const TestStore ts(c, rng);
+  const kvstore::Partition part = ts.store().partition(TestStore::kLayer);
+  const int64_t n_context = part.end_context_block - part.first_context_block;
+  const Query q = random_query(c.n_kv_heads * 2, c.head_dim, rng);
+  for (const int threads : {1, 2, 4}) {
+    SCOPED_TRACE(str_cat(threads, " threads"));
+    std::vector<float> scores(size_t(c.n_kv_heads * n_context), std::nanf(""));
+    std::vector<std::vector<float>> seen(size_t(c.n_kv_heads));
+    std::vector<int> calls(size_t(c.n_kv_heads), 0);
+    std::mutex mutex;
+    tbb::task_arena(threads).execute([&] {
+      score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+                   make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}), [&](int h) {
+                     const float* row = scores.data() + size_t(h) * size_t(n_context);
+                     const std::lock_guard<std::mutex> lock(mutex);
+                     ++calls[size_t(h)];
+                     seen[size_t(h)].assign(row, row + n_context);
+                   });
+    });
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      EXPECT_EQ(calls[size_t(h)], 1) << "kv head " << h;
+      const std::vector<float> row(scores.begin() + h * n_context, scores.begin() + (h + 1) * n_context);
+      EXPECT_EQ(seen[size_t(h)], row) << "kv head " << h;  // no NaN left: every score written
+    }
+  }
 }
 
 TEST(ScoreBlocks, RejectsBadArguments) {

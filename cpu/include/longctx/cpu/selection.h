@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "longctx/core/config.h"
@@ -45,8 +46,12 @@ void check_decode_query(const kvstore::KVStore& store, int layer, const TensorVi
 //   max (or mean) over the block's valid representatives of q.k;
 // each combined over the g query heads of the group by params.gqa_reduce.
 // Scores are unscaled (ranking does not depend on the scale).
+// head_scored, when set, is called once for each kv head h whose row has
+// blocks, by the task that scores the row's last records, once the whole row
+// is written: work on one head's scores (its top-k) then runs while the other
+// heads are still being scored, not in a parallel pass of its own after them.
 void score_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const ScoreParams& params,
-                  const MutableTensorView& scores);
+                  const MutableTensorView& scores, const std::function<void(int)>& head_scored = {});
 
 // Indices of the k largest of scores[0..n) (k clamped to n), in decreasing
 // score order; ties: lower index first. NaN scores rank last.

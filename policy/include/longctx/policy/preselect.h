@@ -68,6 +68,11 @@ std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores
                                                 const kvstore::Partition& partition, int64_t count,
                                                 HeadSelectMode mode, const BudgetConfig& budget);
 
+// One kv head's part of choose_blocks for SEPARATE with a uniform budget:
+// the best `count` context blocks by its row of block scores (entry i =
+// block partition.first_context_block + i), absolute and sorted, -inf dropped.
+std::vector<int64_t> choose_head_blocks(const float* row, const kvstore::Partition& partition, int64_t count);
+
 // Preselection of `count` (= preselect_block_count) blocks from block votes:
 // choose_blocks on the votes.
 std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& block_votes, int n_kv_heads,
