@@ -4,11 +4,9 @@
 #include "longctx/cpu/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "attention_kernel.h"
@@ -239,16 +237,13 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
   for (int h = 0; h < n_kv_heads; ++h) {  // no token selected: rows of 0, lse -inf
     if (head_first[size_t(h)] == head_first[size_t(h) + 1]) write_head(nullptr, nullptr, 0, h, g, dim, out, lse);
   }
-  // Pieces of each kv head still running: the task that finishes a head's
-  // last piece merges them and writes the head's rows, so no merge waits for
-  // the other heads.
-  const std::unique_ptr<std::atomic<size_t>[]> running(new std::atomic<size_t>[size_t(n_kv_heads)]);
-  for (int h = 0; h < n_kv_heads; ++h) running[size_t(h)] = head_first[size_t(h) + 1] - head_first[size_t(h)];
 
   const size_t piece_floats = size_t(g) * dim;
   std::vector<float> piece_out(pieces.size() * piece_floats);
   std::vector<float> piece_lse(pieces.size() * size_t(g));
   const auto kv_head_of = [&](int64_t p) { return pieces[size_t(p)].kv_head; };
+  // The task that finishes a kv head's last piece merges the head's pieces
+  // and writes its rows: no merge waits for the other heads.
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t item) {
     const size_t p = size_t(item);
     const int h = pieces[p].kv_head;
@@ -273,12 +268,10 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
     args.out = piece_out.data() + p * piece_floats;
     args.lse = piece_lse.data() + p * size_t(g);
     detail::attend_piece(args);
-    // acq_rel: the last task sees every other piece's out and lse.
-    if (running[size_t(h)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      const size_t first = head_first[size_t(h)];
-      write_head(piece_out.data() + first * piece_floats, piece_lse.data() + first * size_t(g),
-                 head_first[size_t(h) + 1] - first, h, g, dim, out, lse);
-    }
+  }, [&](int h) {
+    const size_t first = head_first[size_t(h)];
+    write_head(piece_out.data() + first * piece_floats, piece_lse.data() + first * size_t(g),
+               head_first[size_t(h) + 1] - first, h, g, dim, out, lse);
   });
 }
 

@@ -15,8 +15,6 @@
 // kPiecesPerThread per thread, run in parallel with oneTBB; the kernel scores
 // a piece one rep page at a time and prefetches across into the next page.
 #include <algorithm>
-#include <atomic>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -146,12 +144,6 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
       pieces.push_back({h, b, std::min(part.end_context_block, b + per_piece)});
   }
 
-  // Pieces of each kv head not finished yet: the task that finishes a head's
-  // last one calls head_scored.
-  const std::unique_ptr<std::atomic<int64_t>[]> unfinished(new std::atomic<int64_t>[size_t(n_kv_heads)]);
-  for (int h = 0; h < n_kv_heads; ++h) unfinished[size_t(h)] = 0;
-  for (const Piece& piece : pieces) ++unfinished[size_t(piece.head)];
-
   const auto kv_head_of = [&](int64_t i) { return pieces[size_t(i)].head; };
   kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t i) {
     const Piece& piece = pieces[size_t(i)];
@@ -185,10 +177,7 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
       begin = end;
       end = next_end;
     }
-    // acq_rel: the last task sees every other piece's scores of the head.
-    if (head_scored && unfinished[size_t(piece.head)].fetch_sub(1, std::memory_order_acq_rel) == 1)
-      head_scored(piece.head);
-  });
+  }, head_scored);
 }
 
 }  // namespace longctx::cpu

@@ -9,6 +9,7 @@
 #include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <map>
 #include <memory>
@@ -123,26 +124,45 @@ int caller_limit() {
 int current_executor_node() { return t_entries.empty() ? -1 : t_entries.back().node; }
 
 void parallel_for_heads(const KVStore& store, int64_t n_items, const std::function<int(int64_t)>& head_of_item,
-                        const std::function<void(int64_t)>& body) {
+                        const std::function<void(int64_t)>& body, const std::function<void(int)>& head_done) {
   if (n_items <= 0) return;
   const NumaTopology& topology = store.topology();
   const int limit = caller_limit();
-  if (topology.node_count() == 1 || store.config().numa.kind == NumaPolicy::Kind::kNone || limit <= 1 ||
-      current_executor_node() >= 0) {
-    tbb::parallel_for(int64_t{0}, n_items, [&](int64_t i) { body(i); });
+  const bool placed = !(topology.node_count() == 1 || store.config().numa.kind == NumaPolicy::Kind::kNone ||
+                        limit <= 1 || current_executor_node() >= 0);
+
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  std::vector<int> heads;  // head_of_item of every item, where asked
+  if (placed || head_done) {
+    heads.resize(size_t(n_items));
+    for (int64_t i = 0; i < n_items; ++i) {
+      const int head = head_of_item(i);
+      if (head < 0 || head >= n_kv_heads) {
+        fail(ErrorCode::kInvalidArgument, "parallel_for_heads: item ", i, " of ", n_items, " reads kv head ", head,
+             ", the store has ", n_kv_heads, " kv heads");
+      }
+      heads[size_t(i)] = head;
+    }
+  }
+  // Items of each head whose body has not finished: the task that finishes
+  // the last one calls head_done (acq_rel: it sees the other bodies' writes).
+  std::vector<std::atomic<int64_t>> unfinished(head_done ? size_t(n_kv_heads) : 0);
+  if (head_done)
+    for (const int head : heads) ++unfinished[size_t(head)];
+  const auto run = [&](int64_t i) {
+    body(i);
+    if (!head_done) return;
+    const int head = heads[size_t(i)];
+    if (unfinished[size_t(head)].fetch_sub(1, std::memory_order_acq_rel) == 1) head_done(head);
+  };
+  if (!placed) {
+    tbb::parallel_for(int64_t{0}, n_items, run);
     return;
   }
 
   const std::vector<int>& head_nodes = store.head_nodes();
   std::vector<std::vector<int64_t>> items_of_node(size_t(topology.node_count()));
-  for (int64_t i = 0; i < n_items; ++i) {
-    const int head = head_of_item(i);
-    if (head < 0 || head >= int(head_nodes.size())) {
-      fail(ErrorCode::kInvalidArgument, "parallel_for_heads: item ", i, " of ", n_items, " reads kv head ", head,
-           ", the store has ", head_nodes.size(), " kv heads");
-    }
-    items_of_node[size_t(head_nodes[size_t(head)])].push_back(i);
-  }
+  for (int64_t i = 0; i < n_items; ++i) items_of_node[size_t(head_nodes[size_t(heads[size_t(i)])])].push_back(i);
 
   struct Group {
     tbb::task_arena* arena = nullptr;
@@ -165,7 +185,7 @@ void parallel_for_heads(const KVStore& store, int64_t n_items, const std::functi
       Group& group = *groups[started];
       group.arena->execute([&] {
         group.work.run([&] {
-          tbb::parallel_for(size_t{0}, group.items->size(), [&](size_t j) { body((*group.items)[j]); });
+          tbb::parallel_for(size_t{0}, group.items->size(), [&](size_t j) { run((*group.items)[j]); });
         });
       });
     }

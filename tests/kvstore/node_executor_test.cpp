@@ -183,6 +183,41 @@ TEST(NodeExecutor, BadHeadIsRejectedBeforeAnyItemRuns) {
   }
 }
 
+// head_done runs once per kv head that has items, after every body of the
+// head's items, whether placement matters (two nodes) or not (one node, and
+// the caller's single thread); an out-of-range head is then rejected on one
+// node too, since head_done needs every item's head.
+TEST(NodeExecutor, HeadDoneFollowsEachHeadsLastItem) {
+  for (const char* topology : {"core:2 pu:1", "pack:2 numa:1 core:2 pu:1"}) {
+    TestStore ts = store_on(topology, 4);
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(topology) + ", " + std::to_string(threads) + " threads");
+      const std::vector<int> heads = random_heads(500, 3, uint32_t(threads));  // kv head 3 has no item
+      std::vector<int> items_of_head(4, 0);
+      for (const int h : heads) ++items_of_head[size_t(h)];
+      std::vector<std::atomic<int>> finished(4), done_calls(4), finished_at_done(4);
+      tbb::task_arena(threads).execute([&] {
+        parallel_for_heads(
+            *ts.store, int64_t(heads.size()), [&](int64_t i) { return heads[size_t(i)]; },
+            [&](int64_t i) { finished[size_t(heads[size_t(i)])]++; },
+            [&](int h) {
+              done_calls[size_t(h)]++;
+              finished_at_done[size_t(h)].store(finished[size_t(h)].load());
+            });
+      });
+      for (int h = 0; h < 4; ++h) {
+        EXPECT_EQ(done_calls[size_t(h)].load(), items_of_head[size_t(h)] > 0 ? 1 : 0) << "kv head " << h;
+        EXPECT_EQ(finished_at_done[size_t(h)].load(), items_of_head[size_t(h)]) << "kv head " << h;
+      }
+    }
+    std::atomic<int> runs{0};
+    EXPECT_THROW(parallel_for_heads(
+                     *ts.store, 10, [](int64_t i) { return i == 7 ? 4 : 0; }, [&](int64_t) { runs++; }, [](int) {}),
+                 Error);
+    EXPECT_EQ(runs.load(), 0);
+  }
+}
+
 TEST(NodeExecutor, ExceptionReachesTheCallerAfterEveryGroupEnded) {
   TestStore ts = store_on("pack:2 numa:1 core:2 pu:1", 4);
   const std::vector<int> heads = random_heads(400, 4, 9);

@@ -40,10 +40,14 @@ namespace longctx::kvstore {
 // Runs body(i) exactly once for every i in [0, n_items), in parallel;
 // head_of_item(i) is the kv head (0..n_kv_heads-1) item i reads. head_of_item
 // is called (once per item, on the calling thread, before any body runs) only
-// when placement matters; an out-of-range head throws Error(kInvalidArgument)
-// before any body runs.
+// when placement matters or head_done is set; an out-of-range head throws
+// Error(kInvalidArgument) before any body runs.
+// head_done, when set, is called once for each kv head that has items, by the
+// task whose body finishes the head's last item, and sees what every body of
+// the head's items wrote: per-head work on their results (a merge, a top-k)
+// runs while other heads' items still run, not in a pass of its own after all.
 void parallel_for_heads(const KVStore& store, int64_t n_items, const std::function<int(int64_t)>& head_of_item,
-                        const std::function<void(int64_t)>& body);
+                        const std::function<void(int64_t)>& body, const std::function<void(int)>& head_done = {});
 
 // The node index whose executor arena the calling thread is working in, or -1
 // when it is in none (plain tbb::parallel_for, or outside TBB). For tests and
