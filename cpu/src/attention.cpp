@@ -19,6 +19,7 @@
 namespace longctx::cpu {
 
 static_assert(detail::kQ8VnniGroup == kvstore::kQ8Group);
+static_assert(detail::kQ8VnniQuad == kvstore::kQ8KeyQuad);
 
 bool detail::has_q8_vnni_kernels() {
   static const bool has = [] {

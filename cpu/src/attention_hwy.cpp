@@ -5,7 +5,8 @@
 //  1. scores: for a tile of consecutive tokens, s[i][t] += q[i][c] * K^T[c][t]
 //     over the channels c (one vector load of K^T row c serves every query
 //     head of the group; f16/bf16 widened to f32 on load; q8_0: q's codes
-//     times the keys' codes summed per 32 channels (exact integers), each sum
+//     times the keys' codes (quads of channels, a token's four codes one
+//     32-bit lane) summed per 32 channels (exact integers), each sum
 //     times its token's scale and q's; with AVX512-VNNI in
 //     attention_q8_vnni.cpp);
 //  2. online softmax per query head: running max m, running sum l, the
@@ -123,6 +124,29 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
   }
 }
 
+// DotChannels for q8_0 codes in quads of channels (kv_store.h): k points at
+// token t's codes of the quad of c_begin; each token's four codes are one
+// 32-bit lane, from which the code of channel c + b is bits [8b, 8b + 8),
+// sign-extended by the shifts. c_begin and c_end are multiples of 4.
+template <int G, int NV, class D>
+HWY_INLINE void DotQuads(D d, const float* q, int dim, int c_begin, int c_end, const int8_t* k, int block_size,
+                         hn::Vec<D> (&sum)[G][NV], LinePrefetch& prefetch) {
+  constexpr int kQuad = kvstore::kQ8KeyQuad;
+  const size_t lanes = hn::Lanes(d);
+  const hn::Rebind<int32_t, D> di;
+  for (int c = c_begin; c < c_end; c += kQuad, k += size_t(block_size) * kQuad) {
+    prefetch_step(prefetch, NV * lanes * kQuad);
+    hn::Vec<decltype(di)> codes[NV];
+    for (int u = 0; u < NV; ++u) codes[u] = hn::LoadU(di, reinterpret_cast<const int32_t*>(k + u * lanes * kQuad));
+    for (int b = 0; b < kQuad; ++b) {
+      for (int u = 0; u < NV; ++u) {
+        const auto key = hn::ConvertTo(d, hn::ShiftRightSame(hn::ShiftLeftSame(codes[u], 24 - 8 * b), 24));
+        for (int i = 0; i < G; ++i) sum[i][u] = hn::MulAdd(hn::Set(d, q[i * dim + c + b]), key, sum[i][u]);
+      }
+    }
+  }
+}
+
 // scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
 // q) and the NV vectors of tokens starting at block offset t (score index j).
 // q8_0: q holds q's codes, q_scales their [G][dim / 32] scales, k_scales the
@@ -134,7 +158,6 @@ HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, c
   hn::Vec<D> acc[G][NV];
   for (auto& head : acc)
     for (auto& a : head) a = hn::Zero(d);
-  const auto* k = k_t + t;
   if constexpr (kType == DType::kQ8_0) {
     // Per group of 32 channels: the dot products of the codes (exact), then
     // times the tokens' scales times q's, added to the total.
@@ -144,8 +167,8 @@ HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, c
       hn::Vec<D> part[G][NV];
       for (auto& head : part)
         for (auto& a : head) a = hn::Zero(d);
-      DotChannels<kType, G, NV>(d, q, dim, c0, c0 + kGroup, k + size_t(c0) * size_t(block_size), block_size, part,
-                                prefetch);
+      DotQuads<G, NV>(d, q, dim, c0, c0 + kGroup, k_t + kvstore::q8_key_code_offset(block_size, c0, t), block_size,
+                      part, prefetch);
       const Scales row = k_scales + size_t(c0 / kGroup) * size_t(block_size) + size_t(t);
       prefetch_step(prefetch, NV * lanes * sizeof(*row));
       for (int u = 0; u < NV; ++u) {
@@ -157,7 +180,7 @@ HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, c
       }
     }
   } else {
-    DotChannels<kType, G, NV>(d, q, dim, 0, dim, k, block_size, acc, prefetch);
+    DotChannels<kType, G, NV>(d, q, dim, 0, dim, k_t + t, block_size, acc, prefetch);
   }
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) hn::StoreU(acc[i][u], d, scores + i * kChunkTokens + j + u * lanes);
@@ -307,8 +330,9 @@ void AttendPieceOf(const PieceArgs& a) {
         k_end = next.k_scales + size_t(groups - 1) * a.block_size + next.end;
         v_end = next.v_scales + size_t(next.end) * groups;
       }
-      next_k = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.k_t) + next.begin),
-                static_cast<const char*>(k_end)};
+      const size_t k_begin = kType == DType::kQ8_0 ? kvstore::q8_key_code_offset(a.block_size, 0, next.begin)
+                                                   : size_t(next.begin) * sizeof(T);
+      next_k = {reinterpret_cast<const char*>(next.k_t) + k_begin, static_cast<const char*>(k_end)};
       next_v = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim),
                 static_cast<const char*>(v_end)};
     }
@@ -321,7 +345,8 @@ void AttendPieceOf(const PieceArgs& a) {
       if (use_vnni) {
         for (int j = 0; j < n; j += kQ8VnniTokens) {
           const int tile = std::min(kQ8VnniTokens, n - j);
-          score_q8_avx512_vnni(a, reinterpret_cast<const int8_t*>(k_t) + t0 + j, slice.k_scales + t0 + j, tile,
+          score_q8_avx512_vnni(a, reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j),
+                               slice.k_scales + t0 + j, tile,
                                scores.data() + j, kChunkTokens, next_k);
         }
       } else {

@@ -80,11 +80,13 @@ void attend_piece(const PieceArgs& args);
 //   scores[i * score_stride + j] = sum over groups G of
 //     float(sum_{c in G} q_code[i][c] * k_code[c][t + j]) * (k_scale[G][t + j] * q_scale[i][G])
 // accumulated in that order with FMA, for the g query heads of `args` and the
-// n <= kQ8VnniTokens tokens from block offset t; k_t and k_scales point at
-// token t of channel / group 0 of a page (rows block_size apart).
+// n <= kQ8VnniTokens tokens from block offset t; k_t points at token t's
+// codes of the first quad of channels ([head_dim / 4][block_size][4],
+// kv_store.h), k_scales at token t of group 0 (rows block_size apart).
 // Both kernels step `prefetch` by the bytes they read, scales included.
 constexpr int kQ8VnniTokens = 64;
 constexpr int kQ8VnniGroup = 32;  // kvstore::kQ8Group (checked in attention.cpp)
+constexpr int kQ8VnniQuad = 4;    // kvstore::kQ8KeyQuad (checked in attention.cpp)
 // The CPU has what they need (AVX512-F/BW/VL and VNNI).
 bool has_q8_vnni_kernels();
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,

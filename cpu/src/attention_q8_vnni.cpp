@@ -2,17 +2,14 @@
 // compiled for AVX512-BW/VNNI and reached only from the AVX-512 instantiation
 // of attend_piece on CPUs that have it.
 //
-// Scores, vpdpbusd: a q8_0 page keeps K^T codes [head_dim][block_size].
-// vpdpbusd adds, per 32-bit lane, the products of 4 consecutive bytes: four
-// channels of one token. Four rows (channels c..c+3) of 64 tokens are
-// interleaved in registers by two rounds of byte / word unpacks, which work
-// within 128-bit lanes: vector k then holds, in lane L, tokens 16L + 4k ..
-// 16L + 4k + 3. The tokens' scales are put in that order by the same 4x4
-// transpose of 128-bit lanes that puts the scores back in token order at the
-// end. vpdpbusd multiplies unsigned by signed bytes: the key codes go in with
-// their sign bit flipped (k + 128), the query codes as they are, and each sum
-// starts at -128 * (sum of the query codes), so it ends at the exact integer
-// sum of q * k.
+// Scores, vpdpbusd: a q8_0 page keeps the K codes in quads of channels,
+// [head_dim / 4][block_size][4] (kv_store.h), and vpdpbusd adds, per 32-bit
+// lane, the products of 4 consecutive bytes: one load of a quad's row gives
+// 16 tokens' four channels, a token to a lane, in token order, as the
+// tokens' scales and the scores are. vpdpbusd multiplies unsigned by signed
+// bytes: the key codes go in with their sign bit flipped (k + 128), the query
+// codes as they are, and each sum starts at -128 * (sum of the query codes),
+// so it ends at the exact integer sum of q * k.
 //
 // P.V, vpdpwssd: V codes [block_size][head_dim], two tokens' rows widened to
 // int16 and interleaved by word, times int16 weight codes of the token pair.
@@ -37,23 +34,9 @@ namespace longctx::cpu::detail {
 namespace {
 
 constexpr int kGroup = kQ8VnniGroup;
+constexpr int kQuad = kQ8VnniQuad;
 constexpr int kMaxHeads = 4;  // 4 x 4 vectors of int32 sums stay in registers
 constexpr int kMaxDim = 512;  // the largest head_dim a KVStore takes
-
-// v[j] lane L <- v[L] lane j (a 4x4 transpose of 128-bit lanes).
-inline void transpose_lanes(__m512 (&v)[4]) {
-  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44);  // v0.L0 v0.L1 v1.L0 v1.L1
-  const __m512 t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);  // v0.L2 v0.L3 v1.L2 v1.L3
-  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44);
-  const __m512 t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
-  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);  // v0.L0 v1.L0 v2.L0 v3.L0
-  v[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
-  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
-  v[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
-}
-
-// Bits [16L, 16L + 16) of the token mask, for the vector of tokens 16L..16L+15.
-inline __mmask16 lane_mask(__mmask64 tokens, int l) { return __mmask16(tokens >> (16 * l)); }
 
 // The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
 inline __mmask16 first_lanes(int count) {
@@ -75,12 +58,19 @@ void for_head_groups(int g, Fn&& fn) {
 }
 
 template <int G>
-void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
+void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16_t* k_scales, int n, float* scores,
                  int score_stride, LinePrefetch& prefetch) {
   const int dim = a.head_dim;
   const int groups = dim / kGroup;
-  const size_t row = size_t(a.block_size);
-  const __mmask64 tokens = n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+  const size_t quad_row = size_t(a.block_size) * kQuad;  // bytes from one quad of channels to the next
+  // Vector l holds tokens 16l .. 16l + 15, a token's four codes to a lane.
+  __mmask16 lanes[4];
+  __mmask64 bytes[4];
+  for (int l = 0; l < 4; ++l) {
+    const int count = n - 16 * l;
+    lanes[l] = first_lanes(count);
+    bytes[l] = count >= 16 ? ~__mmask64{0} : count > 0 ? (__mmask64{1} << (kQuad * count)) - 1 : __mmask64{0};
+  }
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[G][4];
   for (auto& head : acc)
@@ -92,31 +82,22 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* 
       const __m512i start = _mm512_set1_epi32(-128 * a.q_code_sums[size_t(h0 + i) * groups + grp]);
       for (auto& v : dot[i]) v = start;
     }
-    for (int c = grp * kGroup; c < (grp + 1) * kGroup; c += 4) {
-      const int8_t* k = k_t + size_t(c) * row;
-      prefetch_step(prefetch, 4 * size_t(n));
-      const __m512i r0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k), flip);
-      const __m512i r1 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + row), flip);
-      const __m512i r2 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + 2 * row), flip);
-      const __m512i r3 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tokens, k + 3 * row), flip);
-      const __m512i lo01 = _mm512_unpacklo_epi8(r0, r1), hi01 = _mm512_unpackhi_epi8(r0, r1);
-      const __m512i lo23 = _mm512_unpacklo_epi8(r2, r3), hi23 = _mm512_unpackhi_epi8(r2, r3);
-      const __m512i x[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
-                            _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+    for (int c = grp * kGroup; c < (grp + 1) * kGroup; c += kQuad) {
+      const int8_t* k = k_quads + size_t(c / kQuad) * quad_row;
+      prefetch_step(prefetch, kQuad * size_t(n));
+      __m512i x[4];
+      for (int v = 0; v < 4; ++v) x[v] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes[v], k + 64 * v), flip);
       for (int i = 0; i < G; ++i) {
         int32_t quad;
-        std::memcpy(&quad, a.q_codes + size_t(h0 + i) * dim + c, 4);
+        std::memcpy(&quad, a.q_codes + size_t(h0 + i) * dim + c, kQuad);
         const __m512i q = _mm512_set1_epi32(quad);
         for (int v = 0; v < 4; ++v) dot[i][v] = _mm512_dpbusd_epi32(dot[i][v], x[v], q);
       }
     }
-    __m512 scale[4];  // the tokens' scales, then in the order of the sums
-    const uint16_t* scale_row = k_scales + size_t(grp) * row;
+    const uint16_t* scale_row = k_scales + size_t(grp) * size_t(a.block_size);
     prefetch_step(prefetch, sizeof(uint16_t) * size_t(n));
-    for (int l = 0; l < 4; ++l) {
-      scale[l] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lane_mask(tokens, l), scale_row + 16 * l));
-    }
-    transpose_lanes(scale);
+    __m512 scale[4];
+    for (int v = 0; v < 4; ++v) scale[v] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes[v], scale_row + 16 * v));
     for (int i = 0; i < G; ++i) {
       const __m512 q_scale = _mm512_set1_ps(a.q_scales[size_t(h0 + i) * groups + grp]);
       for (int v = 0; v < 4; ++v) {
@@ -125,9 +106,8 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_t, const uint16_t* 
     }
   }
   for (int i = 0; i < G; ++i) {
-    transpose_lanes(acc[i]);
     float* out = scores + size_t(i) * score_stride;
-    for (int l = 0; l < 4; ++l) _mm512_mask_storeu_ps(out + 16 * l, lane_mask(tokens, l), acc[i][l]);
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(out + 16 * v, lanes[v], acc[i][v]);
   }
 }
 

@@ -179,11 +179,13 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
   auto* v_scales = reinterpret_cast<uint16_t*>(page + L.page_v_scales);
   copy_rows(k_src, k_stride, k_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
   for (size_t i = 0; i < size_t(count); ++i) {
-    const size_t t = size_t(offset) + i;
+    const int t = offset + int(i);
     for (size_t g = 0; g < groups; ++g) {
       const size_t c0 = g * kQ8Group;
-      k_scales[g * bs + t] =
-          quantize_q8_group(rows + i * size_t(d) + c0, k_codes + c0 * bs + t, bs, keys + i * size_t(d) + c0);
+      int8_t codes[kQ8Group];
+      k_scales[g * bs + size_t(t)] = quantize_q8_group(rows + i * size_t(d) + c0, codes, 1, keys + i * size_t(d) + c0);
+      for (int j = 0; j < kQ8Group; j += kQ8KeyQuad)  // a quad's codes lie side by side
+        std::memcpy(k_codes + q8_key_code_offset(int(bs), int(c0) + j, t), codes + j, kQ8KeyQuad);
     }
   }
   copy_rows(v_src, v_stride, v_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
@@ -245,9 +247,9 @@ void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n
         const uint16_t* s = view.k_scales + size_t(c0 / kQ8Group) * bs + size_t(t0 + t);
         for (int i = 0; i < m; ++i) scale[i] = f16_bits_to_f32(s[i]);
         for (int c = c0; c < c0 + kQ8Group; ++c) {
-          const int8_t* q = codes + size_t(c) * bs + size_t(t0 + t);
+          const int8_t* q = codes + q8_key_code_offset(int(bs), c, t0 + t);
           float* out = dst + size_t(c) * ld + size_t(t);
-          for (int i = 0; i < m; ++i) out[i] = float(q[i]) * scale[i];
+          for (int i = 0; i < m; ++i) out[i] = float(q[size_t(i) * kQ8KeyQuad]) * scale[i];
         }
       }
     }

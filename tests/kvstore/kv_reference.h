@@ -287,7 +287,7 @@ inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead&
   const int bs = L.block_size, d = L.shape.head_dim;
   std::vector<std::byte> page(L.page_bytes, std::byte{0});
   if (L.kv_type == DType::kQ8_0) {
-    // codes K^T [d][bs], K scales [d/32][bs], codes V [bs][d], V scales [bs][d/32], back to back
+    // codes K^T [d/4][bs][4], K scales [d/32][bs], codes V [bs][d], V scales [bs][d/32], back to back
     const int groups = d / kQ8Group;
     std::byte* k_scales = page.data() + size_t(bs) * d;
     std::byte* v_codes = k_scales + size_t(bs) * groups * 2;
@@ -299,7 +299,8 @@ inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead&
         std::memcpy(k_scales + (size_t(g) * bs + t) * 2, &kg.scale_bits, 2);
         std::memcpy(v_scales + (size_t(t) * groups + g) * 2, &vg.scale_bits, 2);
         for (int i = 0; i < kQ8Group; ++i) {
-          page[size_t(g * kQ8Group + i) * bs + t] = std::byte(uint8_t(kg.q[i]));
+          const int c = g * kQ8Group + i;
+          page[(size_t(c / 4) * bs + t) * 4 + c % 4] = std::byte(uint8_t(kg.q[i]));
           v_codes[size_t(t) * d + g * kQ8Group + i] = std::byte(uint8_t(vg.q[i]));
         }
       }

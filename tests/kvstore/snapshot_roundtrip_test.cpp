@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "longctx/core/error.h"
@@ -76,15 +77,16 @@ TEST_F(SnapshotTest, Q8StoresRoundTripExactly) {
   }
 }
 
-// Version 2 and 3 files (version 4 less q8_0 / with f16 records for q8_0)
-// still load without q8_0; one claiming q8_0 is refused, saying why.
-TEST_F(SnapshotTest, Version2And3FilesLoadWithoutQ8) {
+// Version 2, 3 and 4 files (version 5 less q8_0 / with f16 records for q8_0
+// / with q8_0 key codes channel by channel) still load without q8_0; one
+// claiming q8_0 is refused, saying why.
+TEST_F(SnapshotTest, Version2To4FilesLoadWithoutQ8) {
   const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
   auto source = make_store(cfg);
   fill_source(*source, 50);
-  save_snapshot(*source, path("v4.snap"), kFingerprint);
-  for (const uint32_t version : {2u, 3u}) {
-    std::vector<std::byte> f = read_bytes(path("v4.snap"));
+  save_snapshot(*source, path("v5.snap"), kFingerprint);
+  for (const uint32_t version : {2u, 3u, 4u}) {
+    std::vector<std::byte> f = read_bytes(path("v5.snap"));
     patch_header(f, kVersionAt, version, 4);
     write_bytes(path("old.snap"), f);
     auto target = make_store(cfg);
@@ -107,15 +109,18 @@ TEST_F(SnapshotTest, Version2And3FilesLoadWithoutQ8) {
   EXPECT_NE(std::string(e.what()).find("q8_0, which format version 2 does not hold"), std::string::npos) << e.what();
   EXPECT_EQ(q8_target->n_tokens(0), 0);
 
-  f = read_bytes(path("q8.snap"));
-  patch_header(f, kVersionAt, 3, 4);
-  write_bytes(path("q8v3.snap"), f);
-  const Error e3 = error_from([&] { load_snapshot(*q8_target, path("q8v3.snap"), kFingerprint); });
-  EXPECT_EQ(e3.code(), ErrorCode::kUnsupported);
-  EXPECT_NE(std::string(e3.what()).find("version 3 with kv_type q8_0 keeps its representatives in f16"),
-            std::string::npos)
-      << e3.what();
-  EXPECT_EQ(q8_target->n_tokens(0), 0);
+  const std::pair<uint32_t, const char*> refused[] = {
+      {3, "version 3 with kv_type q8_0 keeps its representatives in f16"},
+      {4, "version 4 with kv_type q8_0 keeps the key codes channel by channel"}};
+  for (const auto& [version, why] : refused) {
+    f = read_bytes(path("q8.snap"));
+    patch_header(f, kVersionAt, version, 4);
+    write_bytes(path("q8old.snap"), f);
+    const Error old = error_from([&] { load_snapshot(*q8_target, path("q8old.snap"), kFingerprint); });
+    EXPECT_EQ(old.code(), ErrorCode::kUnsupported) << version;
+    EXPECT_NE(std::string(old.what()).find(why), std::string::npos) << old.what();
+    EXPECT_EQ(q8_target->n_tokens(0), 0);
+  }
 }
 
 std::vector<RoundTripCase> all_round_trip_cases() {
@@ -197,7 +202,7 @@ TEST_F(SnapshotTest, FileFollowsTheDocumentedFormat) {
 
   ASSERT_GE(f.size(), 120u);
   EXPECT_EQ(std::memcmp(f.data(), "LCTXSNAP", 8), 0);
-  EXPECT_EQ(get_le(f, kVersionAt, 4), 4u);
+  EXPECT_EQ(get_le(f, kVersionAt, 4), 5u);
   const size_t header_bytes = size_t(get_le(f, kHeaderBytesAt, 4));
   EXPECT_EQ(header_bytes, 92 + fingerprint.size() + 8 * 2 + 4);
   EXPECT_EQ(get_le(f, kNLayersAt, 4), 2u);

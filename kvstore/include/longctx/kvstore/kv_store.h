@@ -8,6 +8,12 @@
 //                                   element c*block_size + t (channel-major: a
 //                                   vector load of channel c covers consecutive
 //                                   tokens, so one query scores many tokens per load)
+//                                   q8_0 (since snapshot format 5): the codes in
+//                                   quads of channels, [head_dim/4][block_size][4]:
+//                                   channel c of token t at byte
+//                                   (c/4*block_size + t)*4 + c%4 (q8_key_code_offset),
+//                                   the four bytes an integer dot product
+//                                   (vpdpbusd) sums per 32-bit lane
 //     q8_0: K scales f16 [head_dim/32][block_size] at page_k_scales: the scale
 //                                   of channels [32 j, 32 j + 32) of token t at j*block_size + t
 //     V    [block_size][head_dim]   at page_v: value of token t, channel c at
@@ -112,6 +118,14 @@ struct KVShape {
 // Channels per q8_0 scale.
 constexpr int kQ8Group = 32;
 
+// Key channels a q8_0 page keeps side by side per token (the page layout above).
+constexpr int kQ8KeyQuad = 4;
+
+// The byte of key channel c of token t among a q8_0 page's K codes.
+constexpr size_t q8_key_code_offset(int block_size, int c, int t) {
+  return (size_t(c / kQ8KeyQuad) * size_t(block_size) + size_t(t)) * kQ8KeyQuad + size_t(c % kQ8KeyQuad);
+}
+
 // Bytes of one token's key (or value) vector of one kv head in `kv_type`:
 // head_dim * es, or for q8_0 head_dim codes + head_dim / 32 f16 scales.
 size_t kv_vector_bytes(DType kv_type, int head_dim);
@@ -180,7 +194,7 @@ struct Partition {
 };
 
 struct BlockView {
-  const std::byte* k_t = nullptr;  // [head_dim][block_size]
+  const std::byte* k_t = nullptr;  // [head_dim][block_size]; q8_0: codes [head_dim / 4][block_size][4]
   const std::byte* v = nullptr;    // [block_size][head_dim]
   const uint16_t* k_scales = nullptr;  // q8_0: f16 [head_dim / 32][block_size]; else null
   const uint16_t* v_scales = nullptr;  // q8_0: f16 [block_size][head_dim / 32]; else null
