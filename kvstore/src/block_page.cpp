@@ -125,14 +125,14 @@ uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
 
 namespace detail {  // block_page.h
 
-uint16_t quantize_q8_group(const float* x, int8_t* codes, size_t code_stride, float* deq) {
+uint16_t quantize_q8_group(const float* x, int8_t* codes, float* deq) {
   float amax = 0.f;
   for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
   const uint16_t bits = q8_scale_bits(amax);
   const float s = f16_bits_to_f32(bits);
   for (int i = 0; i < kQ8Group; ++i) {
     const auto q = int8_t(s > 0.f ? std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f) : 0.f);
-    codes[size_t(i) * code_stride] = q;
+    codes[i] = q;
     if (deq != nullptr) deq[i] = float(q) * s;  // as read back (an int8 has no -0)
   }
   return bits;
@@ -183,7 +183,7 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
     for (size_t g = 0; g < groups; ++g) {
       const size_t c0 = g * kQ8Group;
       int8_t codes[kQ8Group];
-      k_scales[g * bs + size_t(t)] = quantize_q8_group(rows + i * size_t(d) + c0, codes, 1, keys + i * size_t(d) + c0);
+      k_scales[g * bs + size_t(t)] = quantize_q8_group(rows + i * size_t(d) + c0, codes, keys + i * size_t(d) + c0);
       for (int j = 0; j < kQ8Group; j += kQ8KeyQuad)  // a quad's codes lie side by side
         std::memcpy(k_codes + q8_key_code_offset(int(bs), int(c0) + j, t), codes + j, kQ8KeyQuad);
     }
@@ -193,7 +193,7 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
     const size_t t = size_t(offset) + i;
     for (size_t g = 0; g < groups; ++g)
       v_scales[t * groups + g] =
-          quantize_q8_group(rows + i * size_t(d) + g * kQ8Group, v_codes + t * size_t(d) + g * kQ8Group, 1, nullptr);
+          quantize_q8_group(rows + i * size_t(d) + g * kQ8Group, v_codes + t * size_t(d) + g * kQ8Group, nullptr);
   }
 }
 

@@ -28,9 +28,9 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
                       float* rows, float* keys);
 
 // Quantizes one group x[0, 32) of finite values as a q8_0 store does
-// (kv_store.h): codes[i * code_stride], returns the scale's f16 bits; deq[i]
+// (kv_store.h): codes[0, 32), returns the scale's f16 bits; deq[i]
 // (when not null) = the stored value q * s.
-uint16_t quantize_q8_group(const float* x, int8_t* codes, size_t code_stride, float* deq);
+uint16_t quantize_q8_group(const float* x, int8_t* codes, float* deq);
 
 // The first channel of a row (head_dim values) that a q8_0 store cannot hold
 // (not finite, or in a group whose scale overflows f16), or -1.
