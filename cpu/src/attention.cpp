@@ -19,7 +19,7 @@
 namespace longctx::cpu {
 
 static_assert(detail::kQ8VnniGroup == kvstore::kQ8Group);
-static_assert(detail::kQ8VnniQuad == kvstore::kQ8KeyQuad);
+static_assert(detail::kQ8VnniQuad == kvstore::kQ8KeyQuad && detail::kQ8VnniQuad == kvstore::kQ8ValueQuad);
 
 bool detail::has_q8_vnni_kernels() {
   static const bool has = [] {
@@ -30,7 +30,7 @@ bool detail::has_q8_vnni_kernels() {
 }
 
 const char* q8_decode_kernel_description() {
-  return detail::has_q8_vnni_kernels() ? "integer dot products on AVX512-VNNI (int8 q.k, int16 P.V weights)"
+  return detail::has_q8_vnni_kernels() ? "integer dot products on AVX512-VNNI (int8 q.k, 16-bit P.V weights)"
                                        : "codes widened to f32 (no AVX512-VNNI), q quantized to int8";
 }
 

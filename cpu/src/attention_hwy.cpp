@@ -12,8 +12,8 @@
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
-//     (q8_0: each vector of codes times its group's scale; with AVX512-VNNI
-//     in attention_q8_vnni.cpp).
+//     (q8_0: codes in quads of tokens, each code times its token's group
+//     scale; with AVX512-VNNI in attention_q8_vnni.cpp).
 // Query heads are taken kMaxGroup at a time so their accumulators stay in
 // registers; with more heads than that, K/V are re-read from cache, not DRAM.
 // While a slice computes, the next slice's lines are prefetched into L2 in
@@ -124,10 +124,40 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
   }
 }
 
+// Byte kByte of each 32-bit lane of `lanes` (q8_0 codes) moved to the lane's
+// top byte, the others zeroed, converted to f32: the code times 2^24, exact.
+// One byte shuffle, where shifts would take two instructions on the ports
+// that also convert and multiply.
+template <int kByte, class D, class VI>
+HWY_INLINE hn::Vec<D> CodeTimes2Pow24(D d, VI lanes) {
+  const hn::Rebind<int32_t, D> di;
+#if HWY_TARGET == HWY_SCALAR  // no bytes of a lane to shuffle
+  const auto top = hn::And(hn::ShiftLeft<24 - 8 * kByte>(lanes), hn::Set(di, int32_t(-16777216)));  // 0xFF000000
+#else
+  const hn::Repartition<uint8_t, decltype(di)> du8;
+  alignas(16) static constexpr uint8_t kIndex[16] = {
+      0x80, 0x80, 0x80, kByte, 0x80, 0x80, 0x80, 4 + kByte, 0x80, 0x80, 0x80, 8 + kByte, 0x80, 0x80, 0x80, 12 + kByte};
+  const auto top = hn::BitCast(di, hn::TableLookupBytesOr0(hn::BitCast(du8, lanes), hn::LoadDup128(du8, kIndex)));
+#endif
+  return hn::ConvertTo(d, top);
+}
+
+// 2^-24: what CodeTimes2Pow24's values are scaled back by.
+constexpr float kCodeScale = 1.f / 16777216.f;
+
+// Calls fn(std::integral_constant<int, B>()) for B = 0 .. kQ8KeyQuad - 1 (also
+// kQ8ValueQuad): the bytes of a 32-bit lane, with shift counts known at compile time.
+template <class Fn>
+HWY_INLINE void ForEachByte(Fn&& fn) {
+  static_assert(kvstore::kQ8KeyQuad == 4 && kvstore::kQ8ValueQuad == 4);
+  fn(std::integral_constant<int, 0>()), fn(std::integral_constant<int, 1>());
+  fn(std::integral_constant<int, 2>()), fn(std::integral_constant<int, 3>());
+}
+
 // DotChannels for q8_0 codes in quads of channels (kv_store.h): k points at
 // token t's codes of the quad of c_begin; each token's four codes are one
-// 32-bit lane, from which the code of channel c + b is bits [8b, 8b + 8),
-// sign-extended by the shifts. c_begin and c_end are multiples of 4.
+// 32-bit lane, whose byte b is the code of channel c + b. c_begin and c_end
+// are multiples of 4.
 template <int G, int NV, class D>
 HWY_INLINE void DotQuads(D d, const float* q, int dim, int c_begin, int c_end, const int8_t* k, int block_size,
                          hn::Vec<D> (&sum)[G][NV], LinePrefetch& prefetch) {
@@ -138,12 +168,13 @@ HWY_INLINE void DotQuads(D d, const float* q, int dim, int c_begin, int c_end, c
     prefetch_step(prefetch, NV * lanes * kQuad);
     hn::Vec<decltype(di)> codes[NV];
     for (int u = 0; u < NV; ++u) codes[u] = hn::LoadU(di, reinterpret_cast<const int32_t*>(k + u * lanes * kQuad));
-    for (int b = 0; b < kQuad; ++b) {
+    ForEachByte([&](auto byte) {
+      constexpr int b = decltype(byte)::value;
       for (int u = 0; u < NV; ++u) {
-        const auto key = hn::ConvertTo(d, hn::ShiftRightSame(hn::ShiftLeftSame(codes[u], 24 - 8 * b), 24));
+        const auto key = CodeTimes2Pow24<b>(d, codes[u]);
         for (int i = 0; i < G; ++i) sum[i][u] = hn::MulAdd(hn::Set(d, q[i * dim + c + b]), key, sum[i][u]);
       }
-    }
+    });
   }
 }
 
@@ -175,7 +206,7 @@ HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, c
         const auto scale = LoadF32<DType::kF16>(d, row + u * lanes);
         for (int i = 0; i < G; ++i) {
           const auto q_scale = hn::Set(d, q_scales[size_t(i) * groups + size_t(c0 / kGroup)]);
-          acc[i][u] = hn::MulAdd(part[i][u], hn::Mul(scale, q_scale), acc[i][u]);
+          acc[i][u] = hn::MulAdd(hn::Mul(part[i][u], hn::Set(d, kCodeScale)), hn::Mul(scale, q_scale), acc[i][u]);
         }
       }
     }
@@ -205,12 +236,10 @@ void ScoreHeads(const float* q, const float* q_scales, int dim, const typename S
 }
 
 // acc[i][c + ...] += sum_j p[i][j] * V[j][c + ...] for G heads, NV vectors of
-// channels. q8_0: v_scales holds the n tokens' [dim / 32] scales as f32 (else
-// null); a vector of lanes (which divide 32) starting at a multiple of lanes
-// lies in one group.
+// channels (f32, f16, bf16; p rows kChunkTokens apart).
 template <DType kType, int G, int NV, class D>
-HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales,
-                               int dim, int c, float* acc, LinePrefetch& prefetch) {
+HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored<kType>::T* v, int dim, int c,
+                               float* acc, LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
   hn::Vec<D> sum[G][NV];
   for (int i = 0; i < G; ++i)
@@ -220,11 +249,6 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
     prefetch_step(prefetch, NV * lanes * sizeof(*row));
     hn::Vec<D> value[NV];
     for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
-    if constexpr (kType == DType::kQ8_0) {
-      const float* scales = v_scales + size_t(j) * size_t(dim / kvstore::kQ8Group);
-      for (int u = 0; u < NV; ++u)
-        value[u] = hn::Mul(value[u], hn::Set(d, scales[(c + u * int(lanes)) / kvstore::kQ8Group]));
-    }
     for (int i = 0; i < G; ++i) {
       const auto pj = hn::Set(d, p[i * kChunkTokens + j]);
       for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(pj, value[u], sum[i][u]);
@@ -234,18 +258,70 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
     for (int u = 0; u < NV; ++u) hn::StoreU(sum[i][u], d, acc + i * dim + c + u * lanes);
 }
 
-// acc (G rows of dim) += p . V over n tokens; v points at the first token's row.
+// Token slots of a q8_0 chunk: the lead of its first quad of tokens (< 4),
+// its tokens, the rest of its last quad.
+constexpr int kChunkSlots = kChunkTokens + 2 * kvstore::kQ8ValueQuad;
+
+// AccumulateTile for q8_0 codes in quads of tokens (kv_store.h): v points at
+// the codes of the chunk's first quad, and slot k of p (rows kChunkSlots
+// apart) and of scales (the slots' [dim / 32] scales as f32, times 2^-24 for
+// CodeTimes2Pow24) is token k of
+// the quads: both are 0 for the slots that are not the chunk's tokens. Each
+// channel's four codes are one 32-bit lane, whose byte b is token b's. A
+// vector of lanes (which divide 32) starting at a multiple of lanes lies in
+// one group.
+template <int G, int NV, class D>
+HWY_INLINE void AccumulateQuadTile(D d, const float* p, int quads, const int8_t* v, const float* scales, int dim,
+                                   int c, float* acc, LinePrefetch& prefetch) {
+  constexpr int kQuad = kvstore::kQ8ValueQuad;
+  const int groups = dim / kvstore::kQ8Group;
+  const size_t lanes = hn::Lanes(d);
+  const hn::Rebind<int32_t, D> di;
+  hn::Vec<D> sum[G][NV];
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < NV; ++u) sum[i][u] = hn::LoadU(d, acc + i * dim + c + u * lanes);
+  for (int q = 0; q < quads; ++q) {
+    const int8_t* row = v + (size_t(q) * dim + size_t(c)) * kQuad;
+    prefetch_step(prefetch, NV * lanes * kQuad);
+    hn::Vec<decltype(di)> codes[NV];
+    for (int u = 0; u < NV; ++u) codes[u] = hn::LoadU(di, reinterpret_cast<const int32_t*>(row + u * lanes * kQuad));
+    ForEachByte([&](auto byte) {
+      const int k = kQuad * q + decltype(byte)::value;
+      hn::Vec<D> value[NV];
+      for (int u = 0; u < NV; ++u) {
+        const float scale = scales[size_t(k) * groups + (c + u * int(lanes)) / kvstore::kQ8Group];
+        value[u] = hn::Mul(CodeTimes2Pow24<decltype(byte)::value>(d, codes[u]), hn::Set(d, scale));
+      }
+      for (int i = 0; i < G; ++i) {
+        const auto pk = hn::Set(d, p[i * kChunkSlots + k]);
+        for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(pk, value[u], sum[i][u]);
+      }
+    });
+  }
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < NV; ++u) hn::StoreU(sum[i][u], d, acc + i * dim + c + u * lanes);
+}
+
+// acc (G rows of dim) += p . V over n tokens; v points at the first token's
+// row (q8_0: p, v and v_scales as AccumulateQuadTile takes them, n the slots).
 template <DType kType, int G>
 void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales, int dim,
                      float* acc, LinePrefetch& prefetch) {
   const DF df;
   constexpr int kNV = kTileVectors<G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
+  const auto tile = [&](auto d, auto vectors, int c) {
+    if constexpr (kType == DType::kQ8_0) {
+      AccumulateQuadTile<G, decltype(vectors)::value>(d, p, n / kvstore::kQ8ValueQuad, v, v_scales, dim, c, acc,
+                                                      prefetch);
+    } else {
+      AccumulateTile<kType, G, decltype(vectors)::value>(d, p, n, v, dim, c, acc, prefetch);
+    }
+  };
   int c = 0;
-  for (; c + kNV * lanes <= dim; c += kNV * lanes)
-    AccumulateTile<kType, G, kNV>(df, p, n, v, v_scales, dim, c, acc, prefetch);
-  for (; c + lanes <= dim; c += lanes) AccumulateTile<kType, G, 1>(df, p, n, v, v_scales, dim, c, acc, prefetch);
-  for (; c < dim; ++c) AccumulateTile<kType, G, 1>(D1(), p, n, v, v_scales, dim, c, acc, prefetch);
+  for (; c + kNV * lanes <= dim; c += kNV * lanes) tile(df, std::integral_constant<int, kNV>(), c);
+  for (; c + lanes <= dim; c += lanes) tile(df, std::integral_constant<int, 1>(), c);
+  for (; c < dim; ++c) tile(D1(), std::integral_constant<int, 1>(), c);
 }
 
 void ScaleRow(float* x, int n, float factor) {
@@ -306,7 +382,10 @@ void AttendPieceOf(const PieceArgs& a) {
 #else
   const bool use_vnni = false;
 #endif
-  std::vector<float> v_scales_f32(kType == DType::kQ8_0 && !use_vnni ? size_t(kChunkTokens) * size_t(groups) : 0);
+  // q8_0 without VNNI: the chunk's weights and V scales by token slot (AccumulateQuadTile).
+  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni;
+  std::vector<float> v_scales_f32(q8_slots ? size_t(kChunkSlots) * size_t(groups) : 0);
+  std::vector<float> p_slots(q8_slots ? size_t(g) * kChunkSlots : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
   std::vector<float> m(size_t(g), -std::numeric_limits<float>::infinity());
   std::vector<float> l(size_t(g), 0.f);
@@ -333,8 +412,9 @@ void AttendPieceOf(const PieceArgs& a) {
       const size_t k_begin = kType == DType::kQ8_0 ? kvstore::q8_key_code_offset(a.block_size, 0, next.begin)
                                                    : size_t(next.begin) * sizeof(T);
       next_k = {reinterpret_cast<const char*>(next.k_t) + k_begin, static_cast<const char*>(k_end)};
-      next_v = {reinterpret_cast<const char*>(reinterpret_cast<const T*>(next.v) + size_t(next.begin) * dim),
-                static_cast<const char*>(v_end)};
+      const size_t v_begin = kType == DType::kQ8_0 ? kvstore::q8_value_code_offset(dim, 0, next.begin)
+                                                   : size_t(next.begin) * dim * sizeof(T);
+      next_v = {reinterpret_cast<const char*>(next.v) + v_begin, static_cast<const char*>(v_end)};
     }
     const T* k_t = reinterpret_cast<const T*>(slice.k_t);
     const T* v = reinterpret_cast<const T*>(slice.v);
@@ -362,25 +442,42 @@ void AttendPieceOf(const PieceArgs& a) {
         const float alpha = SoftmaxUpdate(scores.data() + size_t(i) * kChunkTokens, n, m[size_t(i)], l[size_t(i)]);
         if (alpha != 1.f) ScaleRow(acc + size_t(i) * dim, dim, alpha);
       }
+      // q8_0: V codes in quads of tokens, from the quad that holds t0.
+      const int lead = kType == DType::kQ8_0 ? t0 % kvstore::kQ8ValueQuad : 0;
+      const T* v_first = kType == DType::kQ8_0
+                             ? v + kvstore::q8_value_code_offset(dim, 0, t0 - lead)
+                             : v + size_t(t0) * dim;
       if (use_vnni) {
-        accumulate_q8_avx512_vnni(a, scores.data(), kChunkTokens, n,
-                                  reinterpret_cast<const int8_t*>(v) + size_t(t0) * dim, v_scales + size_t(t0) * groups,
-                                  acc, next_v);
+        accumulate_q8_avx512_vnni(a, scores.data(), kChunkTokens, n, lead, reinterpret_cast<const int8_t*>(v_first),
+                                  v_scales + size_t(t0) * groups, acc, next_v);
       } else {
-        if constexpr (kType == DType::kQ8_0) {  // the chunk's V scales widened once, for every head
+        const float* p = scores.data();
+        int p_count = n;  // tokens, or q8_0's slots
+        if constexpr (kType == DType::kQ8_0) {
+          // Slot lead + j is token t0 + j; the other slots of the chunk's quads get weight and scale 0.
+          p_count = (lead + n + kvstore::kQ8ValueQuad - 1) / kvstore::kQ8ValueQuad * kvstore::kQ8ValueQuad;
+          std::fill(p_slots.begin(), p_slots.end(), 0.f);
+          for (int i = 0; i < g; ++i)
+            std::copy_n(scores.data() + size_t(i) * kChunkTokens, n, p_slots.data() + size_t(i) * kChunkSlots + lead);
+          p = p_slots.data();
+          // The chunk's V scales widened once, for every head, times 2^-24 (CodeTimes2Pow24).
+          std::fill(v_scales_f32.begin(), v_scales_f32.end(), 0.f);
           const DF df;
           const auto* first = reinterpret_cast<Scales>(v_scales) + size_t(t0) * size_t(groups);
+          float* widened = v_scales_f32.data() + size_t(lead) * size_t(groups);
           const size_t count = size_t(n) * size_t(groups), lanes = hn::Lanes(df);
           prefetch_step(next_v, count * sizeof(*first));
           size_t i = 0;
-          for (; i + lanes <= count; i += lanes) hn::StoreU(LoadF32<DType::kF16>(df, first + i), df, &v_scales_f32[i]);
-          for (; i < count; ++i) v_scales_f32[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i));
+          const auto code_scale = hn::Set(df, kCodeScale);
+          for (; i + lanes <= count; i += lanes)
+            hn::StoreU(hn::Mul(LoadF32<DType::kF16>(df, first + i), code_scale), df, widened + i);
+          for (; i < count; ++i) widened[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i)) * kCodeScale;
         }
+        const size_t p_stride = kType == DType::kQ8_0 ? kChunkSlots : kChunkTokens;
         for (int h0 = 0; h0 < g; h0 += kHeads) {
           WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
-            AccumulateHeads<kType, decltype(group)::value>(scores.data() + size_t(h0) * kChunkTokens, n,
-                                                           v + size_t(t0) * dim, v_scales_f32.data(), dim,
-                                                           acc + size_t(h0) * dim, next_v);
+            AccumulateHeads<kType, decltype(group)::value>(p + size_t(h0) * p_stride, p_count, v_first,
+                                                           v_scales_f32.data(), dim, acc + size_t(h0) * dim, next_v);
           }, kGroups);
         }
       }

@@ -86,24 +86,26 @@ void attend_piece(const PieceArgs& args);
 // Both kernels step `prefetch` by the bytes they read, scales included.
 constexpr int kQ8VnniTokens = 64;
 constexpr int kQ8VnniGroup = 32;  // kvstore::kQ8Group (checked in attention.cpp)
-constexpr int kQ8VnniQuad = 4;    // kvstore::kQ8KeyQuad (checked in attention.cpp)
+constexpr int kQ8VnniQuad = 4;    // kvstore::kQ8KeyQuad and kQ8ValueQuad (checked in attention.cpp)
 // The CPU has what they need (AVX512-F/BW/VL and VNNI).
 bool has_q8_vnni_kernels();
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
                           float* scores, int score_stride, LinePrefetch& prefetch);
 
 // q8_0 P.V on AVX512-VNNI, for the same callers: for the g query heads of
-// `args` and n <= kQ8VnniChunk consecutive tokens (v and v_scales point at the
-// first one's row of codes / of f16 scales in a page),
+// `args` and n <= kQ8VnniChunk consecutive tokens from block offset t
+// (p[i * p_stride + j] is token t + j's weight; v points at the codes of the
+// quad of tokens that holds t, [block_size / 4][head_dim][4] in kv_store.h,
+// and lead = t % 4; v_scales at token t's f16 scales),
 //   acc[i][c] += sum_j w[i][j][G] * v_code[j][c]   (G = c / 32)
-// where w = p[i * p_stride + j] * v_scale[j][G] is rounded to int16 against
-// the largest w of (i, G) over the n tokens: w ~ code * max / 32767, the code
-// products summed exactly in int32 (vpdpwssd), then times max / 32767 in f32.
-// Each weight is off by at most max / 65534, and max <= sum of the tokens'
-// weights, so the output moves by at most n / 65534 of the largest |v|
-// relative to the softmax sum.
+// where w = p[i * p_stride + j] * v_scale[j][G] is rounded to 16 bits against
+// the largest w of (i, G) over the n tokens: w ~ code * max / 65535, the code
+// products summed exactly in int32 (vpdpbusd, by the codes' high and low
+// bytes), then times max / 65535 in f32. Each weight is off by at most
+// max / 131070, and max <= sum of the tokens' weights, so the output moves
+// by at most n / 131070 of the largest |v| relative to the softmax sum.
 constexpr int kQ8VnniChunk = 128;
-void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, const int8_t* v,
+void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
                                const uint16_t* v_scales, float* acc, LinePrefetch& prefetch);
 
 }  // namespace longctx::cpu::detail

@@ -11,8 +11,10 @@
 // codes as they are, and each sum starts at -128 * (sum of the query codes),
 // so it ends at the exact integer sum of q * k.
 //
-// P.V, vpdpwssd: V codes [block_size][head_dim], two tokens' rows widened to
-// int16 and interleaved by word, times int16 weight codes of the token pair.
+// P.V, vpdpbusd: a q8_0 page keeps the V codes in quads of tokens,
+// [block_size / 4][head_dim][4] (kv_store.h), so one load gives 16 channels'
+// codes of four tokens, a channel to a lane, and the weights of those four
+// tokens are 16-bit unsigned codes, summed by their high and their low bytes.
 //
 // Like every ISA file, it shares no inline code with other files (the
 // prefetch walk of attention_kernel.h has internal linkage): a copy compiled
@@ -37,6 +39,11 @@ constexpr int kGroup = kQ8VnniGroup;
 constexpr int kQuad = kQ8VnniQuad;
 constexpr int kMaxHeads = 4;  // 4 x 4 vectors of int32 sums stay in registers
 constexpr int kMaxDim = 512;  // the largest head_dim a KVStore takes
+
+// acc += a . b per 32-bit lane, the 4 unsigned bytes of a times the 4 signed
+// bytes of b (vpdpbusd). In asm because GCC 12 copies the sum of every
+// _mm512_dpbusd_epi32 in and out of a spare register, and here spilled some.
+inline void dot_bytes(__m512i& acc, __m512i a, __m512i b) { asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
 
 // The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
 inline __mmask16 first_lanes(int count) {
@@ -91,7 +98,7 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
         int32_t quad;
         std::memcpy(&quad, a.q_codes + size_t(h0 + i) * dim + c, kQuad);
         const __m512i q = _mm512_set1_epi32(quad);
-        for (int v = 0; v < 4; ++v) dot[i][v] = _mm512_dpbusd_epi32(dot[i][v], x[v], q);
+        for (int v = 0; v < 4; ++v) dot_bytes(dot[i][v], x[v], q);
       }
     }
     const uint16_t* scale_row = k_scales + size_t(grp) * size_t(a.block_size);
@@ -111,67 +118,85 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
   }
 }
 
-// The weights of P.V for G heads and one group of channels as int16 codes of
-// token pairs: codes[i][j] ~ p[i][j] * scale[j] / unit[i], 0 past n up to the
-// next multiple of 16 (so that an odd n's last pair is whole).
+// Token slots of a chunk's weights: the lead of its first quad of tokens
+// (< 4), its n <= kQ8VnniChunk tokens, zeros to a whole vector after them.
+constexpr int kWeightSlots = kQ8VnniChunk + 2 * 16;
+// Bytes of a head's weight codes: 16 per quad of slots (WeightBytes).
+constexpr int kWeightBytes = kWeightSlots / kQuad * 16;
+
+// The weights of P.V for G heads and one group of channels as 16-bit unsigned
+// codes: slot lead + j holds token j's w[i][j] = p[i][j] * scale[j] ~ code *
+// unit[i], the slots before lead and past lead + n hold 0. Per quad of slots
+// q, bytes[i][16 q ..] holds the four codes' low bytes, then their high bytes
+// (what vpdpbusd broadcasts per quad), then 8 bytes unused.
 template <int G>
-void weight_codes(const float* p, int p_stride, const float* scale, int n, int16_t (*codes)[kQ8VnniChunk],
+void weight_codes(const float* p, int p_stride, const float* scale, int n, int lead, uint8_t (*bytes)[kWeightBytes],
                   float* unit) {
-  alignas(64) float w[kQ8VnniChunk];  // 0 past n
+  const int slots = (lead + n + 15) / 16 * 16;
+  // Within each 128-bit lane (one quad of 32-bit codes): bytes 0, 4, 8, 12, then 1, 5, 9, 13.
+  const __m512i split = _mm512_set4_epi32(0, 0, 0x0D090501, 0x0C080400);
+  alignas(64) float w[kWeightSlots];
   for (int i = 0; i < G; ++i) {
     const float* row = p + size_t(i) * p_stride;
+    for (int k = 0; k < slots; k += 16) _mm512_store_ps(w + k, _mm512_setzero_ps());
     __m512 top = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
       const __mmask16 m = first_lanes(n - j);
       const __m512 wj = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j));
-      _mm512_store_ps(w + j, wj);
+      _mm512_mask_storeu_ps(w + lead + j, m, wj);
       top = _mm512_max_ps(top, wj);
     }
     const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
-    unit[i] = max / 32767.f;
-    const __m512 inverse = _mm512_set1_ps(max > 0.f ? 32767.f / max : 0.f);
-    for (int j = 0; j < n; j += 16) {
-      const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inverse));  // nearest, ties to even
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&codes[i][j]), _mm512_cvtepi32_epi16(code));
+    unit[i] = max / 65535.f;
+    const __m512 inverse = _mm512_set1_ps(max > 0.f ? 65535.f / max : 0.f);
+    for (int k = 0; k < slots; k += 16) {
+      // Nearest, ties to even; w * (65535 / max) may pass 65535 by an ulp.
+      const __m512i code = _mm512_min_epu32(_mm512_cvtps_epu32(_mm512_mul_ps(_mm512_load_ps(w + k), inverse)),
+                                            _mm512_set1_epi32(65535));
+      _mm512_storeu_si512(&bytes[i][k / kQuad * 16], _mm512_shuffle_epi8(code, split));
     }
   }
 }
 
-// acc rows (G heads, channels [c, c + 32)) += P.V over the chunk's n tokens.
+// acc rows (G heads, channels [c, c + 32)) += P.V over the chunk's tokens:
+// quads of tokens from the one that holds the first (lead tokens before it).
+// Per quad, two loads give the 32 channels' four codes each, a channel to a
+// lane, and vpdpbusd sums them times the quad's high bytes of the weights in
+// one sum, times the low bytes in another: sum_hi * 256 + sum_lo is the exact
+// integer sum of code * v (|sum| <= 33 quads * 4 * 65535 * 127 < 2^31).
 template <int G>
-void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, int n, const int8_t* v,
+void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, int n, int lead, const int8_t* v,
                       const float* scale, int c, float* acc, LinePrefetch& prefetch) {
-  alignas(64) int16_t codes[G][kQ8VnniChunk];
+  alignas(64) uint8_t bytes[G][kWeightBytes];
   float unit[G];
-  weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale, n, codes, unit);
+  weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale, n, lead, bytes, unit);
   const int dim = a.head_dim;
-  // Tokens j and j + 1 interleaved by word within 128-bit lanes: "lo" holds, in
-  // lane L, channels c + 8L .. c + 8L + 3, "hi" c + 8L + 4 .. c + 8L + 7.
-  __m512i lo[G], hi[G];
-  for (int i = 0; i < G; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
-  for (int j = 0; j < n; j += 2) {
-    const int8_t* row = v + size_t(j) * dim + c;
-    prefetch_step(prefetch, 2 * kGroup);
-    const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
-    const __m512i a1 = j + 1 < n ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + dim)))
-                                 : _mm512_setzero_si512();
-    const __m512i pair_lo = _mm512_unpacklo_epi16(a0, a1), pair_hi = _mm512_unpackhi_epi16(a0, a1);
+  __m512i sum_hi[G][2], sum_lo[G][2];
+  for (int i = 0; i < G; ++i)
+    for (int half = 0; half < 2; ++half) sum_hi[i][half] = sum_lo[i][half] = _mm512_setzero_si512();
+  const int quads = (lead + n + kQuad - 1) / kQuad;
+  for (int q = 0; q < quads; ++q) {
+    const int8_t* row = v + (size_t(q) * dim + size_t(c)) * kQuad;
+    prefetch_step(prefetch, kQuad * kGroup);
+    const __m512i codes[2] = {_mm512_loadu_si512(row), _mm512_loadu_si512(row + 64)};
     for (int i = 0; i < G; ++i) {
-      int32_t w;
-      std::memcpy(&w, &codes[i][j], 4);
-      const __m512i weights = _mm512_set1_epi32(w);
-      lo[i] = _mm512_dpwssd_epi32(lo[i], pair_lo, weights);
-      hi[i] = _mm512_dpwssd_epi32(hi[i], pair_hi, weights);
+      int32_t w_lo, w_hi;
+      std::memcpy(&w_lo, &bytes[i][16 * q], kQuad);
+      std::memcpy(&w_hi, &bytes[i][16 * q + kQuad], kQuad);
+      const __m512i weights_lo = _mm512_set1_epi32(w_lo), weights_hi = _mm512_set1_epi32(w_hi);
+      for (int half = 0; half < 2; ++half) {
+        dot_bytes(sum_hi[i][half], weights_hi, codes[half]);
+        dot_bytes(sum_lo[i][half], weights_lo, codes[half]);
+      }
     }
   }
   for (int i = 0; i < G; ++i) {
-    // Channels in order: lanes lo.L0 hi.L0 lo.L1 hi.L1, then lo.L2 hi.L2 lo.L3 hi.L3.
-    const __m512i first = _mm512_permutex2var_epi64(lo[i], _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi[i]);
-    const __m512i second = _mm512_permutex2var_epi64(lo[i], _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi[i]);
     const __m512 u = _mm512_set1_ps(unit[i]);
     float* out = acc + size_t(h0 + i) * dim + c;
-    _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), u, _mm512_loadu_ps(out)));
-    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), u, _mm512_loadu_ps(out + 16)));
+    for (int half = 0; half < 2; ++half) {
+      const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(sum_hi[i][half], 8), sum_lo[i][half]);
+      _mm512_storeu_ps(out + 16 * half, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), u, _mm512_loadu_ps(out + 16 * half)));
+    }
   }
 }
 
@@ -206,7 +231,7 @@ inline __m512 group_column(const float* rows, int groups, int g) {
 
 }  // namespace
 
-void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, const int8_t* v,
+void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
                                const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
   const int groups = args.head_dim / kGroup;
   // The chunk's scales [n][groups] widened to f32 (whole vectors of 16
@@ -222,7 +247,7 @@ void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stri
   for (int grp = 0; grp < groups; ++grp) {
     for (int j = 0; j < vectors; ++j) _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
     for_head_groups(args.g, [&](auto heads, int h0) {
-      accumulate_group<decltype(heads)::value>(args, h0, p, p_stride, n, v, scale, grp * kGroup, acc, prefetch);
+      accumulate_group<decltype(heads)::value>(args, h0, p, p_stride, n, lead, v, scale, grp * kGroup, acc, prefetch);
     });
   }
 }

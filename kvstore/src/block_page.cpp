@@ -190,10 +190,14 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
   }
   copy_rows(v_src, v_stride, v_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
   for (size_t i = 0; i < size_t(count); ++i) {
-    const size_t t = size_t(offset) + i;
-    for (size_t g = 0; g < groups; ++g)
-      v_scales[t * groups + g] =
-          quantize_q8_group(rows + i * size_t(d) + g * kQ8Group, v_codes + t * size_t(d) + g * kQ8Group, nullptr);
+    const int t = offset + int(i);
+    for (size_t g = 0; g < groups; ++g) {
+      const int c0 = int(g) * kQ8Group;
+      int8_t codes[kQ8Group];
+      v_scales[size_t(t) * groups + g] = quantize_q8_group(rows + i * size_t(d) + size_t(c0), codes, nullptr);
+      int8_t* out = v_codes + q8_value_code_offset(d, c0, t);  // a token's codes lie a quad apart
+      for (int j = 0; j < kQ8Group; ++j) out[size_t(j) * kQ8ValueQuad] = codes[j];
+    }
   }
 }
 
@@ -265,11 +269,11 @@ void read_values(const StoreLayout& layout, const BlockView& view, int t0, int n
   if (layout.kv_type == DType::kQ8_0) {
     const size_t groups = d / kQ8Group;
     for (size_t t = 0; t < size_t(n); ++t) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(view.v) + (size_t(t0) + t) * d;
+      const int8_t* q = reinterpret_cast<const int8_t*>(view.v) + q8_value_code_offset(int(d), 0, t0 + int(t));
       const uint16_t* s = view.v_scales + (size_t(t0) + t) * groups;
       for (size_t g = 0; g < groups; ++g) {
         const float scale = f16_bits_to_f32(s[g]);
-        for (size_t c = g * kQ8Group; c < (g + 1) * kQ8Group; ++c) dst[t * ld + c] = float(q[c]) * scale;
+        for (size_t c = g * kQ8Group; c < (g + 1) * kQ8Group; ++c) dst[t * ld + c] = float(q[c * kQ8ValueQuad]) * scale;
       }
     }
     return;

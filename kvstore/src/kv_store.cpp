@@ -149,11 +149,13 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
     const size_t scales = d / kQ8Group * sizeof(uint16_t);  // per token
     l.page_k_scales = bs * d;
     l.page_v = l.page_k_scales + bs * scales;
-    l.page_v_scales = l.page_v + bs * d;
+    const size_t value_rows = (bs + kQ8ValueQuad - 1) / kQ8ValueQuad * kQ8ValueQuad;  // whole quads of tokens
+    l.page_v_scales = l.page_v + value_rows * d;
+    l.page_bytes = round_up_64(l.page_v_scales + bs * scales);
   } else {
     l.page_v = bs * d * dtype_size(config.kv_type);
+    l.page_bytes = round_up_64(2 * bs * kv_vector_bytes(config.kv_type, shape.head_dim));
   }
-  l.page_bytes = round_up_64(2 * bs * kv_vector_bytes(config.kv_type, shape.head_dim));
 
   size_t end = round_up_64(size_t(l.rep_slots) * kv_vector_bytes(config.kv_type, shape.head_dim));  // keys
   if (type == RT::kMean) {

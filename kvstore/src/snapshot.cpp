@@ -22,7 +22,7 @@ constexpr char kMagic[8] = {'L', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 constexpr char kEndMagic[8] = {'L', 'C', 'T', 'X', 'E', 'N', 'D', '.'};
 constexpr uint32_t kFormatVersion = 5;
 // Versions 2 to 4 are still read: version 4 is version 5 with a q8_0 page's
-// K codes channel by channel, version 3 is version 4 with f16 representatives
+// K codes channel by channel and V codes token by token, version 3 is version 4 with f16 representatives
 // in q8_0 stores (q8_0 files of both are refused: their pages or records do
 // not fit this build's), version 2 is version 3 without the q8_0 kv_type.
 constexpr uint32_t kOldestVersion = 2;
@@ -363,8 +363,8 @@ Header read_header(std::span<const std::byte> file, const std::string& path) {
          "in f16, this build keeps them in q8_0 (version 4); prefill the context again to rebuild it");
   if (version == 4 && h.kv_type == dtype_code(DType::kQ8_0))
     fail(ErrorCode::kUnsupported, "snapshot ", path, ": format version 4 with kv_type q8_0 keeps the key codes "
-         "channel by channel, this build keeps them in quads of channels (version 5); prefill the context again to "
-         "rebuild it");
+         "channel by channel and the value codes token by token, this build keeps them in quads (version 5); prefill "
+         "the context again to rebuild it");
 
   p = file.data() + kFixedHeaderBytes;
   h.fingerprint.assign(reinterpret_cast<const char*>(p), fingerprint_bytes);

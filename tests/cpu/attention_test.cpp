@@ -286,8 +286,8 @@ void expect_matches_reference(const AttnStore& s, const std::vector<float>& q_in
       continue;
     }
     Bounds bounds = error_bounds(ref, c.head_dim, int64_t(tokens.size()), exact_logits);
-    // q8_0 on AVX512-VNNI: P.V's weights rounded to int16 per chunk (attention_kernel.h).
-    if (q8) bounds.out += 2 * (double(detail::kQ8VnniChunk) / 65534) * ref.max_abs_value;
+    // q8_0 on AVX512-VNNI: P.V's weights rounded to 16 bits per chunk (attention_kernel.h).
+    if (q8) bounds.out += 2 * (double(detail::kQ8VnniChunk) / 131070) * ref.max_abs_value;
     ASSERT_TRUE(std::isfinite(r.lse[size_t(qh)])) << r.lse[size_t(qh)];
     ASSERT_NEAR(r.lse[size_t(qh)], ref.lse, bounds.lse);
     for (int ch = 0; ch < c.head_dim; ++ch) {
@@ -345,7 +345,7 @@ std::vector<int64_t> lengths_for(int block_size) {
 
 TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
   const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
-  const int block_sizes[] = {1, 16, 64, 128};
+  const int block_sizes[] = {1, 6, 16, 64, 128};  // 1 and 6: q8_0 value quads padded past the block
   const int head_dims[] = {64, 128, 256};
   const int groups[] = {1, 2, 4, 8, 3, 5};
   const std::vector<int64_t> targets = targets_under_test();
@@ -379,7 +379,7 @@ TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
 
 // q8_0 on an AVX-512 CPU with VNNI takes the integer kernels of
 // attention_q8_vnni.cpp (checked against the reference above with every
-// target); their int16 P.V weights give other bits than the AVX2 path's f32
+// target); their 16-bit P.V weights give other bits than the AVX2 path's f32
 // ones, which shows that they are the ones that ran.
 TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasVnni) {
   if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here: q8_0 decode widens codes to f32";

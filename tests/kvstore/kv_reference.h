@@ -287,11 +287,11 @@ inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead&
   const int bs = L.block_size, d = L.shape.head_dim;
   std::vector<std::byte> page(L.page_bytes, std::byte{0});
   if (L.kv_type == DType::kQ8_0) {
-    // codes K^T [d/4][bs][4], K scales [d/32][bs], codes V [bs][d], V scales [bs][d/32], back to back
+    // codes K^T [d/4][bs][4], K scales [d/32][bs], codes V [ceil(bs/4)][d][4], V scales [bs][d/32], back to back
     const int groups = d / kQ8Group;
     std::byte* k_scales = page.data() + size_t(bs) * d;
     std::byte* v_codes = k_scales + size_t(bs) * groups * 2;
-    std::byte* v_scales = v_codes + size_t(bs) * d;
+    std::byte* v_scales = v_codes + size_t((bs + 3) / 4 * 4) * d;
     for (int t = 0; t < bs && b * bs + t < n; ++t)
       for (int g = 0; g < groups; ++g) {
         const Q8Group& kg = rh.kq[(size_t(b) * bs + t) * groups + g];
@@ -301,7 +301,7 @@ inline std::vector<std::byte> expected_page(const StoreLayout& L, const RefHead&
         for (int i = 0; i < kQ8Group; ++i) {
           const int c = g * kQ8Group + i;
           page[(size_t(c / 4) * bs + t) * 4 + c % 4] = std::byte(uint8_t(kg.q[i]));
-          v_codes[size_t(t) * d + g * kQ8Group + i] = std::byte(uint8_t(vg.q[i]));
+          v_codes[(size_t(t / 4) * d + c) * 4 + t % 4] = std::byte(uint8_t(vg.q[i]));
         }
       }
     return page;

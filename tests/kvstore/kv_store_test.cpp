@@ -104,8 +104,9 @@ TEST(StoreLayout, RejectsShapesItCannotHold) {
   for (int dim : {32, 64, 128, 256, 512}) EXPECT_NO_THROW(StoreLayout::make({1, 1, dim}, q8));
 }
 
-// q8_0 pages: codes K^T [d][bs], K scales f16 [d/32][bs], codes V [bs][d], V
-// scales [bs][d/32], back to back; records hold q8_0 keys: codes, then scales.
+// q8_0 pages: codes K^T [d/4][bs][4], K scales f16 [d/32][bs], codes V
+// [ceil(bs/4)][d][4], V scales [bs][d/32], back to back; records hold q8_0
+// keys: codes, then scales.
 TEST(StoreLayout, Q8PagesHoldCodesAndScales) {
   const StoreLayout L = StoreLayout::make({2, 3, 128}, small_config(128, DType::kQ8_0, RT::kQuest, 2, 1024));
   EXPECT_EQ(L.page_k_scales, 128u * 128);
@@ -115,6 +116,13 @@ TEST(StoreLayout, Q8PagesHoldCodesAndScales) {
   EXPECT_EQ(L.record_bytes, 320u);                 // QUEST: 2 x (128 codes + 4 f16 scales) = 272, padded to 64
   EXPECT_EQ(kv_vector_bytes(DType::kQ8_0, 128), 136u);
   EXPECT_EQ(kv_vector_bytes(DType::kF16, 128), 256u);
+  // A block of 6 tokens keeps 8 rows of value codes (two whole quads of tokens).
+  const StoreLayout odd = StoreLayout::make({1, 1, 64}, small_config(6, DType::kQ8_0, RT::kQuest, 2, 1024));
+  EXPECT_EQ(odd.page_v, 6u * 64 + 6 * 2 * 2);
+  EXPECT_EQ(odd.page_v_scales, odd.page_v + 8 * 64);
+  EXPECT_EQ(odd.page_bytes, 960u);  // 920 + 24 bytes of V scales, rounded up to 64
+  EXPECT_EQ(q8_value_code_offset(64, 3, 5), (1u * 64 + 3) * 4 + 1);
+  EXPECT_EQ(q8_key_code_offset(6, 5, 2), (1u * 6 + 2) * 4 + 1);
 }
 
 // What a q8_0 store holds, against the plain reference (kv_reference.h), and

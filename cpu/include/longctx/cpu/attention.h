@@ -12,8 +12,9 @@
 // quant_matmul.h quantizes activations, so each group's q.k is an exact
 // integer dot product of codes (as ggml's q8_0 x q8_0 dot), then times both
 // scales. Where the CPU has AVX512-VNNI, P.V's weights p * v_scale are also
-// rounded to int16 per 128-token chunk (vpdpwssd); the output moves by at most
-// 128 / 65534 of the largest |v| (attention_kernel.h).
+// rounded to 16 bits per 128-token chunk (vpdpbusd on their high and low
+// bytes); the output moves by at most 128 / 131070 of the largest |v|
+// (attention_kernel.h).
 #pragma once
 
 #include <cstdint>

@@ -18,6 +18,11 @@
 //                                   of channels [32 j, 32 j + 32) of token t at j*block_size + t
 //     V    [block_size][head_dim]   at page_v: value of token t, channel c at
 //                                   element t*head_dim + c
+//                                   q8_0 (since snapshot format 5): the codes in
+//                                   quads of tokens, [ceil(block_size/4)][head_dim][4]:
+//                                   channel c of token t at byte
+//                                   (t/4*head_dim + c)*4 + t%4 (q8_value_code_offset);
+//                                   the slots past block_size are zero
 //     q8_0: V scales f16 [block_size][head_dim/32] at page_v_scales
 //   Page bytes = the parts back to back, rounded up to 64; pages are 64-byte
 //   aligned. Unfilled token slots of the last (partial) block and the padding
@@ -126,6 +131,14 @@ constexpr size_t q8_key_code_offset(int block_size, int c, int t) {
   return (size_t(c / kQ8KeyQuad) * size_t(block_size) + size_t(t)) * kQ8KeyQuad + size_t(c % kQ8KeyQuad);
 }
 
+// Tokens a q8_0 page keeps side by side per value channel (the page layout above).
+constexpr int kQ8ValueQuad = 4;
+
+// The byte of value channel c of token t among a q8_0 page's V codes.
+constexpr size_t q8_value_code_offset(int head_dim, int c, int t) {
+  return (size_t(t / kQ8ValueQuad) * size_t(head_dim) + size_t(c)) * kQ8ValueQuad + size_t(t % kQ8ValueQuad);
+}
+
 // Bytes of one token's key (or value) vector of one kv head in `kv_type`:
 // head_dim * es, or for q8_0 head_dim codes + head_dim / 32 f16 scales.
 size_t kv_vector_bytes(DType kv_type, int head_dim);
@@ -195,7 +208,7 @@ struct Partition {
 
 struct BlockView {
   const std::byte* k_t = nullptr;  // [head_dim][block_size]; q8_0: codes [head_dim / 4][block_size][4]
-  const std::byte* v = nullptr;    // [block_size][head_dim]
+  const std::byte* v = nullptr;    // [block_size][head_dim]; q8_0: codes [ceil(block_size / 4)][head_dim][4]
   const uint16_t* k_scales = nullptr;  // q8_0: f16 [head_dim / 32][block_size]; else null
   const uint16_t* v_scales = nullptr;  // q8_0: f16 [block_size][head_dim / 32]; else null
   int n_filled = 0;                // tokens present (block_size unless last block)
