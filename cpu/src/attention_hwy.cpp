@@ -425,9 +425,9 @@ void AttendPieceOf(const PieceArgs& a) {
       if (use_vnni) {
         for (int j = 0; j < n; j += kQ8VnniTokens) {
           const int tile = std::min(kQ8VnniTokens, n - j);
-          score_q8_avx512_vnni(a, reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j),
-                               slice.k_scales + t0 + j, tile,
-                               scores.data() + j, kChunkTokens, next_k);
+          const int8_t* k_codes =
+              reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j);
+          score_q8_avx512_vnni(a, k_codes, slice.k_scales + t0 + j, tile, scores.data() + j, kChunkTokens, next_k);
         }
       } else {
         for (int h0 = 0; h0 < g; h0 += kHeads) {

@@ -95,7 +95,7 @@ void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16
 // q8_0 P.V on AVX512-VNNI, for the same callers: for the g query heads of
 // `args` and n <= kQ8VnniChunk consecutive tokens from block offset t
 // (p[i * p_stride + j] is token t + j's weight; v points at the codes of the
-// quad of tokens that holds t, [block_size / 4][head_dim][4] in kv_store.h,
+// quad of tokens that holds t, [ceil(block_size / 4)][head_dim][4] in kv_store.h,
 // and lead = t % 4; v_scales at token t's f16 scales),
 //   acc[i][c] += sum_j w[i][j][G] * v_code[j][c]   (G = c / 32)
 // where w = p[i * p_stride + j] * v_scale[j][G] is rounded to 16 bits against

@@ -12,7 +12,7 @@
 // so it ends at the exact integer sum of q * k.
 //
 // P.V, vpdpbusd: a q8_0 page keeps the V codes in quads of tokens,
-// [block_size / 4][head_dim][4] (kv_store.h), so one load gives 16 channels'
+// [ceil(block_size / 4)][head_dim][4] (kv_store.h), so one load gives 16 channels'
 // codes of four tokens, a channel to a lane, and the weights of those four
 // tokens are 16-bit unsigned codes, summed by their high and their low bytes.
 //
@@ -195,7 +195,8 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
     float* out = acc + size_t(h0 + i) * dim + c;
     for (int half = 0; half < 2; ++half) {
       const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(sum_hi[i][half], 8), sum_lo[i][half]);
-      _mm512_storeu_ps(out + 16 * half, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), u, _mm512_loadu_ps(out + 16 * half)));
+      float* out_half = out + 16 * half;
+      _mm512_storeu_ps(out_half, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), u, _mm512_loadu_ps(out_half)));
     }
   }
 }

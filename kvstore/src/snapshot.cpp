@@ -22,9 +22,10 @@ constexpr char kMagic[8] = {'L', 'C', 'T', 'X', 'S', 'N', 'A', 'P'};
 constexpr char kEndMagic[8] = {'L', 'C', 'T', 'X', 'E', 'N', 'D', '.'};
 constexpr uint32_t kFormatVersion = 5;
 // Versions 2 to 4 are still read: version 4 is version 5 with a q8_0 page's
-// K codes channel by channel and V codes token by token, version 3 is version 4 with f16 representatives
-// in q8_0 stores (q8_0 files of both are refused: their pages or records do
-// not fit this build's), version 2 is version 3 without the q8_0 kv_type.
+// K codes channel by channel and V codes token by token, version 3 is
+// version 4 with f16 representatives in q8_0 stores (q8_0 files of both are
+// refused: their pages or records do not fit this build's), version 2 is
+// version 3 without the q8_0 kv_type.
 constexpr uint32_t kOldestVersion = 2;
 
 constexpr size_t kFixedHeaderBytes = 92;   // magic .. fingerprint_bytes
