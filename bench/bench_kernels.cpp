@@ -3,7 +3,9 @@
 // attention, the LSE merge with the GPU part, and the whole sparse step as
 // DecodePolicy::decode runs it — over
 // contexts from 4K to 1M tokens, with the bytes each kernel must read and the
-// achieved GB/s beside the read bandwidth measured in the same run. Then
+// achieved GB/s beside the read bandwidth measured in the same run, for each
+// KV type, and each type's time over f16's (the types take turns in every
+// repetition, so the ratio sees the same machine load). Then
 // prefill attention (cpu::prefill_attention, what a CPU-only prefill runs per
 // layer): one chunk of --prefill-chunk queries over --prefill-histories tokens
 // of history, f16 K/V, in TFLOP/s beside the fp32 FMA and bf16 (vdpbf16ps)
@@ -16,8 +18,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include "bench_util.h"
@@ -67,105 +72,154 @@ void fill_store(kvstore::KVStore& store, int64_t n_tokens, int kv_heads, int hea
   }
 }
 
-std::vector<Record> run_context(const KernelsArgs& a, int64_t context, DType dtype, int threads,
-                                double read_gbps) {
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_type) {
   LongContextConfig config;
   config.max_seq_len = context;
   config.block_size = a.block_size;
   config.initial_len = 0;  // the budget is spent on selected blocks only
   config.local_windows_len = 0;
-  config.kv_type = dtype;
+  config.kv_type = kv_type;
   config.representative_type = RepresentativeType::kQuest;
   config.representative_num = 2;
   config.head_select_mode = HeadSelectMode::kSeparate;
   config.dense_layer_num = 0;  // layer 0 selects
   const int64_t blocks = cpu::blocks_for_token_budget(a.budget_tokens, a.block_size);
   config.second_select_num = int(std::min<int64_t>(blocks, context / a.block_size));
-  const kvstore::KVShape shape{1, a.kv_heads, a.head_dim};
-  const auto topology = kvstore::NumaTopology::detect();
-  kvstore::MemoryBudget budget(kvstore::default_dram_budget());
-  kvstore::KVStore store(shape, config, budget, topology);
-  fill_store(store, context, a.kv_heads, a.head_dim);
+  return config;
+}
 
-  std::vector<float> q(size_t(a.q_heads) * a.head_dim), out(q.size()), lse(a.q_heads);
-  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i));
-  const TensorView qv = make_view(q.data(), DType::kF32, {a.q_heads, a.head_dim});
-  const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {a.q_heads, a.head_dim});
-  const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {a.q_heads});
-  cpu::DecodeAttentionParams attn;
-  attn.split_tokens = a.split_tokens;
-  const kvstore::Partition part = store.partition(0);
-  const int64_t n_blocks = part.end_context_block - part.first_context_block;
-  std::vector<float> scores(size_t(a.kv_heads) * n_blocks);
-  const MutableTensorView sv = make_mutable_view(scores.data(), DType::kF32, {a.kv_heads, n_blocks});
-  const policy::SelectSpec select = policy::SelectSpec::from_config(config, true);
-  cpu::Selection selection;
-  // The production step: what longctx-chat runs for a layer that re-selects.
-  policy::DecodePolicy decode_policy(config, store, 0.f);  // 0: 1/sqrt(head_dim), as the kernels above
+// The decode kernels timed, in the order they run per repetition (sparse
+// attends over the selection of the select run before it).
+enum class DecodeKernel { kDense, kScore, kSelect, kSparse, kStep };
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kSelect,
+                                           DecodeKernel::kSparse, DecodeKernel::kStep};
+constexpr size_t kNumDecodeKernels = std::size(kDecodeKernels);
 
-  // A decode step of one layer finds its KV and representatives cold: the
-  // other layers ran since (evict_caches, before every timed run).
-  auto cold = [&](const std::function<void()>& fn) {
-    std::vector<double> seconds;
-    for (int r = 0; r < a.reps; ++r) {
-      evict_caches();
-      seconds.push_back(time_runs(1, fn)[0]);
+// One kv type's layer 0 at one context, random K/V, and what its decode kernels read and write.
+struct DecodeCase {
+  DecodeCase(const KernelsArgs& a, int64_t context, DType kv_type)
+      : dtype(kv_type),
+        config(decode_config(a, context, kv_type)),
+        topology(kvstore::NumaTopology::detect()),
+        budget(kvstore::default_dram_budget()),
+        store(kvstore::KVShape{1, a.kv_heads, a.head_dim}, config, budget, topology),
+        select(policy::SelectSpec::from_config(config, true)),
+        q(size_t(a.q_heads) * a.head_dim),
+        out(q.size()),
+        lse(size_t(a.q_heads)) {
+    fill_store(store, context, a.kv_heads, a.head_dim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i));
+    const kvstore::Partition part = store.partition(0);
+    n_blocks = part.end_context_block - part.first_context_block;
+    scores.resize(size_t(a.kv_heads) * size_t(n_blocks));
+    attn.split_tokens = a.split_tokens;
+    // The production step: what longctx-chat runs for a layer that re-selects
+    // (0: 1/sqrt(head_dim), as the kernels).
+    decode_policy = std::make_unique<policy::DecodePolicy>(config, store, 0.f);
+  }
+
+  void run(DecodeKernel kernel, const KernelsArgs& a) {
+    const TensorView qv = make_view(q.data(), DType::kF32, {a.q_heads, a.head_dim});
+    const MutableTensorView ov = make_mutable_view(out.data(), DType::kF32, {a.q_heads, a.head_dim});
+    const MutableTensorView lv = make_mutable_view(lse.data(), DType::kF32, {a.q_heads});
+    const MutableTensorView sv = make_mutable_view(scores.data(), DType::kF32, {a.kv_heads, n_blocks});
+    switch (kernel) {
+      case DecodeKernel::kDense: return cpu::dense_decode_attention(store, 0, qv, attn, ov, lv);
+      case DecodeKernel::kScore: return cpu::score_blocks(store, 0, qv, select.score, sv);
+      case DecodeKernel::kSelect: selection = policy::select_blocks(store, 0, qv, select); return;
+      case DecodeKernel::kSparse: return cpu::decode_attention(store, 0, qv, selection, attn, ov, lv);
+      case DecodeKernel::kStep: return decode_policy->decode(0, token_index++, qv, true, ov, lv);
     }
-    return 1e3 * median(seconds);
-  };
-  // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales), of one representative element.
-  const double vector_bytes = double(kvstore::kv_vector_bytes(dtype, a.head_dim));
-  // Bytes of one representative record's key slots (q8_0: codes and scales).
-  const double rep_bytes =
-      double(store.layout().rep_slots) * double(kvstore::kv_vector_bytes(dtype, a.head_dim));
-  const double kv_bytes_per_token = 2.0 * a.kv_heads * vector_bytes;
-  const double dense_ms = cold([&] { cpu::dense_decode_attention(store, 0, qv, attn, ov, lv); });
-  const double score_ms = cold([&] { cpu::score_blocks(store, 0, qv, select.score, sv); });
-  const double select_ms = cold([&] { selection = policy::select_blocks(store, 0, qv, select); });
-  const double sparse_ms = cold([&] { cpu::decode_attention(store, 0, qv, selection, attn, ov, lv); });
-  int64_t token_idx = 0;
-  const double step_ms = cold([&] { decode_policy.decode(0, token_idx++, qv, true, ov, lv); });
-  // The LSE merge of two partial results (CPU part + GPU window), as decode
-  // runs it: on results still in cache, so timed hot over many calls.
-  std::vector<float> out_b(out), lse_b(lse);
-  constexpr int kMerges = 1000;
-  const double merge_ms = 1e3 / kMerges * median(time_runs(a.reps, [&] {
-    for (int i = 0; i < kMerges; ++i)
-      cpu::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), out.data(), lse.data(), a.q_heads,
-                           a.head_dim);
-  }));
-  int64_t selected_tokens = 0;
-  for (int h = 0; h < a.kv_heads; ++h) selected_tokens += selection.tokens(h);
+  }
 
-  const double dense_bytes = kv_bytes_per_token * double(context);
-  const double score_bytes = double(n_blocks) * a.kv_heads * rep_bytes;
-  const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
+  DType dtype;
+  LongContextConfig config;
+  kvstore::NumaTopology topology;  // the store keeps references to these two
+  kvstore::MemoryBudget budget;
+  kvstore::KVStore store;
+  policy::SelectSpec select;
+  std::unique_ptr<policy::DecodePolicy> decode_policy;
+  cpu::DecodeAttentionParams attn;
+  cpu::Selection selection;
+  std::vector<float> q, out, lse, scores;
+  int64_t n_blocks = 0;
+  int64_t token_index = 0;
+  std::vector<double> seconds[kNumDecodeKernels];  // one per repetition
+};
+
+// The decode records of one context for every kv type of `a`. A decode step
+// of one layer finds its KV and representatives cold: the other layers ran
+// since (evict_caches before every timed run). Every repetition runs each
+// kernel once per kv type, one type after the other, so the types' times of
+// a kernel are taken seconds apart, under the same load of this shared
+// machine: their ratio (over_f16) is then far steadier than times taken
+// minutes apart.
+std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threads, double read_gbps) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  std::vector<std::unique_ptr<DecodeCase>> cases;
+  for (DType dtype : a.dtypes) cases.push_back(std::make_unique<DecodeCase>(a, context, dtype));
+  for (int r = 0; r < a.reps; ++r)
+    for (size_t k = 0; k < kNumDecodeKernels; ++k)
+      for (auto& c : cases) {
+        evict_caches();
+        c->seconds[k].push_back(time_runs(1, [&] { c->run(kDecodeKernels[k], a); })[0]);
+      }
+
   std::vector<Record> records;
-  auto add = [&](const char* kernel, double ms, double bytes) {
-    Record r;
-    r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
-    r.set("dtype", dtype_name(dtype)).set("threads", threads).set("ms", ms).set("bytes", int64_t(bytes));
-    r.set("gbps", bytes / (ms * 1e-3) / 1e9).set("read_gbps", read_gbps);
-    r.set("of_bandwidth", bytes / (ms * 1e-3) / 1e9 / read_gbps);
-    records.push_back(r);
-  };
-  add("dense", dense_ms, dense_bytes);
-  add("score", score_ms, score_bytes);
-  add("select", select_ms, score_bytes);  // select = score + top-k + spans
-  add("sparse", sparse_ms, sparse_bytes);
-  add("merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));  // two parts read, one written
-  // sparse_step: DecodePolicy::decode, scoring + selection + attention as
-  // they run in a model (select + sparse above are its parts, timed apart).
-  Record step;
-  step.set("bench", "kernels").set("kernel", "sparse_step").set("context", context).set("budget", a.budget_tokens);
-  step.set("dtype", dtype_name(dtype)).set("threads", threads).set("ms", step_ms);
-  step.set("bytes", int64_t(score_bytes + sparse_bytes)).set("gbps", (score_bytes + sparse_bytes) / (step_ms * 1e-3) / 1e9);
-  step.set("read_gbps", read_gbps).set("of_bandwidth", (score_bytes + sparse_bytes) / (step_ms * 1e-3) / 1e9 / read_gbps);
-  step.set("dense_over_sparse", dense_ms / sparse_ms);  // attention kernels over the same cache
-  step.set("dense_over_step", dense_ms / step_ms);      // the whole decode step
-  step.set("select_share", select_ms / step_ms);
-  records.push_back(step);
+  for (auto& c : cases) {
+    double ms[kNumDecodeKernels];
+    for (size_t k = 0; k < kNumDecodeKernels; ++k) ms[k] = 1e3 * median(c->seconds[k]);
+    const double dense_ms = ms[0], score_ms = ms[1], select_ms = ms[2], sparse_ms = ms[3], step_ms = ms[4];
+    // The LSE merge of two partial results (CPU part + GPU window), as decode
+    // runs it: on results still in cache, so timed hot over many calls.
+    std::vector<float>& out = c->out;
+    std::vector<float>& lse = c->lse;
+    std::vector<float> out_b(out), lse_b(lse);
+    constexpr int kMerges = 1000;
+    const double merge_ms = 1e3 / kMerges * median(time_runs(a.reps, [&] {
+      for (int i = 0; i < kMerges; ++i)
+        cpu::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), out.data(), lse.data(), a.q_heads,
+                             a.head_dim);
+    }));
+    int64_t selected_tokens = 0;
+    for (int h = 0; h < a.kv_heads; ++h) selected_tokens += c->selection.tokens(h);
+
+    // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales).
+    const double vector_bytes = double(kvstore::kv_vector_bytes(c->dtype, a.head_dim));
+    // Bytes of one representative record's key slots (q8_0: codes and scales).
+    const double rep_bytes = double(c->store.layout().rep_slots) * vector_bytes;
+    const double dense_bytes = 2.0 * a.kv_heads * vector_bytes * double(context);
+    const double score_bytes = double(c->n_blocks) * a.kv_heads * rep_bytes;
+    const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
+    auto add = [&](const char* kernel, double ms_of, double bytes) -> Record& {
+      Record r;
+      r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
+      r.set("dtype", dtype_name(c->dtype)).set("threads", threads).set("ms", ms_of).set("bytes", int64_t(bytes));
+      r.set("gbps", bytes / (ms_of * 1e-3) / 1e9).set("read_gbps", read_gbps);
+      r.set("of_bandwidth", bytes / (ms_of * 1e-3) / 1e9 / read_gbps);
+      records.push_back(r);
+      return records.back();
+    };
+    add("dense", dense_ms, dense_bytes);
+    add("score", score_ms, score_bytes);
+    add("select", select_ms, score_bytes);  // select = score + top-k + spans
+    add("sparse", sparse_ms, sparse_bytes);
+    add("merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));  // two parts read, one written
+    // sparse_step: DecodePolicy::decode, scoring + selection + attention as
+    // they run in a model (select + sparse above are its parts, timed apart).
+    Record& step = add("sparse_step", step_ms, score_bytes + sparse_bytes);
+    step.set("dense_over_sparse", dense_ms / sparse_ms);  // attention kernels over the same cache
+    step.set("dense_over_step", dense_ms / step_ms);      // the whole decode step
+    step.set("select_share", select_ms / step_ms);
+  }
+  // Each kernel's time over f16's in the same repetitions, where f16 ran.
+  const auto f16 = std::find(a.dtypes.begin(), a.dtypes.end(), DType::kF16);
+  if (f16 != a.dtypes.end()) {
+    const size_t per_type = records.size() / cases.size();
+    const size_t base = size_t(f16 - a.dtypes.begin()) * per_type;
+    for (size_t i = 0; i < records.size(); ++i)
+      records[i].set("over_f16", std::stod(records[i].get("ms")) / std::stod(records[base + i % per_type].get("ms")));
+  }
   return records;
 }
 
@@ -233,10 +287,16 @@ int run_kernels(const std::vector<std::string>& args) {
     else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
     else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
     else if (args[i] == "--dtype") {
-      const std::string& name = next();
-      const std::optional<DType> t = parse_dtype(name);
-      if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must be f16, bf16, f32 or q8_0, got '", name, "'");
-      a.dtypes = {*t};
+      a.dtypes.clear();
+      std::stringstream list(next());
+      for (std::string name; std::getline(list, name, ',');) {
+        const std::optional<DType> t = parse_dtype(name);
+        if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must list f16, bf16, f32 or q8_0, got '", name, "'");
+        if (std::find(a.dtypes.begin(), a.dtypes.end(), *t) != a.dtypes.end())
+          fail(ErrorCode::kInvalidArgument, "kernels: --dtype lists '", name, "' twice");
+        a.dtypes.push_back(*t);
+      }
+      if (a.dtypes.empty()) fail(ErrorCode::kInvalidArgument, "kernels: --dtype lists no KV type");
     }
     else if (args[i] == "--quick") {
       a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
@@ -259,13 +319,12 @@ int run_kernels(const std::vector<std::string>& args) {
     Record r;
     r.set("bench", "kernels").set("kernel", "read_bandwidth").set("threads", threads).set("gbps", read_gbps);
     std::printf("%s\n", r.json().c_str());
-    for (DType dtype : a.dtypes)
-      for (int64_t context : a.contexts)
-        for (Record& rec : run_context(a, context, dtype, threads, read_gbps)) {
-          std::printf("%s\n", rec.json().c_str());
-          std::fflush(stdout);
-          records.push_back(rec);
-        }
+    for (int64_t context : a.contexts)
+      for (Record& rec : run_context(a, context, threads, read_gbps)) {
+        std::printf("%s\n", rec.json().c_str());
+        std::fflush(stdout);
+        records.push_back(rec);
+      }
   }
   std::vector<Record> prefill;
   if (!a.prefill_histories.empty()) {
@@ -287,8 +346,8 @@ int run_kernels(const std::vector<std::string>& args) {
   }
   std::printf("\nCPU decode step, one layer: %d q heads, %d kv heads, d=%d, block %d, budget %lld tokens\n",
               a.q_heads, a.kv_heads, a.head_dim, a.block_size, static_cast<long long>(a.budget_tokens));
-  print_table(records, {"kernel", "context", "dtype", "threads", "ms", "gbps", "of_bandwidth", "dense_over_sparse",
-                        "dense_over_step", "select_share"});
+  print_table(records, {"kernel", "context", "dtype", "threads", "ms", "over_f16", "gbps", "of_bandwidth",
+                        "dense_over_sparse", "dense_over_step", "select_share"});
   if (!prefill.empty()) {
     std::printf("\nCPU prefill attention, one layer, one chunk of %lld queries, f16 K/V, %d threads (peaks measured in "
                 "this run: FMA, vdpbf16ps, AMX tdpbf16ps, and oneDNN's bf16 matmul)\n",

@@ -27,7 +27,8 @@ const std::array<Usage, 9> kUsages{{
     {"kernels", "CPU decode kernels (dense, score, select, sparse, merge, the whole sparse step) vs read bandwidth; "
                 "prefill attention TFLOP/s vs the FMA and bf16 peaks",
      "  --contexts LIST  context lengths in tokens (4096,16384,32768,131072,1048576)\n"
-     "  --dtype T        KV type: f16, bf16, f32 or q8_0 (f16, bf16 and q8_0)\n"
+     "  --dtype LIST     KV types: f16, bf16, f32, q8_0 (f16,bf16,q8_0); each repetition runs them in turn,\n"
+     "                   and over_f16 is a type's median time over f16's\n"
      "  --budget N       sparse budget in tokens (4096)\n"
      "  --split N        decode attention's flash-decoding piece in tokens (0 = its default)\n"
      "  --reps N         repetitions, the median is reported (5)\n"

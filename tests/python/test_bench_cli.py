@@ -1,7 +1,9 @@
 """longctx-bench's command line: --help for the harness and for each
 subcommand prints the options and exits 0; bad arguments exit non-zero with
-the argument named. Runs no benchmark. Run by ctest (LONGCTX_BIN_DIR set) or
+the argument named. Runs one benchmark, kernels at 4K with two KV types, for
+the ratio it reports between them. Run by ctest (LONGCTX_BIN_DIR set) or
 by hand. Exit status 1 on the first failure."""
+import json
 import os
 
 import _env
@@ -34,6 +36,17 @@ def main():
     check(rc == 2 and "unknown subcommand 'nosuch'" in err, "unknown subcommand named", err)
     rc, out, err = run([BENCH, "kernels", "--dtype", "f8"])
     check(rc == 1 and "--dtype" in err and "'f8'" in err, "kernels --dtype f8 refused, naming it", err)
+    rc, out, err = run([BENCH, "kernels", "--dtype", "f16,q8_0,f16"])
+    check(rc == 1 and "'f16' twice" in err, "kernels --dtype listing a type twice refused, naming it", err)
+    rc, out, err = run([BENCH, "kernels", "--contexts", "4096", "--dtype", "q8_0,f16", "--no-prefill", "--reps", "1"],
+                       timeout=300)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    steps = {(r["dtype"], r["threads"]): r for r in rows if r.get("kernel") == "sparse_step"}
+    check(rc == 0 and {dtype for dtype, _ in steps} == {"q8_0", "f16"}, "kernels runs both listed KV types", err)
+    for (dtype, threads), r in steps.items():
+        f16 = steps[("f16", threads)]
+        check(abs(r["over_f16"] - r["ms"] / f16["ms"]) < 1e-4 * r["over_f16"],
+              f"kernels: {dtype} over_f16 is its time over f16's ({threads} threads)", str(r))
     rc, out, err = run([BENCH, "kernels", "--q-heads", "6", "--kv-heads", "4"])
     check(rc == 1 and "--q-heads (6)" in err and "--kv-heads (4)" in err, "kernels: q heads not a multiple of kv heads "
           "refused, naming both", err)
