@@ -167,9 +167,14 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
 
   std::vector<Record> records;
   for (auto& c : cases) {
-    double ms[kNumDecodeKernels];
-    for (size_t k = 0; k < kNumDecodeKernels; ++k) ms[k] = 1e3 * median(c->seconds[k]);
-    const double dense_ms = ms[0], score_ms = ms[1], select_ms = ms[2], sparse_ms = ms[3], step_ms = ms[4];
+    const auto ms = [&](DecodeKernel kernel) {
+      const size_t k = size_t(std::find(std::begin(kDecodeKernels), std::end(kDecodeKernels), kernel) -
+                              std::begin(kDecodeKernels));
+      return 1e3 * median(c->seconds[k]);
+    };
+    const double dense_ms = ms(DecodeKernel::kDense), score_ms = ms(DecodeKernel::kScore);
+    const double select_ms = ms(DecodeKernel::kSelect), sparse_ms = ms(DecodeKernel::kSparse);
+    const double step_ms = ms(DecodeKernel::kStep);
     // The LSE merge of two partial results (CPU part + GPU window), as decode
     // runs it: on results still in cache, so timed hot over many calls.
     std::vector<float>& out = c->out;
