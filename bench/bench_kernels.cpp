@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <optional>
@@ -91,9 +90,7 @@ LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_
 // The decode kernels timed, in the order they run per repetition (sparse
 // attends over the selection of the select run before it).
 enum class DecodeKernel { kDense, kScore, kSelect, kSparse, kStep };
-constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kSelect,
-                                           DecodeKernel::kSparse, DecodeKernel::kStep};
-constexpr size_t kNumDecodeKernels = std::size(kDecodeKernels);
+constexpr size_t kNumDecodeKernels = size_t(DecodeKernel::kStep) + 1;
 
 // One kv type's layer 0 at one context, random K/V, and what its decode kernels read and write.
 struct DecodeCase {
@@ -144,7 +141,7 @@ struct DecodeCase {
   std::vector<float> q, out, lse, scores;
   int64_t n_blocks = 0;
   int64_t token_index = 0;
-  std::vector<double> seconds[kNumDecodeKernels];  // one per repetition
+  std::vector<double> seconds[kNumDecodeKernels];  // per kernel, one per repetition
 };
 
 // The decode records of one context for every kv type of `a`. A decode step
@@ -162,16 +159,12 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
     for (size_t k = 0; k < kNumDecodeKernels; ++k)
       for (auto& c : cases) {
         evict_caches();
-        c->seconds[k].push_back(time_runs(1, [&] { c->run(kDecodeKernels[k], a); })[0]);
+        c->seconds[k].push_back(time_runs(1, [&] { c->run(DecodeKernel(k), a); })[0]);
       }
 
   std::vector<Record> records;
   for (auto& c : cases) {
-    const auto ms = [&](DecodeKernel kernel) {
-      const size_t k = size_t(std::find(std::begin(kDecodeKernels), std::end(kDecodeKernels), kernel) -
-                              std::begin(kDecodeKernels));
-      return 1e3 * median(c->seconds[k]);
-    };
+    const auto ms = [&](DecodeKernel kernel) { return 1e3 * median(c->seconds[size_t(kernel)]); };
     const double dense_ms = ms(DecodeKernel::kDense), score_ms = ms(DecodeKernel::kScore);
     const double select_ms = ms(DecodeKernel::kSelect), sparse_ms = ms(DecodeKernel::kSparse);
     const double step_ms = ms(DecodeKernel::kStep);
