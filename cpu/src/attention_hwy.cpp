@@ -265,8 +265,8 @@ constexpr int kChunkSlots = kChunkTokens + 2 * kvstore::kQ8ValueQuad;
 // AccumulateTile for q8_0 codes in quads of tokens (kv_store.h): v points at
 // the codes of the chunk's first quad, and slot k of p (rows kChunkSlots
 // apart) and of scales (the slots' [dim / 32] scales as f32, times 2^-24 for
-// CodeTimes2Pow24) is token k of
-// the quads: both are 0 for the slots that are not the chunk's tokens. Each
+// CodeTimes2Pow24) is token k of the quads: both are 0 for the slots that
+// are not the chunk's tokens. Each
 // channel's four codes are one 32-bit lane, whose byte b is token b's. A
 // vector of lanes (which divide 32) starting at a multiple of lanes lies in
 // one group.
