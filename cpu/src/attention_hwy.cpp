@@ -369,9 +369,11 @@ float SoftmaxUpdate(float* s, int n, float& m, float& l) {
 template <DType kType>
 void AttendPieceOf(const PieceArgs& a) {
   using T = typename Stored<kType>::T;
-  // q8_0's score tile keeps a partial sum per accumulator: half the heads at a time.
-  constexpr int kHeads = kType == DType::kQ8_0 ? kMaxGroup / 2 : kMaxGroup;
-  constexpr auto kGroups = std::make_integer_sequence<int, kHeads>();
+  // q8_0's score tile keeps a partial sum per accumulator: half the heads at
+  // a time. P.V takes them all: each code widened serves every head.
+  constexpr int kScoreHeads = kType == DType::kQ8_0 ? kMaxGroup / 2 : kMaxGroup;
+  constexpr auto kScoreGroups = std::make_integer_sequence<int, kScoreHeads>();
+  constexpr auto kGroups = std::make_integer_sequence<int, kMaxGroup>();
   const int g = a.g;
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
@@ -430,12 +432,12 @@ void AttendPieceOf(const PieceArgs& a) {
           score_q8_avx512_vnni(a, k_codes, slice.k_scales + t0 + j, tile, scores.data() + j, kChunkTokens, next_k);
         }
       } else {
-        for (int h0 = 0; h0 < g; h0 += kHeads) {
-          WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
+        for (int h0 = 0; h0 < g; h0 += kScoreHeads) {
+          WithGroupSize(std::min(kScoreHeads, g - h0), [&](auto group) {
             ScoreHeads<kType, decltype(group)::value>(
                 a.q + size_t(h0) * dim, a.q_scales ? a.q_scales + size_t(h0) * groups : nullptr, dim, k_t,
                 k_scales, a.block_size, t0, n, scores.data() + size_t(h0) * kChunkTokens, next_k);
-          }, kGroups);
+          }, kScoreGroups);
         }
       }
       for (int i = 0; i < g; ++i) {
@@ -474,8 +476,8 @@ void AttendPieceOf(const PieceArgs& a) {
           for (; i < count; ++i) widened[i] = hn::GetLane(LoadF32<DType::kF16>(D1(), first + i)) * kCodeScale;
         }
         const size_t p_stride = kType == DType::kQ8_0 ? kChunkSlots : kChunkTokens;
-        for (int h0 = 0; h0 < g; h0 += kHeads) {
-          WithGroupSize(std::min(kHeads, g - h0), [&](auto group) {
+        for (int h0 = 0; h0 < g; h0 += kMaxGroup) {
+          WithGroupSize(std::min(kMaxGroup, g - h0), [&](auto group) {
             AccumulateHeads<kType, decltype(group)::value>(p + size_t(h0) * p_stride, p_count, v_first,
                                                            v_scales_f32.data(), dim, acc + size_t(h0) * dim, next_v);
           }, kGroups);
