@@ -29,9 +29,18 @@ bool detail::has_q8_vnni_kernels() {
   return has;
 }
 
+bool detail::has_q8_avx2_kernels() {
+  static const bool has = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.avx2 && f.fma && f.f16c;
+  }();
+  return has;
+}
+
 const char* q8_decode_kernel_description() {
-  return detail::has_q8_vnni_kernels() ? "integer dot products on AVX512-VNNI (int8 q.k, 16-bit P.V weights)"
-                                       : "codes widened to f32 (no AVX512-VNNI), q quantized to int8";
+  if (detail::has_q8_vnni_kernels()) return "integer dot products on AVX512-VNNI (int8 q.k, 16-bit P.V weights)";
+  if (detail::has_q8_avx2_kernels()) return "int8 q.k on AVX2 (vpmaddubsw), P.V with the codes widened to f32";
+  return "codes widened to f32, q quantized to int8";
 }
 
 namespace {

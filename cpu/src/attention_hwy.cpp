@@ -8,7 +8,7 @@
 //     times the keys' codes (quads of channels, a token's four codes one
 //     32-bit lane) summed per 32 channels (exact integers), each sum
 //     times its token's scale and q's; with AVX512-VNNI in
-//     attention_q8_vnni.cpp);
+//     attention_q8_vnni.cpp, else with AVX2 in attention_q8_avx2.cpp);
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
@@ -378,11 +378,18 @@ void AttendPieceOf(const PieceArgs& a) {
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
   // q8_0 on the integer kernels of attention_q8_vnni.cpp where the CPU has
-  // AVX512-VNNI (this AVX-512 code only); else the codes widened to f32 here.
+  // AVX512-VNNI (this AVX-512 code only); else its scores on those of
+  // attention_q8_avx2.cpp (this AVX2 or AVX-512 code) and P.V here, the codes
+  // widened to f32; the SSE4 and scalar code widens both.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
 #else
   const bool use_vnni = false;
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const bool use_avx2 = kType == DType::kQ8_0 && !use_vnni && has_q8_avx2_kernels();
+#else
+  const bool use_avx2 = false;
 #endif
   // q8_0 without VNNI: the chunk's weights and V scales by token slot (AccumulateQuadTile).
   const bool q8_slots = kType == DType::kQ8_0 && !use_vnni;
@@ -431,6 +438,10 @@ void AttendPieceOf(const PieceArgs& a) {
               reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j);
           score_q8_avx512_vnni(a, k_codes, slice.k_scales + t0 + j, tile, scores.data() + j, kChunkTokens, next_k);
         }
+      } else if (use_avx2) {
+        const int8_t* k_codes =
+            reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0);
+        score_q8_avx2(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
       } else {
         for (int h0 = 0; h0 < g; h0 += kScoreHeads) {
           WithGroupSize(std::min(kScoreHeads, g - h0), [&](auto group) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "longctx/core/dtype.h"
 
@@ -41,6 +42,25 @@ inline void prefetch_step(LinePrefetch& p, size_t bytes) {
   p.credit += bytes;
   for (; p.credit >= kLineBytes && p.at < p.end; p.credit -= kLineBytes, p.at += kLineBytes) {
     __builtin_prefetch(p.at, 0, 2);
+  }
+}
+
+// Query heads the integer q8_0 kernels keep in registers at a time (AVX2: 4
+// x (sum + partial) and the temporaries fit 16 registers; AVX512-VNNI: 4 x 4
+// vectors of int32 sums).
+constexpr int kQ8Heads = 4;
+
+// Calls fn(std::integral_constant<int, G>(), h0) for the g query heads taken
+// kQ8Heads at a time (G heads from h0).
+template <class Fn>
+void for_head_groups(int g, Fn&& fn) {
+  for (int h0 = 0; h0 < g; h0 += kQ8Heads) {
+    switch (g - h0) {
+      case 1: fn(std::integral_constant<int, 1>(), h0); break;
+      case 2: fn(std::integral_constant<int, 2>(), h0); break;
+      case 3: fn(std::integral_constant<int, 3>(), h0); break;
+      default: fn(std::integral_constant<int, kQ8Heads>(), h0); break;
+    }
   }
 }
 
@@ -91,6 +111,13 @@ constexpr int kQ8VnniQuad = 4;    // kvstore::kQ8KeyQuad and kQ8ValueQuad (check
 bool has_q8_vnni_kernels();
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
                           float* scores, int score_stride, LinePrefetch& prefetch);
+
+// The same scores, bit for bit, on AVX2 (attention_q8_avx2.cpp: vpmaddubsw
+// and vpmaddwd), for the AVX2 and AVX-512 instantiations of attend_piece on
+// CPUs without AVX512-VNNI; n is any count.
+bool has_q8_avx2_kernels();  // AVX2, FMA and F16C
+void score_q8_avx2(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
+                   int score_stride, LinePrefetch& prefetch);
 
 // q8_0 P.V on AVX512-VNNI, for the same callers: for the g query heads of
 // `args` and n <= kQ8VnniChunk consecutive tokens from block offset t

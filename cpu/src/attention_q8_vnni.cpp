@@ -17,8 +17,8 @@
 // tokens are 16-bit unsigned codes, summed by their high and their low bytes.
 //
 // Like every ISA file, it shares no inline code with other files (the
-// prefetch walk of attention_kernel.h has internal linkage): a copy compiled
-// with these flags might be the one the linker keeps.
+// prefetch walk and for_head_groups of attention_kernel.h have internal
+// linkage): a copy compiled with these flags might be the one the linker keeps.
 //
 // GCC 12's _mm512_undefined_ps() (x = x), behind the shuffles and
 // conversions, trips -Wuninitialized once they are inlined.
@@ -37,7 +37,6 @@ namespace {
 
 constexpr int kGroup = kQ8VnniGroup;
 constexpr int kQuad = kQ8VnniQuad;
-constexpr int kMaxHeads = 4;  // 4 x 4 vectors of int32 sums stay in registers
 constexpr int kMaxDim = 512;  // the largest head_dim a KVStore takes
 
 // acc += a . b per 32-bit lane, the 4 unsigned bytes of a times the 4 signed
@@ -48,20 +47,6 @@ inline void dot_bytes(__m512i& acc, __m512i a, __m512i b) { asm("vpdpbusd %2, %1
 // The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
 inline __mmask16 first_lanes(int count) {
   return count >= 16 ? __mmask16(0xFFFF) : count > 0 ? __mmask16((1u << count) - 1) : __mmask16(0);
-}
-
-// Calls fn(std::integral_constant<int, G>(), h0) for the g query heads taken
-// kMaxHeads at a time (G heads from h0).
-template <class Fn>
-void for_head_groups(int g, Fn&& fn) {
-  for (int h0 = 0; h0 < g; h0 += kMaxHeads) {
-    switch (g - h0) {
-      case 1: fn(std::integral_constant<int, 1>(), h0); break;
-      case 2: fn(std::integral_constant<int, 2>(), h0); break;
-      case 3: fn(std::integral_constant<int, 3>(), h0); break;
-      default: fn(std::integral_constant<int, kMaxHeads>(), h0); break;
-    }
-  }
 }
 
 template <int G>

@@ -405,6 +405,85 @@ TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasVnni) {
   EXPECT_FALSE(bitwise_equal(avx3, avx2));
 }
 
+// The integer q8_0 score kernels (AVX2: vpmaddubsw; AVX512-VNNI: vpdpbusd)
+// against a scalar emulation of their contract (attention_kernel.h): per
+// group of 32 channels the exact integer sum of the code products, then
+// acc = fma(sum, k_scale * q_scale, acc) in f32. Bit for bit, over head_dim
+// 32-512, 1-8 query heads, partial tiles, codes at +-127 and offsets into
+// the page.
+using Q8ScoreKernel = void (*)(const detail::PieceArgs&, const int8_t*, const uint16_t*, int, float*, int,
+                              detail::LinePrefetch&);
+
+void expect_q8_scores_match_their_contract(Q8ScoreKernel kernel, int max_n) {
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> code(-127, 127), extreme(0, 9);
+  std::uniform_real_distribution<float> magnitude(0.001f, 3.f);
+  for (const int dim : {32, 64, 96, 128, 256, 512}) {
+    for (const int g : {1, 2, 3, 4, 5, 8}) {
+      for (const int n : {1, 7, 8, 9, 31, 64, max_n}) {
+        if (n > max_n) continue;
+        const int block_size = 128 + 16, t = block_size - n - int(rng() % 8);  // n tokens from offset t
+        const int groups = dim / 32;
+        // 0 or +-127 one time in ten: the ends of the codes' range.
+        const auto draw = [&] {
+          const int e = extreme(rng);
+          return int8_t(e == 0 ? 127 : e == 1 ? -127 : e == 2 ? 0 : code(rng));
+        };
+        std::vector<int8_t> k(size_t(dim) * block_size), q(size_t(g) * dim);
+        for (auto& x : k) x = draw();
+        for (auto& x : q) x = draw();
+        std::vector<float> k_scale_f(size_t(groups) * block_size), q_scales(size_t(g) * groups);
+        for (auto& x : k_scale_f) x = magnitude(rng);
+        for (auto& x : q_scales) x = magnitude(rng);
+        std::vector<uint16_t> k_scales(k_scale_f.size());
+        convert(k_scale_f.data(), DType::kF32, k_scales.data(), DType::kF16, k_scales.size());
+        convert(k_scales.data(), DType::kF16, k_scale_f.data(), DType::kF32, k_scales.size());  // as stored
+        std::vector<int32_t> q_sums(size_t(g) * groups, 0);
+        for (int i = 0; i < g; ++i)
+          for (int c = 0; c < dim; ++c) q_sums[size_t(i) * groups + size_t(c / 32)] += q[size_t(i) * dim + c];
+        detail::PieceArgs args;
+        args.q_codes = q.data(), args.q_scales = q_scales.data(), args.q_code_sums = q_sums.data();
+        args.g = g, args.head_dim = dim, args.block_size = block_size, args.kv_type = DType::kQ8_0;
+        const int stride = 160;
+        std::vector<float> scores(size_t(g) * stride, -7.f);
+        detail::LinePrefetch no_prefetch;
+        kernel(args, k.data() + kvstore::q8_key_code_offset(block_size, 0, t), k_scales.data() + t, n,
+               scores.data(), stride, no_prefetch);
+        for (int i = 0; i < g; ++i) {
+          for (int j = 0; j < stride; ++j) {
+            const float got = scores[size_t(i) * stride + size_t(j)];
+            if (j >= n) {
+              ASSERT_EQ(got, -7.f) << "wrote past its n = " << n << " tokens: head " << i << ", slot " << j;
+              continue;
+            }
+            float expected = 0.f;
+            for (int grp = 0; grp < groups; ++grp) {
+              int32_t sum = 0;
+              for (int c = 32 * grp; c < 32 * (grp + 1); ++c)
+                sum += int32_t(q[size_t(i) * dim + c]) * k[kvstore::q8_key_code_offset(block_size, c, t + j)];
+              const float scale =
+                k_scale_f[size_t(grp) * block_size + size_t(t + j)] * q_scales[size_t(i) * groups + grp];
+              expected = std::fma(float(sum), scale, expected);
+            }
+            ASSERT_EQ(got, expected) << "head_dim " << dim << ", " << g << " heads, n " << n << ": head " << i
+                                     << ", token " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeAttention, Q8ScoresOnAvx2MatchTheirContractBitForBit) {
+  if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here";
+  expect_q8_scores_match_their_contract(detail::score_q8_avx2, 128);
+}
+
+TEST(DecodeAttention, Q8ScoresOnAvx512VnniMatchTheirContractBitForBit) {
+  if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here";
+  expect_q8_scores_match_their_contract(detail::score_q8_avx512_vnni, detail::kQ8VnniTokens);
+}
+
 TEST(DecodeAttention, FullSelectionEqualsDense) {
   std::mt19937 rng(5);
   const AttnCase cases[] = {
