@@ -37,8 +37,14 @@ bool detail::has_q8_avx2_kernels() {
   return has;
 }
 
+bool detail::has_q8_avx_vnni_kernels() {
+  static const bool has = has_q8_avx2_kernels() && cpu_features().avx_vnni;
+  return has;
+}
+
 const char* q8_decode_kernel_description() {
   if (detail::has_q8_vnni_kernels()) return "integer dot products on AVX512-VNNI (int8 q.k, 16-bit P.V weights)";
+  if (detail::has_q8_avx_vnni_kernels()) return "int8 q.k on AVX-VNNI, P.V with the codes widened to f32";
   if (detail::has_q8_avx2_kernels()) return "int8 q.k on AVX2 (vpmaddubsw), P.V with the codes widened to f32";
   return "codes widened to f32, q quantized to int8";
 }

@@ -8,7 +8,7 @@
 //     times the keys' codes (quads of channels, a token's four codes one
 //     32-bit lane) summed per 32 channels (exact integers), each sum
 //     times its token's scale and q's; with AVX512-VNNI in
-//     attention_q8_vnni.cpp, else with AVX2 in attention_q8_avx2.cpp);
+//     attention_q8_vnni.cpp, else with AVX-VNNI or AVX2 in attention_q8_x86.h);
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
@@ -379,8 +379,8 @@ void AttendPieceOf(const PieceArgs& a) {
   const int groups = dim / kvstore::kQ8Group;
   // q8_0 on the integer kernels of attention_q8_vnni.cpp where the CPU has
   // AVX512-VNNI (this AVX-512 code only); else its scores on those of
-  // attention_q8_avx2.cpp (this AVX2 or AVX-512 code) and P.V here, the codes
-  // widened to f32; the SSE4 and scalar code widens both.
+  // attention_q8_x86.h (this AVX2 or AVX-512 code: AVX-VNNI or AVX2) and P.V
+  // here, the codes widened to f32; the SSE4 and scalar code widens both.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
 #else
@@ -441,7 +441,8 @@ void AttendPieceOf(const PieceArgs& a) {
       } else if (use_avx2) {
         const int8_t* k_codes =
             reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0);
-        score_q8_avx2(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
+        const auto score = has_q8_avx_vnni_kernels() ? score_q8_avx_vnni : score_q8_avx2;
+        score(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
       } else {
         for (int h0 = 0; h0 < g; h0 += kScoreHeads) {
           WithGroupSize(std::min(kScoreHeads, g - h0), [&](auto group) {

@@ -112,12 +112,16 @@ bool has_q8_vnni_kernels();
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
                           float* scores, int score_stride, LinePrefetch& prefetch);
 
-// The same scores, bit for bit, on AVX2 (attention_q8_avx2.cpp: vpmaddubsw
-// and vpmaddwd), for the AVX2 and AVX-512 instantiations of attend_piece on
-// CPUs without AVX512-VNNI; n is any count.
-bool has_q8_avx2_kernels();  // AVX2, FMA and F16C
+// The same scores, bit for bit, on 256-bit vectors (attention_q8_x86.h), for
+// the AVX2 and AVX-512 instantiations of attend_piece on CPUs without
+// AVX512-VNNI; n is any count. With AVX-VNNI (vpdpbusd), else with AVX2
+// (vpmaddubsw and vpmaddwd).
+bool has_q8_avx2_kernels();      // AVX2, FMA and F16C
+bool has_q8_avx_vnni_kernels();  // those and AVX-VNNI
 void score_q8_avx2(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
                    int score_stride, LinePrefetch& prefetch);
+void score_q8_avx_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n, float* scores,
+                       int score_stride, LinePrefetch& prefetch);
 
 // q8_0 P.V on AVX512-VNNI, for the same callers: for the g query heads of
 // `args` and n <= kQ8VnniChunk consecutive tokens from block offset t

@@ -405,7 +405,8 @@ TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasVnni) {
   EXPECT_FALSE(bitwise_equal(avx3, avx2));
 }
 
-// The integer q8_0 score kernels (AVX2: vpmaddubsw; AVX512-VNNI: vpdpbusd)
+// The integer q8_0 score kernels (AVX2: vpmaddubsw; AVX-VNNI and AVX512-VNNI:
+// vpdpbusd)
 // against a scalar emulation of their contract (attention_kernel.h): per
 // group of 32 channels the exact integer sum of the code products, then
 // acc = fma(sum, k_scale * q_scale, acc) in f32. Bit for bit, over head_dim
@@ -477,6 +478,11 @@ void expect_q8_scores_match_their_contract(Q8ScoreKernel kernel, int max_n) {
 TEST(DecodeAttention, Q8ScoresOnAvx2MatchTheirContractBitForBit) {
   if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here";
   expect_q8_scores_match_their_contract(detail::score_q8_avx2, 128);
+}
+
+TEST(DecodeAttention, Q8ScoresOnAvxVnniMatchTheirContractBitForBit) {
+  if (!detail::has_q8_avx_vnni_kernels()) GTEST_SKIP() << "no AVX-VNNI here";
+  expect_q8_scores_match_their_contract(detail::score_q8_avx_vnni, 128);
 }
 
 TEST(DecodeAttention, Q8ScoresOnAvx512VnniMatchTheirContractBitForBit) {
