@@ -15,16 +15,19 @@
 #include <tbb/info.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 #include <optional>
+#include <utility>
 #include <sstream>
 #include <vector>
 
 #include "bench_util.h"
+#include "hwy/targets.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -51,6 +54,48 @@ struct KernelsArgs {
   std::vector<int64_t> prefill_histories{32768, 131072};  // empty: no prefill rows
   int64_t prefill_chunk = 4096;
   int prefill_reps = 1;  // a 4096-query chunk over 128K takes tens of seconds on 2 cores
+  std::string target;    // a Highway target to force ("avx2"), empty: the best this CPU runs
+};
+
+// The Highway targets this CPU runs, best first, and their names in lower case.
+std::vector<std::pair<int64_t, std::string>> runnable_targets() {
+  std::vector<std::pair<int64_t, std::string>> targets;
+  for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    std::string name = hwy::TargetName(t);
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    targets.emplace_back(t, name);
+  }
+  return targets;
+}
+
+// Forces one Highway target for its lifetime (Highway's test hook), so that an
+// AVX-512 machine times the kernels an AVX2 CPU runs. The kernels chosen by
+// CPU features beside Highway (AVX512-VNNI and AVX-VNNI q8_0, AMX) follow
+// the CPU, as they would on it within the forced target's code.
+class ForcedTarget {
+ public:
+  explicit ForcedTarget(const std::string& name) {
+    if (name.empty()) return;
+    std::string names;
+    for (const auto& [target, target_name] : runnable_targets()) {
+      if (target_name == name) {
+        hwy::SetSupportedTargetsForTest(target);
+        forced_ = true;
+        return;
+      }
+      names += (names.empty() ? "" : ", ") + target_name;
+    }
+    fail(ErrorCode::kInvalidArgument, "kernels: --target '", name, "' is not a Highway target this CPU runs (",
+         names, ")");
+  }
+  ~ForcedTarget() {
+    if (forced_) hwy::SetSupportedTargetsForTest(0);
+  }
+  ForcedTarget(const ForcedTarget&) = delete;
+  ForcedTarget& operator=(const ForcedTarget&) = delete;
+
+ private:
+  bool forced_ = false;
 };
 
 // Fills `layer` 0 of the store with random keys/values, a chunk at a time so
@@ -194,6 +239,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
       r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
       r.set("dtype", dtype_name(c->dtype)).set("threads", threads).set("ms", ms_of).set("bytes", int64_t(bytes));
       r.set("gbps", bytes / (ms_of * 1e-3) / 1e9).set("read_gbps", read_gbps);
+      r.set("target", runnable_targets().front().second);
       r.set("of_bandwidth", bytes / (ms_of * 1e-3) / 1e9 / read_gbps);
       records.push_back(r);
       return records.back();
@@ -284,6 +330,7 @@ int run_kernels(const std::vector<std::string>& args) {
     else if (args[i] == "--q-heads") a.q_heads = std::stoi(next());
     else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
     else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
+    else if (args[i] == "--target") a.target = next();
     else if (args[i] == "--dtype") {
       a.dtypes.clear();
       std::stringstream list(next());
@@ -308,6 +355,7 @@ int run_kernels(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "kernels: --prefill-chunk and --prefill-reps must be >= 1");
   for (int64_t h : a.prefill_histories)
     if (h < 0) fail(ErrorCode::kInvalidArgument, "kernels: --prefill-histories must be >= 0, got ", h);
+  const ForcedTarget forced(a.target);
   const int all = tbb::info::default_concurrency();
   std::vector<int> thread_counts{1};
   if (all > 1) thread_counts.push_back(all);

@@ -35,6 +35,7 @@ const std::array<Usage, 9> kUsages{{
      "  --q-heads N      query heads (32)\n"
      "  --kv-heads N     kv heads (8)\n"
      "  --head-dim N     head dimension (128); the demo model is --q-heads 5 --kv-heads 5 --head-dim 32\n"
+     "  --target NAME    a Highway target to force, e.g. avx2 on an AVX-512 CPU (default: the best it runs)\n"
      "  --prefill-histories LIST  prefill attention: history lengths before the chunk (32768,131072)\n"
      "  --prefill-chunk N queries of the prefill attention chunk (4096)\n"
      "  --prefill-reps N repetitions of each prefill attention row (1)\n"

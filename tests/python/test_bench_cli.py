@@ -47,11 +47,20 @@ def main():
         f16 = steps[("f16", threads)]
         check(abs(r["over_f16"] - r["ms"] / f16["ms"]) < 1e-4 * r["over_f16"],
               f"kernels: {dtype} over_f16 is its time over f16's ({threads} threads)", str(r))
+    rc, out, err = run([BENCH, "kernels", "--target", "avx9"])
+    check(rc == 1 and "--target 'avx9'" in err and "sse4" in err, "kernels --target avx9 refused, naming it and "
+          "the targets this CPU runs", err)
+    # Every x86-64 CPU longctx runs on has SSE4; the rows say which target ran.
+    rc, out, err = run([BENCH, "kernels", "--contexts", "4096", "--dtype", "q8_0", "--no-prefill", "--reps", "1",
+                        "--target", "sse4"], timeout=300)
+    targets = {r.get("target") for r in (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+               if r.get("kernel") == "dense"}
+    check(rc == 0 and targets == {"sse4"}, "kernels --target sse4 runs the SSE4 code", err + str(targets))
     rc, out, err = run([BENCH, "kernels", "--q-heads", "6", "--kv-heads", "4"])
     check(rc == 1 and "--q-heads (6)" in err and "--kv-heads (4)" in err, "kernels: q heads not a multiple of kv heads "
           "refused, naming both", err)
     rc, out, _ = run([BENCH, "kernels", "--help"])
-    for option in ("--q-heads", "--kv-heads", "--head-dim"):
+    for option in ("--q-heads", "--kv-heads", "--head-dim", "--target"):
         check(option in out, f"kernels --help describes {option}", out)
     rc, out, err = run([BENCH, "accuracy", "--policies", "questt"])
     check(rc == 1 and "unknown policy 'questt'" in err, "unknown policy named", err)
