@@ -386,10 +386,13 @@ void AttendPieceOf(const PieceArgs& a) {
 #else
   const bool use_vnni = false;
 #endif
+  using ScoreQ8 = decltype(&score_q8_avx2);  // null where this code does not take it
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  const bool use_avx2 = kType == DType::kQ8_0 && !use_vnni && has_q8_avx2_kernels();
+  const ScoreQ8 score_q8_256 = kType != DType::kQ8_0 || use_vnni || !has_q8_avx2_kernels() ? nullptr
+                               : has_q8_avx_vnni_kernels()                                 ? score_q8_avx_vnni
+                                                                                            : score_q8_avx2;
 #else
-  const bool use_avx2 = false;
+  const ScoreQ8 score_q8_256 = nullptr;
 #endif
   // q8_0 without VNNI: the chunk's weights and V scales by token slot (AccumulateQuadTile).
   const bool q8_slots = kType == DType::kQ8_0 && !use_vnni;
@@ -438,11 +441,10 @@ void AttendPieceOf(const PieceArgs& a) {
               reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j);
           score_q8_avx512_vnni(a, k_codes, slice.k_scales + t0 + j, tile, scores.data() + j, kChunkTokens, next_k);
         }
-      } else if (use_avx2) {
+      } else if (score_q8_256 != nullptr) {
         const int8_t* k_codes =
             reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0);
-        const auto score = has_q8_avx_vnni_kernels() ? score_q8_avx_vnni : score_q8_avx2;
-        score(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
+        score_q8_256(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
       } else {
         for (int h0 = 0; h0 < g; h0 += kScoreHeads) {
           WithGroupSize(std::min(kScoreHeads, g - h0), [&](auto group) {

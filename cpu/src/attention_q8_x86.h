@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "attention_kernel.h"
 
