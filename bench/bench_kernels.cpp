@@ -54,7 +54,7 @@ struct KernelsArgs {
   std::vector<int64_t> prefill_histories{32768, 131072};  // empty: no prefill rows
   int64_t prefill_chunk = 4096;
   int prefill_reps = 1;  // a 4096-query chunk over 128K takes tens of seconds on 2 cores
-  std::string target;    // a Highway target to force ("avx2"), empty: the best this CPU runs
+  std::string target;    // the Highway target to force ("avx2"); once forced, the one the run uses
 };
 
 // The Highway targets this CPU runs, best first, and their names in lower case.
@@ -239,7 +239,7 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
       r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
       r.set("dtype", dtype_name(c->dtype)).set("threads", threads).set("ms", ms_of).set("bytes", int64_t(bytes));
       r.set("gbps", bytes / (ms_of * 1e-3) / 1e9).set("read_gbps", read_gbps);
-      r.set("target", runnable_targets().front().second);
+      r.set("target", a.target);
       r.set("of_bandwidth", bytes / (ms_of * 1e-3) / 1e9 / read_gbps);
       records.push_back(r);
       return records.back();
@@ -356,6 +356,7 @@ int run_kernels(const std::vector<std::string>& args) {
   for (int64_t h : a.prefill_histories)
     if (h < 0) fail(ErrorCode::kInvalidArgument, "kernels: --prefill-histories must be >= 0, got ", h);
   const ForcedTarget forced(a.target);
+  a.target = runnable_targets().front().second;  // the forced one, or the best this CPU runs
   const int all = tbb::info::default_concurrency();
   std::vector<int> thread_counts{1};
   if (all > 1) thread_counts.push_back(all);
