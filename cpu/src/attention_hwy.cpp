@@ -12,8 +12,10 @@
 //  2. online softmax per query head: running max m, running sum l, the
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
-//     (q8_0: codes in quads of tokens, each code times its token's group
-//     scale; with AVX512-VNNI in attention_q8_vnni.cpp).
+//     (q8_0: codes in quads of tokens times 16-bit codes of the weights,
+//     summed exactly in int32, with AVX512-VNNI in attention_q8_vnni.cpp,
+//     else with AVX-VNNI or AVX2 in attention_q8_x86.h; the SSE4 and scalar
+//     code widens each code and multiplies it by its token's group scale).
 // Query heads are taken kMaxGroup at a time so their accumulators stay in
 // registers; with more heads than that, K/V are re-read from cache, not DRAM.
 // While a slice computes, the next slice's lines are prefetched into L2 in
@@ -378,24 +380,27 @@ void AttendPieceOf(const PieceArgs& a) {
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
   // q8_0 on the integer kernels of attention_q8_vnni.cpp where the CPU has
-  // AVX512-VNNI (this AVX-512 code only); else its scores on those of
-  // attention_q8_x86.h (this AVX2 or AVX-512 code: AVX-VNNI or AVX2) and P.V
-  // here, the codes widened to f32; the SSE4 and scalar code widens both.
+  // AVX512-VNNI (this AVX-512 code only); else on those of attention_q8_x86.h
+  // (this AVX2 or AVX-512 code: AVX-VNNI or AVX2); the SSE4 and scalar code
+  // widens the codes to f32.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
 #else
   const bool use_vnni = false;
 #endif
-  using ScoreQ8 = decltype(&score_q8_avx2);  // null where this code does not take it
+  struct Q8Kernels {
+    decltype(&score_q8_avx2) score = nullptr;
+    decltype(&accumulate_q8_avx2) accumulate = nullptr;
+  };
+  Q8Kernels q8_256;  // null where this code does not take them
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  const ScoreQ8 score_q8_256 = kType != DType::kQ8_0 || use_vnni || !has_q8_avx2_kernels() ? nullptr
-                               : has_q8_avx_vnni_kernels()                                 ? score_q8_avx_vnni
-                                                                                            : score_q8_avx2;
-#else
-  const ScoreQ8 score_q8_256 = nullptr;
+  if (kType == DType::kQ8_0 && !use_vnni && has_q8_avx2_kernels()) {
+    q8_256 = has_q8_avx_vnni_kernels() ? Q8Kernels{score_q8_avx_vnni, accumulate_q8_avx_vnni}
+                                       : Q8Kernels{score_q8_avx2, accumulate_q8_avx2};
+  }
 #endif
-  // q8_0 without VNNI: the chunk's weights and V scales by token slot (AccumulateQuadTile).
-  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni;
+  // q8_0 on the widening code: the chunk's weights and V scales by token slot (AccumulateQuadTile).
+  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni && q8_256.score == nullptr;
   std::vector<float> v_scales_f32(q8_slots ? size_t(kChunkSlots) * size_t(groups) : 0);
   std::vector<float> p_slots(q8_slots ? size_t(g) * kChunkSlots : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
@@ -441,10 +446,10 @@ void AttendPieceOf(const PieceArgs& a) {
               reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0 + j);
           score_q8_avx512_vnni(a, k_codes, slice.k_scales + t0 + j, tile, scores.data() + j, kChunkTokens, next_k);
         }
-      } else if (score_q8_256 != nullptr) {
+      } else if (q8_256.score != nullptr) {
         const int8_t* k_codes =
             reinterpret_cast<const int8_t*>(k_t) + kvstore::q8_key_code_offset(a.block_size, 0, t0);
-        score_q8_256(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
+        q8_256.score(a, k_codes, slice.k_scales + t0, n, scores.data(), kChunkTokens, next_k);
       } else {
         for (int h0 = 0; h0 < g; h0 += kScoreHeads) {
           WithGroupSize(std::min(kScoreHeads, g - h0), [&](auto group) {
@@ -463,9 +468,10 @@ void AttendPieceOf(const PieceArgs& a) {
       const T* v_first = kType == DType::kQ8_0
                              ? v + kvstore::q8_value_code_offset(dim, 0, t0 - lead)
                              : v + size_t(t0) * dim;
-      if (use_vnni) {
-        accumulate_q8_avx512_vnni(a, scores.data(), kChunkTokens, n, lead, reinterpret_cast<const int8_t*>(v_first),
-                                  v_scales + size_t(t0) * groups, acc, next_v);
+      const auto accumulate_q8 = use_vnni ? accumulate_q8_avx512_vnni : q8_256.accumulate;
+      if (accumulate_q8 != nullptr) {
+        accumulate_q8(a, scores.data(), kChunkTokens, n, lead, reinterpret_cast<const int8_t*>(v_first),
+                      v_scales + size_t(t0) * groups, acc, next_v);
       } else {
         const float* p = scores.data();
         int p_count = n;  // tokens, or q8_0's slots

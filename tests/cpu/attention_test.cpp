@@ -377,32 +377,32 @@ TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
   }
 }
 
-// q8_0 on an AVX-512 CPU with VNNI takes the integer kernels of
-// attention_q8_vnni.cpp (checked against the reference above with every
-// target); their 16-bit P.V weights give other bits than the AVX2 path's f32
-// ones, which shows that they are the ones that ran.
-TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasVnni) {
-  if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here: q8_0 decode widens codes to f32";
+// q8_0 on the AVX-512 and AVX2 code takes the integer kernels of
+// attention_q8_vnni.cpp or attention_q8_x86.h where the CPU has them (checked
+// against the reference above with every target); their 16-bit P.V weights
+// give other bits than the SSE4 code's f32 ones, which shows that they are
+// the ones that ran.
+TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasThem) {
+  if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here: q8_0 decode widens codes to f32";
   const std::vector<int64_t> targets = targets_under_test();
-  if (std::find(targets.begin(), targets.end(), HWY_AVX3) == targets.end() ||
-      std::find(targets.begin(), targets.end(), HWY_AVX2) == targets.end()) {
-    GTEST_SKIP() << "needs both the AVX3 and the AVX2 Highway targets";
-  }
+  const auto has = [&](int64_t target) { return std::find(targets.begin(), targets.end(), target) != targets.end(); };
+  if (!has(HWY_SSE4)) GTEST_SKIP() << "needs the SSE4 Highway target to compare with";
   std::mt19937 rng(41);
   const AttnCase c{DType::kQ8_0, 64, 128, 2, 4, 64 * 9 + 13};
   const AttnStore s(c, random_kv(c, rng), rng);
   const std::vector<float> q = random_q(c, rng);
-  Result avx3, avx2;
-  {
-    const ForcedHighwayTarget forced(HWY_AVX3);
-    avx3 = run_dense(s, q);
+  const auto dense_on = [&](int64_t target) {
+    const ForcedHighwayTarget forced(target);
+    return run_dense(s, q);
+  };
+  const Result widened = dense_on(HWY_SSE4);
+  for (const int64_t target : {HWY_AVX3, HWY_AVX2}) {
+    if (!has(target)) continue;
+    SCOPED_TRACE(hwy::TargetName(target));
+    const Result integer = dense_on(target);
+    expect_matches_reference(s, q, full_selection(c), integer, default_scale(c));
+    EXPECT_FALSE(bitwise_equal(integer, widened));
   }
-  {
-    const ForcedHighwayTarget forced(HWY_AVX2);
-    avx2 = run_dense(s, q);
-  }
-  expect_matches_reference(s, q, full_selection(c), avx3, default_scale(c));
-  EXPECT_FALSE(bitwise_equal(avx3, avx2));
 }
 
 // The integer q8_0 score kernels (AVX2: vpmaddubsw; AVX-VNNI and AVX512-VNNI:
@@ -488,6 +488,95 @@ TEST(DecodeAttention, Q8ScoresOnAvxVnniMatchTheirContractBitForBit) {
 TEST(DecodeAttention, Q8ScoresOnAvx512VnniMatchTheirContractBitForBit) {
   if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here";
   expect_q8_scores_match_their_contract(detail::score_q8_avx512_vnni, detail::kQ8VnniTokens);
+}
+
+// The integer q8_0 P.V kernels (AVX2: vpmaddwd; AVX-VNNI and AVX512-VNNI:
+// vpdpbusd) against a scalar emulation of their contract (attention_kernel.h):
+// per head and group of 32 channels, the weights p * v_scale as 16-bit codes
+// against their max, the exact integer sums of code * v, then
+// acc = fma(sum, max / 65535, acc) in f32. Bit for bit, over head_dim 32-512,
+// 1-8 query heads, 1-128 tokens after a lead of 0-3 in their first quad,
+// codes at +-127 and -128 in the quads' slots that are not the chunk's, and
+// groups whose scales are all 0.
+using Q8AccumulateKernel = void (*)(const detail::PieceArgs&, const float*, int, int, int, const int8_t*,
+                                   const uint16_t*, float*, detail::LinePrefetch&);
+
+void expect_q8_pv_matches_its_contract(Q8AccumulateKernel kernel) {
+  std::mt19937 rng(78);
+  std::uniform_int_distribution<int> code(-127, 127), extreme(0, 9);
+  std::uniform_real_distribution<float> magnitude(0.001f, 3.f), weight(0.f, 1.f);
+  for (const int dim : {32, 64, 96, 128, 256, 512}) {
+    for (const int g : {1, 2, 3, 4, 5, 8}) {
+      for (const int n : {1, 3, 7, 8, 9, 31, 64, 125, 128}) {
+        const int lead = int(rng() % 4), groups = dim / 32, quads = (lead + n + 3) / 4, p_stride = 136;
+        std::vector<int8_t> v(size_t(quads) * dim * 4);
+        for (size_t k = 0; k < v.size(); ++k) {
+          const int slot = int(k % 4) + 4 * int(k / (size_t(dim) * 4));
+          const bool ours = slot >= lead && slot < lead + n;
+          const int e = extreme(rng);
+          v[k] = int8_t(!ours && e < 3 ? -128 : e == 0 ? 127 : e == 1 ? -127 : e == 2 ? 0 : code(rng));
+        }
+        std::vector<float> scale_f(size_t(n) * groups);
+        const int zero_group = int(rng() % (2 * groups));  // a group with all scales 0, half the time
+        for (size_t k = 0; k < scale_f.size(); ++k) scale_f[k] = int(k % groups) == zero_group ? 0.f : magnitude(rng);
+        std::vector<uint16_t> v_scales(scale_f.size());
+        convert(scale_f.data(), DType::kF32, v_scales.data(), DType::kF16, v_scales.size());
+        convert(v_scales.data(), DType::kF16, scale_f.data(), DType::kF32, v_scales.size());  // as stored
+        std::vector<float> p(size_t(g) * p_stride, -5.f);  // -5: not a weight the kernel may read
+        for (int i = 0; i < g; ++i) {
+          for (int j = 0; j < n; ++j) p[size_t(i) * p_stride + j] = weight(rng);
+          p[size_t(i) * p_stride + rng() % n] = 1.f;  // the max's token
+        }
+        std::vector<float> acc(size_t(g) * dim + 8);
+        for (auto& x : acc) x = magnitude(rng) - 1.5f;
+        std::vector<float> expected = acc;
+        for (int i = 0; i < g; ++i) {
+          for (int grp = 0; grp < groups; ++grp) {
+            std::vector<float> w(static_cast<size_t>(n));
+            float max = 0.f;
+            for (int j = 0; j < n; ++j) {
+              w[j] = p[size_t(i) * p_stride + j] * scale_f[size_t(j) * groups + grp];
+              max = std::max(max, w[j]);
+            }
+            const float inverse = max > 0.f ? 65535.f / max : 0.f;
+            for (int c = 32 * grp; c < 32 * (grp + 1); ++c) {
+              int64_t sum = 0;
+              for (int j = 0; j < n; ++j) {
+                const int64_t w_code = std::min<int64_t>(std::lrint(w[j] * inverse), 65535);
+                sum += w_code * v[kvstore::q8_value_code_offset(dim, c, lead + j)];
+              }
+              float& out = expected[size_t(i) * dim + c];
+              out = std::fma(float(sum), max / 65535.f, out);
+            }
+          }
+        }
+        detail::PieceArgs args;
+        args.g = g, args.head_dim = dim, args.kv_type = DType::kQ8_0;
+        detail::LinePrefetch no_prefetch;
+        kernel(args, p.data(), p_stride, n, lead, v.data(), v_scales.data(), acc.data(), no_prefetch);
+        for (size_t k = 0; k < acc.size(); ++k) {
+          ASSERT_EQ(acc[k], expected[k]) << "head_dim " << dim << ", " << g << " heads, n " << n << ", lead " << lead
+                                         << ": head " << k / dim << ", channel " << k % dim
+                                         << (k >= size_t(g) * dim ? " (past the rows)" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeAttention, Q8PvOnAvx2MatchesItsContractBitForBit) {
+  if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here";
+  expect_q8_pv_matches_its_contract(detail::accumulate_q8_avx2);
+}
+
+TEST(DecodeAttention, Q8PvOnAvxVnniMatchesItsContractBitForBit) {
+  if (!detail::has_q8_avx_vnni_kernels()) GTEST_SKIP() << "no AVX-VNNI here";
+  expect_q8_pv_matches_its_contract(detail::accumulate_q8_avx_vnni);
+}
+
+TEST(DecodeAttention, Q8PvOnAvx512VnniMatchesItsContractBitForBit) {
+  if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here";
+  expect_q8_pv_matches_its_contract(detail::accumulate_q8_avx512_vnni);
 }
 
 TEST(DecodeAttention, FullSelectionEqualsDense) {
