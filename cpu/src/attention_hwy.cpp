@@ -13,9 +13,9 @@
 //     accumulator rescaled by exp(m_old - m_new) when the max grows;
 //  3. acc[i][:] += p[i][t] * V[t][:], each V row read once for the group
 //     (q8_0: codes in quads of tokens times 16-bit codes of the weights,
-//     summed exactly in int32, with AVX512-VNNI in attention_q8_vnni.cpp,
-//     else with AVX-VNNI or AVX2 in attention_q8_x86.h; the SSE4 and scalar
-//     code widens each code and multiplies it by its token's group scale).
+//     summed exactly in int32, with AVX512-VNNI in attention_q8_vnni.cpp or
+//     AVX-VNNI in attention_q8_avx_vnni.cpp; else here, each code widened
+//     and times its token's group scale).
 // Query heads are taken kMaxGroup at a time so their accumulators stay in
 // registers; with more heads than that, K/V are re-read from cache, not DRAM.
 // While a slice computes, the next slice's lines are prefetched into L2 in
@@ -380,8 +380,9 @@ void AttendPieceOf(const PieceArgs& a) {
   const int dim = a.head_dim;
   const int groups = dim / kvstore::kQ8Group;
   // q8_0 on the integer kernels of attention_q8_vnni.cpp where the CPU has
-  // AVX512-VNNI (this AVX-512 code only); else on those of attention_q8_x86.h
-  // (this AVX2 or AVX-512 code: AVX-VNNI or AVX2); the SSE4 and scalar code
+  // AVX512-VNNI (this AVX-512 code only); else, in this AVX2 or AVX-512 code,
+  // on those of attention_q8_avx_vnni.cpp with AVX-VNNI, or with AVX2 the
+  // scores of attention_q8_avx2.cpp and P.V here; the SSE4 and scalar code
   // widens the codes to f32.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool use_vnni = kType == DType::kQ8_0 && has_q8_vnni_kernels();
@@ -390,17 +391,17 @@ void AttendPieceOf(const PieceArgs& a) {
 #endif
   struct Q8Kernels {
     decltype(&score_q8_avx2) score = nullptr;
-    decltype(&accumulate_q8_avx2) accumulate = nullptr;
+    decltype(&accumulate_q8_avx_vnni) accumulate = nullptr;
   };
   Q8Kernels q8_256;  // null where this code does not take them
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   if (kType == DType::kQ8_0 && !use_vnni && has_q8_avx2_kernels()) {
     q8_256 = has_q8_avx_vnni_kernels() ? Q8Kernels{score_q8_avx_vnni, accumulate_q8_avx_vnni}
-                                       : Q8Kernels{score_q8_avx2, accumulate_q8_avx2};
+                                       : Q8Kernels{score_q8_avx2, nullptr};
   }
 #endif
-  // q8_0 on the widening code: the chunk's weights and V scales by token slot (AccumulateQuadTile).
-  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni && q8_256.score == nullptr;
+  // q8_0 P.V on the widening code: the chunk's weights and V scales by token slot (AccumulateQuadTile).
+  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni && q8_256.accumulate == nullptr;
   std::vector<float> v_scales_f32(q8_slots ? size_t(kChunkSlots) * size_t(groups) : 0);
   std::vector<float> p_slots(q8_slots ? size_t(g) * kChunkSlots : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head

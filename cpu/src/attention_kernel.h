@@ -138,10 +138,8 @@ void score_q8_avx_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t*
 constexpr int kQ8VnniChunk = 128;
 void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
                                const uint16_t* v_scales, float* acc, LinePrefetch& prefetch);
-// The same P.V, bit for bit, on 256-bit vectors (attention_q8_x86.h), beside
-// score_q8_avx2 and score_q8_avx_vnni: with vpdpbusd, else vpmaddwd.
-void accumulate_q8_avx2(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
-                        const uint16_t* v_scales, float* acc, LinePrefetch& prefetch);
+// The same P.V, bit for bit, on AVX-VNNI (attention_q8_avx_vnni.cpp), beside
+// score_q8_avx_vnni.
 void accumulate_q8_avx_vnni(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
                             const uint16_t* v_scales, float* acc, LinePrefetch& prefetch);
 

@@ -377,13 +377,15 @@ TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
   }
 }
 
-// q8_0 on the AVX-512 and AVX2 code takes the integer kernels of
-// attention_q8_vnni.cpp or attention_q8_x86.h where the CPU has them (checked
-// against the reference above with every target); their 16-bit P.V weights
-// give other bits than the SSE4 code's f32 ones, which shows that they are
-// the ones that ran.
+// q8_0 P.V on the AVX-512 and AVX2 code takes the integer kernels of
+// attention_q8_vnni.cpp or attention_q8_avx_vnni.cpp where the CPU has them
+// (checked against the reference above with every target); their 16-bit
+// weights give other bits than the SSE4 code's f32 ones, which shows that
+// they are the ones that ran.
 TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasThem) {
-  if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here: q8_0 decode widens codes to f32";
+  if (!detail::has_q8_vnni_kernels() && !detail::has_q8_avx_vnni_kernels()) {
+    GTEST_SKIP() << "no AVX512-VNNI or AVX-VNNI here: q8_0 P.V widens codes to f32";
+  }
   const std::vector<int64_t> targets = targets_under_test();
   const auto has = [&](int64_t target) { return std::find(targets.begin(), targets.end(), target) != targets.end(); };
   if (!has(HWY_SSE4)) GTEST_SKIP() << "needs the SSE4 Highway target to compare with";
@@ -396,13 +398,17 @@ TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasThem) {
     return run_dense(s, q);
   };
   const Result widened = dense_on(HWY_SSE4);
+  int compared = 0;
   for (const int64_t target : {HWY_AVX3, HWY_AVX2}) {
-    if (!has(target)) continue;
+    // AVX2 code takes integer P.V only with AVX-VNNI.
+    if (!has(target) || (target == HWY_AVX2 && !detail::has_q8_avx_vnni_kernels())) continue;
     SCOPED_TRACE(hwy::TargetName(target));
     const Result integer = dense_on(target);
     expect_matches_reference(s, q, full_selection(c), integer, default_scale(c));
     EXPECT_FALSE(bitwise_equal(integer, widened));
+    ++compared;
   }
+  if (compared == 0) GTEST_SKIP() << "no AVX3 or AVX2 Highway target here";
 }
 
 // The integer q8_0 score kernels (AVX2: vpmaddubsw; AVX-VNNI and AVX512-VNNI:
@@ -490,8 +496,7 @@ TEST(DecodeAttention, Q8ScoresOnAvx512VnniMatchTheirContractBitForBit) {
   expect_q8_scores_match_their_contract(detail::score_q8_avx512_vnni, detail::kQ8VnniTokens);
 }
 
-// The integer q8_0 P.V kernels (AVX2: vpmaddwd; AVX-VNNI and AVX512-VNNI:
-// vpdpbusd) against a scalar emulation of their contract (attention_kernel.h):
+// The integer q8_0 P.V kernels (AVX-VNNI and AVX512-VNNI: vpdpbusd) against a scalar emulation of their contract (attention_kernel.h):
 // per head and group of 32 channels, the weights p * v_scale as 16-bit codes
 // against their max, the exact integer sums of code * v, then
 // acc = fma(sum, max / 65535, acc) in f32. Bit for bit, over head_dim 32-512,
@@ -562,11 +567,6 @@ void expect_q8_pv_matches_its_contract(Q8AccumulateKernel kernel) {
       }
     }
   }
-}
-
-TEST(DecodeAttention, Q8PvOnAvx2MatchesItsContractBitForBit) {
-  if (!detail::has_q8_avx2_kernels()) GTEST_SKIP() << "no AVX2/FMA/F16C here";
-  expect_q8_pv_matches_its_contract(detail::accumulate_q8_avx2);
 }
 
 TEST(DecodeAttention, Q8PvOnAvxVnniMatchesItsContractBitForBit) {
