@@ -117,28 +117,39 @@ constexpr int kWeightBytes = kWeightSlots / kQuad * 16;
 template <int G>
 void weight_codes(const float* p, int p_stride, const float* scale, int n, int lead, uint8_t (*bytes)[kWeightBytes],
                   float* unit) {
-  const int slots = (lead + n + 15) / 16 * 16;
+  const int vectors = (n + 15) / 16;             // of tokens
+  const int slot_vectors = (lead + n + 15) / 16;  // at most vectors + 1
   // Within each 128-bit lane (one quad of 32-bit codes): bytes 0, 4, 8, 12, then 1, 5, 9, 13.
   const __m512i split = _mm512_set4_epi32(0, 0, 0x0D090501, 0x0C080400);
-  alignas(64) float w[kWeightSlots];
+  // Slot lane l of vector k is token 16k + l - lead: of token vector k - 1
+  // (the permute's first source) for l < lead, else of k (its second).
+  const __m512i from = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(16 - lead));
+  // The weights stay at token offsets in memory (a vector stored is loaded
+  // back whole) and move to their slots in registers.
+  alignas(64) float w[kQ8VnniChunk / 16 + 1][16];
   for (int i = 0; i < G; ++i) {
     const float* row = p + size_t(i) * p_stride;
-    for (int k = 0; k < slots; k += 16) _mm512_store_ps(w + k, _mm512_setzero_ps());
     __m512 top = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) {
-      const __mmask16 m = first_lanes(n - j);
-      const __m512 wj = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_maskz_loadu_ps(m, scale + j));
-      _mm512_mask_storeu_ps(w + lead + j, m, wj);
-      top = _mm512_max_ps(top, wj);
+    for (int v = 0; v < vectors; ++v) {
+      const __mmask16 m = first_lanes(n - 16 * v);
+      const __m512 w_v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + 16 * v), _mm512_maskz_loadu_ps(m, scale + 16 * v));
+      _mm512_store_ps(w[v], w_v);
+      top = _mm512_max_ps(top, w_v);
     }
+    _mm512_store_ps(w[vectors], _mm512_setzero_ps());
     const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
     unit[i] = max / 65535.f;
     const __m512 inverse = _mm512_set1_ps(max > 0.f ? 65535.f / max : 0.f);
-    for (int k = 0; k < slots; k += 16) {
+    __m512 before = _mm512_setzero_ps();
+    for (int k = 0; k < slot_vectors; ++k) {
+      const __m512 here = _mm512_load_ps(w[k]);
+      const __m512 slots = _mm512_permutex2var_ps(before, from, here);
+      before = here;
       // Nearest, ties to even; w * (65535 / max) may pass 65535 by an ulp.
-      const __m512i code = _mm512_min_epu32(_mm512_cvtps_epu32(_mm512_mul_ps(_mm512_load_ps(w + k), inverse)),
+      const __m512i code = _mm512_min_epu32(_mm512_cvtps_epu32(_mm512_mul_ps(slots, inverse)),
                                             _mm512_set1_epi32(65535));
-      _mm512_storeu_si512(&bytes[i][k / kQuad * 16], _mm512_shuffle_epi8(code, split));
+      _mm512_storeu_si512(&bytes[i][16 * 4 * k], _mm512_shuffle_epi8(code, split));
     }
   }
 }
