@@ -129,7 +129,7 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
 }
 
 void accumulate_q8(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
-                       const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
+                   const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
   const int groups = args.head_dim / kGroup;
   // The chunk's scales [n][groups] widened to f32, then one group's over the
   // tokens (whole vectors, 0 past n).

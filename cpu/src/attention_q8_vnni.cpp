@@ -133,7 +133,8 @@ void weight_codes(const float* p, int p_stride, const float* scale, int n, int l
     __m512 top = _mm512_setzero_ps();
     for (int v = 0; v < vectors; ++v) {
       const __mmask16 m = first_lanes(n - 16 * v);
-      const __m512 w_v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + 16 * v), _mm512_maskz_loadu_ps(m, scale + 16 * v));
+      const __m512 p_v = _mm512_maskz_loadu_ps(m, row + 16 * v);
+      const __m512 w_v = _mm512_mul_ps(p_v, _mm512_maskz_loadu_ps(m, scale + 16 * v));
       _mm512_store_ps(w[v], w_v);
       top = _mm512_max_ps(top, w_v);
     }
@@ -242,7 +243,9 @@ void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stri
     _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(count - i), v_scales + i)));
   }
   for (int grp = 0; grp < groups; ++grp) {
-    for (int j = 0; j < vectors; ++j) _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
+    for (int j = 0; j < vectors; ++j) {
+      _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
+    }
     for_head_groups(args.g, [&](auto heads, int h0) {
       accumulate_group<decltype(heads)::value>(args, h0, p, p_stride, n, lead, v, scale, grp * kGroup, acc, prefetch);
     });
@@ -252,7 +255,8 @@ void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stri
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
                           float* scores, int score_stride, LinePrefetch& prefetch) {
   for_head_groups(args.g, [&](auto heads, int h0) {
-    score_heads<decltype(heads)::value>(args, h0, k_t, k_scales, n, scores + size_t(h0) * score_stride, score_stride, prefetch);
+    score_heads<decltype(heads)::value>(args, h0, k_t, k_scales, n, scores + size_t(h0) * score_stride, score_stride,
+                                        prefetch);
   });
 }
 

@@ -72,7 +72,8 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
       __m256i codes[kVectors], keys[kVectors];
       for (int v = 0; v < kVectors; ++v) {
         const auto* at = reinterpret_cast<const int*>(row + kQuad * kQ8Lanes * v);
-        codes[v] = kFull ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)) : _mm256_maskload_epi32(at, lanes[v]);
+        codes[v] = kFull ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))
+                         : _mm256_maskload_epi32(at, lanes[v]);
         keys[v] = Dot::keys(codes[v]);
       }
       for (int i = 0; i < G; ++i) {

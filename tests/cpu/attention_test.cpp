@@ -496,9 +496,10 @@ TEST(DecodeAttention, Q8ScoresOnAvx512VnniMatchTheirContractBitForBit) {
   expect_q8_scores_match_their_contract(detail::score_q8_avx512_vnni, detail::kQ8VnniTokens);
 }
 
-// The integer q8_0 P.V kernels (AVX-VNNI and AVX512-VNNI: vpdpbusd) against a scalar emulation of their contract (attention_kernel.h):
-// per head and group of 32 channels, the weights p * v_scale as 16-bit codes
-// against their max, the exact integer sums of code * v, then
+// The integer q8_0 P.V kernels (AVX-VNNI and AVX512-VNNI: vpdpbusd) against
+// a scalar emulation of their contract (attention_kernel.h): per head and
+// group of 32 channels, the weights p * v_scale as 16-bit codes against
+// their max, the exact integer sums of code * v, then
 // acc = fma(sum, max / 65535, acc) in f32. Bit for bit, over head_dim 32-512,
 // 1-8 query heads, 1-128 tokens after a lead of 0-3 in their first quad,
 // codes at +-127 and -128 in the quads' slots that are not the chunk's, and
