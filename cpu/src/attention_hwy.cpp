@@ -64,7 +64,7 @@ constexpr int kMaxGroup = 4;
 // registers (G x NV sums: 16 of AVX-512's 32, 8 of AVX2's 16), and each
 // load of K or V and each broadcast serving as many FMAs as they allow.
 template <int G>
-constexpr int kTileVectors = G <= 2 ? 4 : G <= kMaxGroup / 2 ? 4 : 2;
+constexpr int kTileVectors = G <= kMaxGroup / 2 ? 4 : 2;
 
 // The element type a storage dtype is loaded as (bf16 is widened with integer ops).
 template <DType kType>
