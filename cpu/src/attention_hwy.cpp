@@ -402,8 +402,9 @@ void AttendPieceOf(const PieceArgs& a) {
                                        : Q8Kernels{score_q8_avx2, nullptr};
   }
 #endif
+  const auto accumulate_q8 = use_vnni ? accumulate_q8_avx512_vnni : q8_256.accumulate;  // null: the widening code
   // q8_0 P.V on the widening code: the chunk's weights and V scales by token slot (AccumulateQuadTile).
-  const bool q8_slots = kType == DType::kQ8_0 && !use_vnni && q8_256.accumulate == nullptr;
+  const bool q8_slots = kType == DType::kQ8_0 && accumulate_q8 == nullptr;
   std::vector<float> v_scales_f32(q8_slots ? size_t(kChunkSlots) * size_t(groups) : 0);
   std::vector<float> p_slots(q8_slots ? size_t(g) * kChunkSlots : 0);
   std::vector<float> scores(size_t(g) * kChunkTokens);  // scores, then p, per head
@@ -471,7 +472,6 @@ void AttendPieceOf(const PieceArgs& a) {
       const T* v_first = kType == DType::kQ8_0
                              ? v + kvstore::q8_value_code_offset(dim, 0, t0 - lead)
                              : v + size_t(t0) * dim;
-      const auto accumulate_q8 = use_vnni ? accumulate_q8_avx512_vnni : q8_256.accumulate;
       if (accumulate_q8 != nullptr) {
         accumulate_q8(a, scores.data(), kChunkTokens, n, lead, reinterpret_cast<const int8_t*>(v_first),
                       v_scales + size_t(t0) * groups, acc, next_v);
