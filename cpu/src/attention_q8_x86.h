@@ -85,16 +85,22 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
     }
     const uint16_t* scale_row = scales + size_t(grp) * size_t(a.block_size);
     prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
-    alignas(32) uint16_t part[kTile] = {};
-    const uint16_t* halfs = kFull ? scale_row : part;
-    if constexpr (!kFull) std::memcpy(part, scale_row, sizeof(uint16_t) * size_t(count));
+    const uint16_t* halfs = scale_row;
+    alignas(32) uint16_t part[kTile];
+    if constexpr (!kFull) {  // a partial tile reads only its tokens' scales
+      std::memset(part, 0, sizeof(part));
+      std::memcpy(part, scale_row, sizeof(uint16_t) * size_t(count));
+      halfs = part;
+    }
+    __m256 scale[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      scale[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halfs + kQ8Lanes * v)));
+    }
     for (int i = 0; i < G; ++i) {
       const __m256 q_scale = _mm256_set1_ps(a.q_scales[size_t(h0 + i) * groups + grp]);
       for (int v = 0; v < kVectors; ++v) {
-        const __m256 scale =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halfs + kQ8Lanes * v)));
         float* sum = &acc[i][kQ8Lanes * v];
-        _mm256_store_ps(sum, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][v]), _mm256_mul_ps(scale, q_scale),
+        _mm256_store_ps(sum, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][v]), _mm256_mul_ps(scale[v], q_scale),
                                              _mm256_load_ps(sum)));
       }
     }
