@@ -61,7 +61,9 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
   }
   // The f32 sums wait in memory between groups: in registers they would
   // crowd out the integer ones.
-  alignas(32) float acc[G][kTile] = {};
+  alignas(32) float acc[G][kTile];  // zeroed by vector stores: `= {}` became rep stos, slow to start
+  for (int i = 0; i < G; ++i)
+    for (int v = 0; v < kVectors; ++v) _mm256_store_ps(&acc[i][kQ8Lanes * v], _mm256_setzero_ps());
   const int8_t* row = k;
   for (int grp = 0; grp < groups; ++grp) {
     __m256i dot[G][kVectors];
@@ -105,7 +107,9 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
       }
     }
   }
-  for (int i = 0; i < G; ++i) std::memcpy(out + size_t(i) * score_stride, acc[i], sizeof(float) * size_t(count));
+  // A full tile's copies have a size known here: moves, not calls to memcpy.
+  const size_t bytes = sizeof(float) * size_t(kFull ? kTile : count);
+  for (int i = 0; i < G; ++i) std::memcpy(out + size_t(i) * score_stride, acc[i], bytes);
 }
 
 template <class Dot>
