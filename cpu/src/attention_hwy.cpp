@@ -61,10 +61,13 @@ constexpr int kMaxGroup = 4;
 
 // Vectors of tokens (scores) or channels (V) per tile for G heads: enough
 // independent FMA chains to hide the FMA latency, few enough for the
-// registers (G x NV sums: 16 of AVX-512's 32, 8 of AVX2's 16), and each
-// load of K or V and each broadcast serving as many FMAs as they allow.
-template <int G>
-constexpr int kTileVectors = G <= kMaxGroup / 2 ? 4 : 2;
+// registers, and each load of K or V and each broadcast serving as many
+// FMAs as they allow: G x NV sums take 16 of AVX-512's 32 registers, and 12
+// of AVX2's 16 for 3 or 4 heads (8 made Zen 3's f16 decode 14% slower hot).
+// q8_0's P.V widens codes (AccumulateQuadTile), which needs the registers
+// that a third vector would take: it keeps 2 there (3 was 14% slower).
+template <DType kType, int G>
+constexpr int kTileVectors = G <= kMaxGroup / 2 ? 4 : kMaxGroup == 4 && kType != DType::kQ8_0 ? 3 : 2;
 
 // The element type a storage dtype is loaded as (bf16 is widened with integer ops).
 template <DType kType>
@@ -226,7 +229,7 @@ template <DType kType, int G>
 void ScoreHeads(const float* q, const float* q_scales, int dim, const typename Stored<kType>::T* k_t,
                 Scales k_scales, int block_size, int t0, int n, float* scores, LinePrefetch& prefetch) {
   const DF df;
-  constexpr int kNV = kTileVectors<G>;
+  constexpr int kNV = kTileVectors<kType, G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   int j = 0;
   for (; j + kNV * lanes <= n; j += kNV * lanes) {
@@ -312,7 +315,7 @@ template <DType kType, int G>
 void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales, int dim,
                      float* acc, LinePrefetch& prefetch) {
   const DF df;
-  constexpr int kNV = kTileVectors<G>;
+  constexpr int kNV = kTileVectors<kType, G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   const auto tile = [&](auto d, auto vectors, int c) {
     if constexpr (kType == DType::kQ8_0) {
