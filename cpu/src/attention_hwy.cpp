@@ -62,12 +62,17 @@ constexpr int kMaxGroup = 4;
 // Vectors of tokens (scores) or channels (V) per tile for G heads: enough
 // independent FMA chains to hide the FMA latency, few enough for the
 // registers, and each load of K or V and each broadcast serving as many
-// FMAs as they allow: G x NV sums take 16 of AVX-512's 32 registers, and 12
-// of AVX2's 16 for 3 or 4 heads (8 made Zen 3's f16 decode 14% slower hot).
-// q8_0's P.V widens codes (AccumulateQuadTile), which needs the registers
-// that a third vector would take: it keeps 2 there (3 was 14% slower).
+// FMAs as they allow: G x NV sums take 16 of AVX-512's 32 registers, 12 of
+// AVX2's 16 for 3 or 4 heads, and 8 for one head (with 8 and 4 sums, Zen 3's
+// f16 decode ran 14% and 11% slower hot). q8_0's P.V widens codes
+// (AccumulateQuadTile), which needs the registers that more vectors would
+// take: it keeps 4 or 2 (3 was 14% slower, 8 for one head 7%).
 template <DType kType, int G>
-constexpr int kTileVectors = G <= kMaxGroup / 2 ? 4 : kMaxGroup == 4 && kType != DType::kQ8_0 ? 3 : 2;
+constexpr int kTileVectors = kType == DType::kQ8_0 ? (G <= kMaxGroup / 2 ? 4 : 2)
+                             : G == 1                ? 8
+                             : G <= kMaxGroup / 2    ? 4
+                             : kMaxGroup == 4        ? 3
+                                                     : 2;
 
 // The element type a storage dtype is loaded as (bf16 is widened with integer ops).
 template <DType kType>
@@ -224,19 +229,27 @@ HWY_INLINE void ScoreTile(D d, const float* q, const float* q_scales, int dim, c
     for (int u = 0; u < NV; ++u) hn::StoreU(acc[i][u], d, scores + i * kChunkTokens + j + u * lanes);
 }
 
+// Covers [0, n) with tiles: fn(std::integral_constant<int, NV>(), j) for
+// tiles of NV vectors from j, NV = kNV, then halved while one still fits
+// (a 64-channel head on an 8-vector AVX-512 tile takes one of 4, not 4 of
+// 1); returns where whole vectors end.
+template <int kNV, class Fn>
+HWY_INLINE int ForEachTile(int n, int lanes, int j, Fn&& fn) {
+  for (; j + kNV * lanes <= n; j += kNV * lanes) fn(std::integral_constant<int, kNV>(), j);
+  if constexpr (kNV > 1) j = ForEachTile<kNV / 2>(n, lanes, j, fn);
+  return j;
+}
+
 // Scores of G query heads for tokens [t0, t0 + n) of a block.
 template <DType kType, int G>
 void ScoreHeads(const float* q, const float* q_scales, int dim, const typename Stored<kType>::T* k_t,
                 Scales k_scales, int block_size, int t0, int n, float* scores, LinePrefetch& prefetch) {
   const DF df;
-  constexpr int kNV = kTileVectors<kType, G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
-  int j = 0;
-  for (; j + kNV * lanes <= n; j += kNV * lanes) {
-    ScoreTile<kType, G, kNV>(df, q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
-  }
-  for (; j + lanes <= n; j += lanes)
-    ScoreTile<kType, G, 1>(df, q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
+  int j = ForEachTile<kTileVectors<kType, G>>(n, lanes, 0, [&](auto vectors, int at) {
+    ScoreTile<kType, G, decltype(vectors)::value>(df, q, q_scales, dim, k_t, k_scales, block_size, t0 + at, scores,
+                                                  at, prefetch);
+  });
   for (; j < n; ++j) {
     ScoreTile<kType, G, 1>(D1(), q, q_scales, dim, k_t, k_scales, block_size, t0 + j, scores, j, prefetch);
   }
@@ -315,7 +328,6 @@ template <DType kType, int G>
 void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, const float* v_scales, int dim,
                      float* acc, LinePrefetch& prefetch) {
   const DF df;
-  constexpr int kNV = kTileVectors<kType, G>;
   const int lanes = static_cast<int>(hn::Lanes(df));
   const auto tile = [&](auto d, auto vectors, int c) {
     if constexpr (kType == DType::kQ8_0) {
@@ -325,9 +337,7 @@ void AccumulateHeads(const float* p, int n, const typename Stored<kType>::T* v, 
       AccumulateTile<kType, G, decltype(vectors)::value>(d, p, n, v, dim, c, acc, prefetch);
     }
   };
-  int c = 0;
-  for (; c + kNV * lanes <= dim; c += kNV * lanes) tile(df, std::integral_constant<int, kNV>(), c);
-  for (; c + lanes <= dim; c += lanes) tile(df, std::integral_constant<int, 1>(), c);
+  int c = ForEachTile<kTileVectors<kType, G>>(dim, lanes, 0, [&](auto vectors, int at) { tile(df, vectors, at); });
   for (; c < dim; ++c) tile(D1(), std::integral_constant<int, 1>(), c);
 }
 
