@@ -37,12 +37,13 @@
 #define HWY_TARGET_INCLUDE "../src/attention_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
+#include "exp_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using cpu::HWY_NAMESPACE::ExpNonPositive;
 
 using DF = hn::ScalableTag<float>;
 using D1 = hn::CappedTag<float, 1>;  // one lane, for tails
@@ -368,13 +369,13 @@ float SoftmaxUpdate(float* s, int n, float& m, float& l) {
   auto vsum = hn::Zero(df);
   const auto vm = hn::Set(df, m_new);
   for (j = 0; j + lanes <= n; j += lanes) {
-    const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), vm));
+    const auto p = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j), vm));
     hn::StoreU(p, df, s + j);
     vsum = hn::Add(vsum, p);
   }
   float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
   for (; j < n; ++j) {
-    const auto p = hn::Exp(d1, hn::Sub(hn::LoadU(d1, s + j), hn::Set(d1, m_new)));
+    const auto p = ExpNonPositive(d1, hn::Sub(hn::LoadU(d1, s + j), hn::Set(d1, m_new)));
     hn::StoreU(p, d1, s + j);
     sum += hn::GetLane(p);
   }

@@ -22,7 +22,7 @@
 #define HWY_TARGET_INCLUDE "../src/prefill_attention_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
+#include "exp_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx {
@@ -107,9 +107,6 @@ void PrefillSoftmaxStep(size_t rows, size_t cols, const int* valid, float* s, si
   const DF df;
   const size_t lanes = hn::Lanes(df);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // Exp gives exactly 0 below -104; clamping there keeps its integer steps in
-  // range for masked (-inf) scores.
-  const VF exp_floor = hn::Set(df, -105.f);
   for (size_t r = 0; r < rows; ++r) {
     float* row = s + r * lds;
     std::fill(row + valid[r], row + cols, kNegInf);
@@ -120,7 +117,7 @@ void PrefillSoftmaxStep(size_t rows, size_t cols, const int* valid, float* s, si
     const VF m_new_v = hn::Set(df, m_new);
     VF sum_v = hn::Zero(df);
     for (size_t j = 0; j < cols; j += lanes) {
-      const VF p = hn::Exp(df, hn::Max(hn::Sub(hn::LoadU(df, row + j), m_new_v), exp_floor));
+      const VF p = ExpNonPositive(df, hn::Sub(hn::LoadU(df, row + j), m_new_v));  // masked: exp(-inf) = 0
       hn::StoreU(p, df, row + j);
       sum_v = hn::Add(sum_v, p);
     }

@@ -579,6 +579,52 @@ TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
 // kernel computes as 2^(f32(t * log2(e))). Against that power of two in fp64
 // the polynomial's relative error must stay within its documented 3.0e-6
 // over the whole normal range, t from 0 down to -87.
+// The f32 softmax step's exp (cpu/src/exp_hwy-inl.h, which decode's softmax
+// shares) on every Highway target: with a row whose max is 0, p = exp(s)
+// exactly as the argument s, within 1 ulp (2u relative) of exp in fp64 down
+// to -86, 0 below it and in masked columns; m' = 0 and l = sum of p.
+TEST(PrefillAttention, F32SoftmaxExpIsWithin1UlpOnEveryTarget) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-90.f, 0.f);
+  std::vector<float> args = {-1e-7f, -0.34657f, -0.34658f, -0.5f, -1.f, -85.99f, -86.f, -86.01f, -87.5f, -104.f};
+  for (int i = 0; i < 40000; ++i) args.push_back(i < 8000 ? uniform(rng) / 90.f : uniform(rng));
+  constexpr size_t kCols = 64;  // 63 arguments, then the max 0 (valid = 64) or a masked column (valid = 63)
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    double worst = 0;
+    for (size_t first = 0; first < args.size(); first += kCols - 1) {
+      const size_t n = std::min(kCols - 1, args.size() - first);
+      std::vector<float> s(kCols, -3.f), o(detail::kTileAlign, 2.f);  // o_cols: a multiple of kTileAlign
+      std::copy_n(args.begin() + long(first), n, s.begin());
+      s[kCols - 1] = 0.f;
+      float m = -std::numeric_limits<float>::infinity(), l = 0.f;
+      const int valid = int(kCols);
+      detail::softmax_step(1, kCols, &valid, s.data(), kCols, &m, &l, o.data(), o.size(), o.size());
+      ASSERT_EQ(m, 0.f);
+      ASSERT_EQ(s[kCols - 1], 1.f);
+      ASSERT_EQ(o[0], 0.f) << "o *= exp(-inf - 0) = 0 on the first tile";
+      double sum = 0;
+      for (size_t j = 0; j + 1 < kCols; ++j) {
+        const float arg = j < n ? args[first + j] : -3.f;
+        const double ref = arg < -86.f ? 0.0 : std::exp(double(arg));
+        worst = std::max(worst, ref > 0 ? std::abs(double(s[j]) - ref) / ref : 0.0);
+        ASSERT_LE(std::abs(double(s[j]) - ref), 2 * kU * ref) << "exp(" << arg << ") gave " << s[j];
+        sum += s[j];
+      }
+      ASSERT_NEAR(l, sum + 1.0, 4 * kCols * kU * (sum + 1.0));
+      // The same row with its last column masked: its p is exactly 0.
+      std::copy_n(args.begin() + long(first), n, s.begin());
+      m = -std::numeric_limits<float>::infinity(), l = 0.f;
+      const int all_but_last = int(kCols) - 1;
+      detail::softmax_step(1, kCols, &all_but_last, s.data(), kCols, &m, &l, o.data(), o.size(), o.size());
+      ASSERT_EQ(s[kCols - 1], 0.f);
+    }
+    RecordProperty(str_cat("worst_relative_error_", hwy::TargetName(target)), ::testing::PrintToString(worst));
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   if (!why.empty()) GTEST_SKIP() << why;
