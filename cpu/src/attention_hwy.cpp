@@ -126,8 +126,9 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
                             const typename Stored<kType>::T* k, int block_size, hn::Vec<D> (&sum)[G][NV],
                             LinePrefetch& prefetch) {
   const size_t lanes = hn::Lanes(d);
+  LinePrefetch walk = prefetch;  // in registers: through the reference it was a store and a load per channel
   for (int c = c_begin; c < c_end; ++c, k += block_size) {
-    prefetch_step(prefetch, NV * lanes * sizeof(*k));
+    prefetch_step(walk, NV * lanes * sizeof(*k));
     hn::Vec<D> key[NV];
     for (int u = 0; u < NV; ++u) key[u] = LoadF32<kType>(d, k + u * lanes);
     for (int i = 0; i < G; ++i) {
@@ -135,6 +136,7 @@ HWY_INLINE void DotChannels(D d, const float* q, int dim, int c_begin, int c_end
       for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(qc, key[u], sum[i][u]);
     }
   }
+  prefetch = walk;
 }
 
 // Byte kByte of each 32-bit lane of `lanes` (q8_0 codes) moved to the lane's
@@ -177,8 +179,9 @@ HWY_INLINE void DotQuads(D d, const float* q, int dim, int c_begin, int c_end, c
   constexpr int kQuad = kvstore::kQ8KeyQuad;
   const size_t lanes = hn::Lanes(d);
   const hn::Rebind<int32_t, D> di;
+  LinePrefetch walk = prefetch;  // in registers (DotChannels)
   for (int c = c_begin; c < c_end; c += kQuad, k += size_t(block_size) * kQuad) {
-    prefetch_step(prefetch, NV * lanes * kQuad);
+    prefetch_step(walk, NV * lanes * kQuad);
     hn::Vec<decltype(di)> codes[NV];
     for (int u = 0; u < NV; ++u) codes[u] = hn::LoadU(di, reinterpret_cast<const int32_t*>(k + u * lanes * kQuad));
     ForEachByte([&](auto byte) {
@@ -189,6 +192,7 @@ HWY_INLINE void DotQuads(D d, const float* q, int dim, int c_begin, int c_end, c
       }
     });
   }
+  prefetch = walk;
 }
 
 // scores[i * kChunkTokens + j + ...] = q_i . k_t for the G query heads (rows of
@@ -266,8 +270,9 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) sum[i][u] = hn::LoadU(d, acc + i * dim + c + u * lanes);
   const auto* row = v + c;
+  LinePrefetch walk = prefetch;  // in registers (DotChannels)
   for (int j = 0; j < n; ++j, row += dim) {
-    prefetch_step(prefetch, NV * lanes * sizeof(*row));
+    prefetch_step(walk, NV * lanes * sizeof(*row));
     hn::Vec<D> value[NV];
     for (int u = 0; u < NV; ++u) value[u] = LoadF32<kType>(d, row + u * lanes);
     for (int i = 0; i < G; ++i) {
@@ -275,6 +280,7 @@ HWY_INLINE void AccumulateTile(D d, const float* p, int n, const typename Stored
       for (int u = 0; u < NV; ++u) sum[i][u] = hn::MulAdd(pj, value[u], sum[i][u]);
     }
   }
+  prefetch = walk;
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) hn::StoreU(sum[i][u], d, acc + i * dim + c + u * lanes);
 }
@@ -301,9 +307,10 @@ HWY_INLINE void AccumulateQuadTile(D d, const float* p, int quads, const int8_t*
   hn::Vec<D> sum[G][NV];
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) sum[i][u] = hn::LoadU(d, acc + i * dim + c + u * lanes);
+  LinePrefetch walk = prefetch;  // in registers (DotChannels)
   for (int q = 0; q < quads; ++q) {
     const int8_t* row = v + (size_t(q) * dim + size_t(c)) * kQuad;
-    prefetch_step(prefetch, NV * lanes * kQuad);
+    prefetch_step(walk, NV * lanes * kQuad);
     hn::Vec<decltype(di)> codes[NV];
     for (int u = 0; u < NV; ++u) codes[u] = hn::LoadU(di, reinterpret_cast<const int32_t*>(row + u * lanes * kQuad));
     ForEachByte([&](auto byte) {
@@ -319,6 +326,7 @@ HWY_INLINE void AccumulateQuadTile(D d, const float* p, int quads, const int8_t*
       }
     });
   }
+  prefetch = walk;
   for (int i = 0; i < G; ++i)
     for (int u = 0; u < NV; ++u) hn::StoreU(sum[i][u], d, acc + i * dim + c + u * lanes);
 }
