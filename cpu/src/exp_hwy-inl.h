@@ -1,6 +1,6 @@
 // exp(x) for the softmax of the f32 attention kernels (decode and prefill),
 // where x = s - max <= 0. Highway's Exp is general (its own range reduction,
-// overflow guards, an extra multiply to scale): 30 instructions per vector on
+// overflow guards, an extra multiply to scale): about 30 instructions per vector on
 // AVX2, the third of a prefill tile's time at head_dim 32 (Zen 3). This one
 // takes 14:
 //   n = round(x log2 e)                 adding 1.5 * 2^23 rounds to an integer
@@ -12,9 +12,9 @@
 // [-86, 0] the result was within 7.4e-8 of exp in fp64 where the target has
 // FMA, 9.6e-8 where it does not (SSE4): under 2^-23, the 1 ulp that the
 // kernels' error bounds assume (tests/cpu: F32SoftmaxExpIsWithin1Ulp...).
-// Below -86 (where 2^n would leave the normal range) and for -inf or NaN
-// the result is 0: those terms weigh less than 1e-37 next to the row's
-// maximum, whose exp is 1.
+// Below -86 (where 2^n would leave the normal range) the result is 0: such
+// terms weigh less than 1e-37 next to the row's maximum, whose exp is 1. So
+// it is for -inf (masked scores) and NaN, as with Highway's Exp.
 //
 // Include after hwy/highway.h, outside any namespace, in a file compiled per
 // target (foreach_target.h).
