@@ -574,11 +574,6 @@ TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
 
 }  // namespace
 
-// The bf16 kernels' exp directly: a row whose running max m = t < 0 meets a
-// key of score 0, so its O (all 1) is rescaled by exp(t - 0), which the
-// kernel computes as 2^(f32(t * log2(e))). Against that power of two in fp64
-// the polynomial's relative error must stay within its documented 3.0e-6
-// over the whole normal range, t from 0 down to -87.
 // The f32 softmax step's exp (cpu/src/exp_hwy-inl.h, which decode's softmax
 // shares) on every Highway target: with a row whose max is 0, p = exp(s)
 // exactly as the argument s, within 1 ulp (2u relative) of exp in fp64 down
@@ -590,7 +585,7 @@ TEST(PrefillAttention, F32SoftmaxExpIsWithin1UlpOnEveryTarget) {
   for (int i = 0; i < 40000; ++i) args.push_back(i < 8000 ? uniform(rng) / 90.f : uniform(rng));
   constexpr size_t kCols = 64;  // 63 arguments, then the max 0 (valid = 64) or a masked column (valid = 63)
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+    const KernelScope scope({PrefillKernel::kF32, target});  // also restored when an assertion returns
     SCOPED_TRACE(hwy::TargetName(target));
     double worst = 0;
     for (size_t first = 0; first < args.size(); first += kCols - 1) {
@@ -622,9 +617,13 @@ TEST(PrefillAttention, F32SoftmaxExpIsWithin1UlpOnEveryTarget) {
     }
     RecordProperty(str_cat("worst_relative_error_", hwy::TargetName(target)), ::testing::PrintToString(worst));
   }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
+// The bf16 kernels' exp directly: a row whose running max m = t < 0 meets a
+// key of score 0, so its O (all 1) is rescaled by exp(t - 0), which the
+// kernel computes as 2^(f32(t * log2(e))). Against that power of two in fp64
+// the polynomial's relative error must stay within its documented 3.0e-6
+// over the whole normal range, t from 0 down to -87.
 TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   if (!why.empty()) GTEST_SKIP() << why;
