@@ -10,11 +10,12 @@ namespace longctx::cpu::detail {
 namespace {
 
 struct Avx2Dot {
-  // 16 tokens a tile, so that each broadcast of a head's quad and each sign
-  // serve two loads of keys. 4 heads' 8 sums, the keys and their codes need
-  // more than the 16 registers, and GCC keeps half the sums on the stack;
-  // even so the scores took 25% less time than with 8 tokens a tile, and
-  // q8_0 decode over 16K hot tokens (g 4, d 128) 7% less (Zen 3).
+  // 16 tokens a tile, so that each broadcast of a head's quad serves two
+  // loads of keys (the signs stay one per load and head). 4 heads' 8 sums,
+  // the keys and their codes need more than the 16 registers, and GCC keeps
+  // half the sums on the stack; even so the scores took 25% less time than
+  // with 8 tokens a tile, and q8_0 decode over 16K hot tokens (g 4, d 128)
+  // 7% less (Zen 3).
   static constexpr int kKeyVectors = 2;
   static __m256i keys(__m256i codes) { return _mm256_abs_epi8(codes); }
   static __m256i start(int32_t) { return _mm256_setzero_si256(); }
