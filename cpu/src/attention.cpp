@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <tbb/parallel_for.h>
+
 #include "attention_kernel.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
@@ -49,7 +51,18 @@ const char* q8_decode_kernel_description() {
   return "codes widened to f32, q quantized to int8";
 }
 
+// A piece: n_tokens consecutive selected tokens of one kv head, from token
+// `token` of its span `span` on (the spans walked in order).
+struct detail::DecodePiece {
+  int kv_head = 0;
+  size_t span = 0;
+  int64_t token = 0;
+  int64_t n_tokens = 0;
+};
+
 namespace {
+
+using Piece = detail::DecodePiece;
 
 // Default piece size (params.split_tokens == 0). It depends only on the
 // selection, never on the thread count, so the result is bit-identical
@@ -67,22 +80,21 @@ constexpr int64_t kPieceAlign = 128;
 // pieces' outputs (g x head_dim floats each) stay a bounded scratch.
 constexpr int64_t kMaxPieces = 65536;
 
-int64_t default_split_tokens(int64_t total_tokens) {
-  const int64_t per_piece = std::max(kMinPieceTokens, (total_tokens + kTargetPieces - 1) / kTargetPieces);
+// The piece size of a kv head that selected head_tokens tokens: the rules
+// above applied as if every kv head had selected as many. It depends on that
+// head's selection alone, so a head can be planned and run before the other
+// heads are selected (HeadwiseDecodeAttention::attend_head), with the same
+// bits as when all heads run together.
+int64_t split_tokens_of_head(const DecodeAttentionParams& params, int64_t head_tokens, int n_kv_heads) {
+  const int64_t all_heads = head_tokens * n_kv_heads;
+  if (params.split_tokens > 0) return std::max(params.split_tokens, (all_heads + kMaxPieces - 1) / kMaxPieces);
+  const int64_t per_piece = std::max(kMinPieceTokens, (all_heads + kTargetPieces - 1) / kTargetPieces);
   return (per_piece + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
 }
 
-// A piece: n_tokens consecutive selected tokens of one kv head, from token
-// `token` of its span `span` on (the spans walked in order).
-struct Piece {
-  int kv_head = 0;
-  size_t span = 0;
-  int64_t token = 0;
-  int64_t n_tokens = 0;
-};
-
-void check_arguments(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
-                     const DecodeAttentionParams& params, const MutableTensorView& out, const MutableTensorView& lse) {
+void check_query_and_outputs(const kvstore::KVStore& store, int layer, const TensorView& q,
+                             const DecodeAttentionParams& params, const MutableTensorView& out,
+                             const MutableTensorView& lse) {
   const kvstore::KVShape& shape = store.layout().shape;
   if (layer < 0 || layer >= shape.n_layers) {
     fail(ErrorCode::kInvalidArgument, "decode_attention: layer ", layer, " out of range [0, ", shape.n_layers, ")");
@@ -108,60 +120,56 @@ void check_arguments(const kvstore::KVStore& store, int layer, const TensorView&
     fail(ErrorCode::kInvalidArgument, "decode_attention params.split_tokens: ", params.split_tokens,
          " is negative (0 chooses automatically)");
   }
+}
 
-  if (selection.spans.size() != size_t(shape.n_kv_heads)) {
-    fail(ErrorCode::kInvalidArgument, "decode_attention selection: spans for ", selection.spans.size(),
-         " kv heads, the store has ", shape.n_kv_heads);
-  }
+void check_head_spans(const kvstore::KVStore& store, int layer, size_t h, const std::vector<TokenSpan>& spans) {
   const int64_t n_tokens = store.n_tokens(layer);
-  for (size_t h = 0; h < selection.spans.size(); ++h) {
-    const std::vector<TokenSpan>& spans = selection.spans[h];
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const TokenSpan& s = spans[i];
-      if (s.begin < 0 || s.end > n_tokens || s.begin >= s.end) {
-        fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
-             ", ", s.end, ") is empty or outside the tokens [0, ", n_tokens, ") of layer ", layer);
-      }
-      if (i > 0 && s.begin < spans[i - 1].end) {
-        fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
-             ", ", s.end, ") starts before the end of span ", i - 1, " [", spans[i - 1].begin, ", ",
-             spans[i - 1].end, "); spans must be sorted and non-overlapping");
-      }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const TokenSpan& s = spans[i];
+    if (s.begin < 0 || s.end > n_tokens || s.begin >= s.end) {
+      fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
+           ", ", s.end, ") is empty or outside the tokens [0, ", n_tokens, ") of layer ", layer);
+    }
+    if (i > 0 && s.begin < spans[i - 1].end) {
+      fail(ErrorCode::kInvalidArgument, "decode_attention selection: kv head ", h, " span ", i, " [", s.begin,
+           ", ", s.end, ") starts before the end of span ", i - 1, " [", spans[i - 1].begin, ", ",
+           spans[i - 1].end, "); spans must be sorted and non-overlapping");
     }
   }
 }
 
-// Cuts each kv head's selected tokens, in order, into pieces of split_tokens
-// tokens (a head's last piece may be shorter). Arithmetic on the spans only:
-// the pages of a piece are looked up by the task that runs it (piece_slices),
-// so those scattered reads are spread over the threads.
-std::vector<Piece> plan_pieces(const Selection& selection, int64_t split_tokens) {
-  std::vector<Piece> pieces;
-  for (size_t h = 0; h < selection.spans.size(); ++h) {
-    int64_t in_piece = split_tokens;  // tokens in the last piece; full: the next token opens one
-    const std::vector<TokenSpan>& spans = selection.spans[h];
-    for (size_t i = 0; i < spans.size(); ++i) {
-      for (int64_t t = spans[i].begin; t < spans[i].end;) {
-        if (in_piece == split_tokens) {
-          pieces.push_back({int(h), i, t, 0});
-          in_piece = 0;
-        }
-        const int64_t take = std::min(spans[i].end - t, split_tokens - in_piece);
-        pieces.back().n_tokens += take;
-        in_piece += take;
-        t += take;
-      }
-    }
-  }
-  return pieces;
+int64_t span_tokens(const std::vector<TokenSpan>& spans) {
+  int64_t total = 0;
+  for (const TokenSpan& s : spans) total += s.end - s.begin;
+  return total;
 }
 
-// The block slices of a piece: its tokens cut at block ends, each slice one
-// block page's [begin, end). With max_slices, only the first ones.
-void piece_slices(const kvstore::KVStore& store, int layer, const Selection& selection, const Piece& piece,
+// Appends the pieces of kv head h's selected tokens, cut in order into
+// pieces of split_tokens tokens (the last may be shorter). Arithmetic on the
+// spans only: the pages of a piece are looked up by the task that runs it
+// (piece_slices), so those scattered reads are spread over the threads.
+void plan_head_pieces(int h, const std::vector<TokenSpan>& spans, int64_t split_tokens, std::vector<Piece>& pieces) {
+  int64_t in_piece = split_tokens;  // tokens in the last piece; full: the next token opens one
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (int64_t t = spans[i].begin; t < spans[i].end;) {
+      if (in_piece == split_tokens) {
+        pieces.push_back({h, i, t, 0});
+        in_piece = 0;
+      }
+      const int64_t take = std::min(spans[i].end - t, split_tokens - in_piece);
+      pieces.back().n_tokens += take;
+      in_piece += take;
+      t += take;
+    }
+  }
+}
+
+// The block slices of a piece of a head whose spans are `spans`: its tokens
+// cut at block ends, each slice one block page's [begin, end). With
+// max_slices, only the first ones.
+void piece_slices(const kvstore::KVStore& store, int layer, const std::vector<TokenSpan>& spans, const Piece& piece,
                   std::vector<detail::BlockSlice>& slices, size_t max_slices = SIZE_MAX) {
   const int block_size = store.layout().block_size;
-  const std::vector<TokenSpan>& spans = selection.spans[size_t(piece.kv_head)];
   slices.clear();
   size_t span = piece.span;
   int64_t t = piece.token;
@@ -205,90 +213,133 @@ void write_head(const float* head_out, const float* head_lse, size_t count, int 
 
 }  // namespace
 
-void decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
-                      const DecodeAttentionParams& params, const MutableTensorView& out,
-                      const MutableTensorView& lse) {
-  check_arguments(store, layer, q, selection, params, out, lse);
+HeadwiseDecodeAttention::HeadwiseDecodeAttention(const kvstore::KVStore& store, int layer, const TensorView& q,
+                                                 const DecodeAttentionParams& params, const MutableTensorView& out,
+                                                 const MutableTensorView& lse)
+    : store_(store), layer_(layer), params_(params), out_(out), lse_(lse) {
+  check_query_and_outputs(store, layer, q, params, out, lse);
   const kvstore::StoreLayout& layout = store.layout();
-  const int n_kv_heads = layout.shape.n_kv_heads;
-  const int dim = layout.shape.head_dim;
   const int n_q_heads = int(q.shape[0]);
-  const int g = n_q_heads / n_kv_heads;
-  const float scale = params.scale != 0.f ? params.scale : 1.f / std::sqrt(float(dim));
+  dim_ = layout.shape.head_dim;
+  g_ = n_q_heads / layout.shape.n_kv_heads;
+  const float scale = params.scale != 0.f ? params.scale : 1.f / std::sqrt(float(dim_));
 
   // q times the scale, contiguous (also makes out aliasing q harmless).
-  std::vector<float> q_scaled(size_t(n_q_heads) * dim);
+  q_scaled_.resize(size_t(n_q_heads) * size_t(dim_));
   for (int h = 0; h < n_q_heads; ++h) {
     const float* row = static_cast<const float*>(q.data) + h * q.strides[0];
-    for (int c = 0; c < dim; ++c) q_scaled[size_t(h) * dim + c] = row[c] * scale;
+    for (int c = 0; c < dim_; ++c) q_scaled_[size_t(h) * size_t(dim_) + size_t(c)] = row[c] * scale;
   }
   // q8_0 keys: q quantized per 32 channels too, so the dot products of codes
   // are integers (as in ggml's q8_0 x q8_0 dot).
-  const bool q8 = layout.kv_type == DType::kQ8_0;
-  QuantizedActs q_q8;
-  std::vector<int32_t> q_code_sums;
-  if (q8) {
-    quantize_acts(q_scaled.data(), n_q_heads, dim, dim, kvstore::kQ8Group, q_q8);
-    q_code_sums.assign(q_q8.d.size(), 0);
+  if (layout.kv_type == DType::kQ8_0) {
+    QuantizedActs q_q8;
+    quantize_acts(q_scaled_.data(), n_q_heads, dim_, dim_, kvstore::kQ8Group, q_q8);
+    q_code_sums_.assign(q_q8.d.size(), 0);
     for (size_t i = 0; i < q_q8.q.size(); ++i) {
-      q_scaled[i] = float(q_q8.q[i]);
-      q_code_sums[i / kvstore::kQ8Group] += q_q8.q[i];
+      q_scaled_[i] = float(q_q8.q[i]);
+      q_code_sums_[i / kvstore::kQ8Group] += q_q8.q[i];
     }
+    q_codes_ = std::move(q_q8.q);
+    q_scales_ = std::move(q_q8.d);
   }
+}
 
-  int64_t total_tokens = 0;
-  for (const auto& spans : selection.spans)
-    for (const TokenSpan& s : spans) total_tokens += s.end - s.begin;
-  const int64_t split_tokens =
-      params.split_tokens > 0 ? std::max(params.split_tokens, (total_tokens + kMaxPieces - 1) / kMaxPieces)
-                              : default_split_tokens(total_tokens);
-
-  const std::vector<Piece> pieces = plan_pieces(selection, split_tokens);
-  // Each kv head's pieces are consecutive: [head_first[h], head_first[h + 1]).
-  std::vector<size_t> head_first(size_t(n_kv_heads) + 1);
-  for (size_t h = 0, p = 0; h <= size_t(n_kv_heads); ++h) {
-    while (p < pieces.size() && size_t(pieces[p].kv_head) < h) ++p;
-    head_first[h] = p;
+void HeadwiseDecodeAttention::attend_piece(const std::vector<TokenSpan>& spans, const Piece& piece,
+                                           const std::vector<TokenSpan>* following_spans, const Piece* following,
+                                           float* piece_out, float* piece_lse) const {
+  const kvstore::StoreLayout& layout = store_.layout();
+  const int h = piece.kv_head;
+  std::vector<detail::BlockSlice> slices, following_slices;
+  piece_slices(store_, layer_, spans, piece, slices);
+  if (following != nullptr) piece_slices(store_, layer_, *following_spans, *following, following_slices, 1);
+  const size_t piece_floats = size_t(g_) * size_t(dim_);
+  detail::PieceArgs args;
+  args.q = q_scaled_.data() + size_t(h) * piece_floats;
+  if (!q_codes_.empty()) {
+    const size_t piece_groups = piece_floats / kvstore::kQ8Group;
+    args.q_codes = q_codes_.data() + size_t(h) * piece_floats;
+    args.q_scales = q_scales_.data() + size_t(h) * piece_groups;
+    args.q_code_sums = q_code_sums_.data() + size_t(h) * piece_groups;
   }
-  for (int h = 0; h < n_kv_heads; ++h) {  // no token selected: rows of 0, lse -inf
-    if (head_first[size_t(h)] == head_first[size_t(h) + 1]) write_head(nullptr, nullptr, 0, h, g, dim, out, lse);
-  }
+  args.g = g_;
+  args.head_dim = dim_;
+  args.block_size = layout.block_size;
+  args.kv_type = layout.kv_type;
+  args.slices = slices.data();
+  args.n_slices = slices.size();
+  if (!following_slices.empty()) args.following = following_slices.data();
+  args.out = piece_out;
+  args.lse = piece_lse;
+  detail::attend_piece(args);
+}
 
-  const size_t piece_floats = size_t(g) * dim;
+void HeadwiseDecodeAttention::attend_head(int kv_head, const std::vector<TokenSpan>& spans) const {
+  const int n_kv_heads = store_.layout().shape.n_kv_heads;
+  if (kv_head < 0 || kv_head >= n_kv_heads) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention: kv head ", kv_head, " out of range [0, ", n_kv_heads, ")");
+  }
+  check_head_spans(store_, layer_, size_t(kv_head), spans);
+  std::vector<Piece> pieces;
+  plan_head_pieces(kv_head, spans, split_tokens_of_head(params_, span_tokens(spans), n_kv_heads), pieces);
+  const size_t piece_floats = size_t(g_) * size_t(dim_);
   std::vector<float> piece_out(pieces.size() * piece_floats);
-  std::vector<float> piece_lse(pieces.size() * size_t(g));
+  std::vector<float> piece_lse(pieces.size() * size_t(g_));
+  // The caller's task runs inside the arena of the head's node
+  // (parallel_for_heads), and so do the pieces.
+  tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t p) {
+    attend_piece(spans, pieces[p], &spans, p + 1 < pieces.size() ? &pieces[p + 1] : nullptr,
+                 piece_out.data() + p * piece_floats, piece_lse.data() + p * size_t(g_));
+  });
+  write_head(piece_out.data(), piece_lse.data(), pieces.size(), kv_head, g_, dim_, out_, lse_);
+}
+
+void HeadwiseDecodeAttention::attend(const Selection& selection) const {
+  const int n_kv_heads = store_.layout().shape.n_kv_heads;
+  if (selection.spans.size() != size_t(n_kv_heads)) {
+    fail(ErrorCode::kInvalidArgument, "decode_attention selection: spans for ", selection.spans.size(),
+         " kv heads, the store has ", n_kv_heads);
+  }
+  for (size_t h = 0; h < selection.spans.size(); ++h) check_head_spans(store_, layer_, h, selection.spans[h]);
+
+  // Every head's pieces in one parallel run; each kv head's pieces are
+  // consecutive: [head_first[h], head_first[h + 1]).
+  std::vector<Piece> pieces;
+  std::vector<size_t> head_first(size_t(n_kv_heads) + 1);
+  for (int h = 0; h < n_kv_heads; ++h) {
+    const std::vector<TokenSpan>& spans = selection.spans[size_t(h)];
+    head_first[size_t(h)] = pieces.size();
+    plan_head_pieces(h, spans, split_tokens_of_head(params_, span_tokens(spans), n_kv_heads), pieces);
+  }
+  head_first[size_t(n_kv_heads)] = pieces.size();
+  for (int h = 0; h < n_kv_heads; ++h) {  // no token selected: rows of 0, lse -inf
+    if (head_first[size_t(h)] == head_first[size_t(h) + 1]) write_head(nullptr, nullptr, 0, h, g_, dim_, out_, lse_);
+  }
+
+  const size_t piece_floats = size_t(g_) * size_t(dim_);
+  std::vector<float> piece_out(pieces.size() * piece_floats);
+  std::vector<float> piece_lse(pieces.size() * size_t(g_));
   const auto kv_head_of = [&](int64_t p) { return pieces[size_t(p)].kv_head; };
   // The task that finishes a kv head's last piece merges the head's pieces
   // and writes its rows: no merge waits for the other heads.
-  kvstore::parallel_for_heads(store, int64_t(pieces.size()), kv_head_of, [&](int64_t item) {
+  kvstore::parallel_for_heads(store_, int64_t(pieces.size()), kv_head_of, [&](int64_t item) {
     const size_t p = size_t(item);
-    const int h = pieces[p].kv_head;
-    std::vector<detail::BlockSlice> slices, following;
-    piece_slices(store, layer, selection, pieces[p], slices);
-    if (p + 1 < pieces.size()) piece_slices(store, layer, selection, pieces[p + 1], following, 1);
-    detail::PieceArgs args;
-    args.q = q_scaled.data() + size_t(h) * piece_floats;
-    if (q8) {
-      const size_t piece_groups = piece_floats / kvstore::kQ8Group;
-      args.q_codes = q_q8.q.data() + size_t(h) * piece_floats;
-      args.q_scales = q_q8.d.data() + size_t(h) * piece_groups;
-      args.q_code_sums = q_code_sums.data() + size_t(h) * piece_groups;
-    }
-    args.g = g;
-    args.head_dim = dim;
-    args.block_size = layout.block_size;
-    args.kv_type = layout.kv_type;
-    args.slices = slices.data();
-    args.n_slices = slices.size();
-    if (!following.empty()) args.following = following.data();
-    args.out = piece_out.data() + p * piece_floats;
-    args.lse = piece_lse.data() + p * size_t(g);
-    detail::attend_piece(args);
+    const Piece& piece = pieces[p];
+    const Piece* following = p + 1 < pieces.size() ? &pieces[p + 1] : nullptr;  // maybe the next head's
+    attend_piece(selection.spans[size_t(piece.kv_head)], piece,
+                 following != nullptr ? &selection.spans[size_t(following->kv_head)] : nullptr, following,
+                 piece_out.data() + p * piece_floats, piece_lse.data() + p * size_t(g_));
   }, [&](int h) {
     const size_t first = head_first[size_t(h)];
-    write_head(piece_out.data() + first * piece_floats, piece_lse.data() + first * size_t(g),
-               head_first[size_t(h) + 1] - first, h, g, dim, out, lse);
+    write_head(piece_out.data() + first * piece_floats, piece_lse.data() + first * size_t(g_),
+               head_first[size_t(h) + 1] - first, h, g_, dim_, out_, lse_);
   });
+}
+
+void decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q, const Selection& selection,
+                      const DecodeAttentionParams& params, const MutableTensorView& out,
+                      const MutableTensorView& lse) {
+  HeadwiseDecodeAttention(store, layer, q, params, out, lse).attend(selection);
 }
 
 void dense_decode_attention(const kvstore::KVStore& store, int layer, const TensorView& q,

@@ -4,6 +4,7 @@
 // selections and flash-decoding splits, plus hard numerical cases.
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -462,6 +463,76 @@ TEST(DecodeAttention, SplitSizesAgreeAndThreadCountDoesNotChangeTheResult) {
       const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
       EXPECT_TRUE(bitwise_equal(run_decode(s, q, selection, params), r)) << threads << " threads";
     }
+  }
+}
+
+// HeadwiseDecodeAttention: heads attended one by one, in a shuffled order and
+// concurrently, give decode_attention's bits over the same spans (heads of
+// very different lengths and empty heads included, explicit and default
+// splits, 1 and 3 threads), and a head it refuses leaves every row unwritten.
+TEST(DecodeAttention, HeadByHeadEqualsTheWholeSelectionBitForBit) {
+  std::mt19937 rng(29);
+  const AttnCase cases[] = {
+      {DType::kF16, 64, 128, 4, 4, 64 * 40 + 29},
+      {DType::kQ8_0, 32, 64, 8, 2, 32 * 70 + 5},
+      {DType::kBF16, 16, 256, 3, 1, 16 * 90 + 1},
+      {DType::kF32, 128, 128, 2, 8, 128 * 20},
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(c.describe());
+    const AttnStore s(c, random_kv(c, rng), rng);
+    const std::vector<float> q = random_q(c, rng);
+    Selection selection;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      if (h == 1) selection.spans.push_back({});                    // nothing selected
+      else if (h == 0) selection.spans.push_back({{0, c.n_tokens}});  // every token: many pieces
+      else selection.spans.push_back(random_token_spans(c.n_tokens, c.block_size, rng));
+    }
+    for (int64_t split : {int64_t{0}, int64_t{37}, int64_t{256}}) {
+      SCOPED_TRACE(::testing::Message() << "split_tokens " << split);
+      DecodeAttentionParams params;
+      params.split_tokens = split;
+      const Result whole = run_decode(s, q, selection, params);
+      expect_matches_reference(s, q, selection, whole, default_scale(c));
+      std::vector<int> order(size_t(c.n_kv_heads));
+      for (int h = 0; h < c.n_kv_heads; ++h) order[size_t(h)] = h;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (size_t threads : {1, 3}) {
+        const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+        Result r;
+        r.out.assign(q.size(), std::numeric_limits<float>::quiet_NaN());
+        r.lse.assign(size_t(c.n_q_heads()), std::numeric_limits<float>::quiet_NaN());
+        const HeadwiseDecodeAttention attention(
+            s.store(), AttnStore::kLayer, make_view(q.data(), DType::kF32, {c.n_q_heads(), c.head_dim}), params,
+            make_mutable_view(r.out.data(), DType::kF32, {c.n_q_heads(), c.head_dim}),
+            make_mutable_view(r.lse.data(), DType::kF32, {c.n_q_heads()}));
+        tbb::parallel_for(size_t{0}, order.size(), [&](size_t i) {
+          attention.attend_head(order[i], selection.spans[size_t(order[i])]);
+        });
+        EXPECT_TRUE(bitwise_equal(r, whole)) << threads << " threads";
+      }
+    }
+  }
+
+  const AttnCase c{DType::kF16, 16, 64, 2, 2, 50};
+  const AttnStore s(c, random_kv(c, rng), rng);
+  std::vector<float> q = random_q(c, rng), out(q.size(), 9.f), lse(4, 9.f);
+  const HeadwiseDecodeAttention attention(s.store(), AttnStore::kLayer, make_view(q.data(), DType::kF32, {4, 64}),
+                                          {}, make_mutable_view(out.data(), DType::kF32, {4, 64}),
+                                          make_mutable_view(lse.data(), DType::kF32, {4}));
+  const std::pair<int, std::vector<TokenSpan>> refused[] = {
+      {2, {{0, 10}}}, {-1, {{0, 10}}}, {0, {{0, 51}}}, {1, {{0, 10}, {5, 12}}}, {1, {{4, 4}}}};
+  for (const auto& [head, spans] : refused) {
+    SCOPED_TRACE(::testing::Message() << "kv head " << head);
+    try {
+      attention.attend_head(head, spans);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("kv head " + std::to_string(head)), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == 9.f; }));
+    EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return x == 9.f; }));
   }
 }
 

@@ -51,6 +51,49 @@ void decode_attention(const kvstore::KVStore& store, int layer, const TensorView
                       const DecodeAttentionParams& params, const MutableTensorView& out,
                       const MutableTensorView& lse);
 
+namespace detail {
+struct DecodePiece;
+}
+
+// Decode attention of one query, kv head by kv head, for a caller that learns
+// each head's selection at a different time: policy::DecodePolicy's select
+// step attends a kv head from the task that chose its blocks while other
+// heads are still being scored, so the attention needs no parallel pass of
+// its own. The constructor checks q, out, lse and params as decode_attention
+// does and prepares q once (times the scale; on q8_0 quantized); attend_head
+// runs one head's pieces in parallel and writes that head's g rows of out and
+// lse. Heads may be attended in any order or concurrently (each writes only
+// its own rows): the bits are those of decode_attention over the same spans,
+// since a head's pieces depend on its own spans alone. q, out and lse must
+// outlive the object; q is read only by the constructor.
+class HeadwiseDecodeAttention {
+ public:
+  HeadwiseDecodeAttention(const kvstore::KVStore& store, int layer, const TensorView& q,
+                          const DecodeAttentionParams& params, const MutableTensorView& out,
+                          const MutableTensorView& lse);
+  // Throws Error(kInvalidArgument) naming the head and span, writing nothing,
+  // for a head out of range or spans decode_attention refuses.
+  void attend_head(int kv_head, const std::vector<TokenSpan>& spans) const;
+  // Every head at once (one parallel run over all heads' pieces): what
+  // decode_attention does. The whole selection is checked before any write.
+  void attend(const Selection& selection) const;
+
+ private:
+  void attend_piece(const std::vector<TokenSpan>& spans, const detail::DecodePiece& piece,
+                    const std::vector<TokenSpan>* following_spans, const detail::DecodePiece* following,
+                    float* piece_out, float* piece_lse) const;
+
+  const kvstore::KVStore& store_;
+  int layer_;
+  DecodeAttentionParams params_;
+  MutableTensorView out_, lse_;
+  int g_ = 0, dim_ = 0;
+  std::vector<float> q_scaled_;        // [n_q_heads][head_dim] q * scale; q8_0: its codes as floats
+  std::vector<int8_t> q_codes_;        // q8_0 only: [n_q_heads][head_dim]
+  std::vector<float> q_scales_;        // q8_0 only: [n_q_heads][head_dim / 32]
+  std::vector<int32_t> q_code_sums_;   // q8_0 only: [n_q_heads][head_dim / 32]
+};
+
 // How decode attention computes over a q8_0 store on this CPU, for logs:
 // integer dot products on AVX512-VNNI, or codes widened to f32.
 const char* q8_decode_kernel_description();
