@@ -4,8 +4,10 @@
 #include "longctx/policy/tail.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "longctx/core/error.h"
@@ -157,7 +159,8 @@ bool queries_close(const TensorView& q, const std::vector<float>& last, int n_kv
 
 }  // namespace
 
-Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local) {
+Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local,
+                                      const HeadSelected& head_selected) {
   const Partition partition = store_.partition(layer);
   switch (decide(schedule_, cache_, layer, token_idx)) {
     case ReuseAction::kDense:  // decode() handles dense layers before asking
@@ -186,18 +189,22 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
   SelectSpec spec = SelectSpec::from_config(config_, include_local, attention_.scale);
   const bool rerank = config_.rerank == RerankMode::kTokens;
   if (rerank) spec.blocks *= config_.rerank_candidates;  // candidates, whose tokens are reranked
-  Selection selection =
-      select_blocks(store_, layer, q, spec, preselected ? &*preselected : nullptr, &stats_.estimated_mass);
+  // The query this selection is made with, rows packed, copied first: the
+  // attention of head_selected may write an out that aliases q.
+  std::vector<float> query;
+  if (config_.speculate) {
+    const int64_t n_q = q.shape[0], d = q.shape[1];
+    query.resize(size_t(n_q * d));
+    for (int64_t h = 0; h < n_q; ++h)
+      std::copy_n(static_cast<const float*>(q.data) + h * q.strides[0], d, query.data() + h * d);
+  }
+  Selection selection = select_blocks(store_, layer, q, spec, preselected ? &*preselected : nullptr,
+                                      &stats_.estimated_mass, rerank ? HeadSelected{} : head_selected);
   if (rerank)
     selection = rerank_tokens(store_, layer, q, selection,
                               int64_t{config_.second_select_num} * store_.layout().block_size, config_.gqa_reduce);
   cache_.put(schedule_.group_of(layer), SavedSelection{selection, partition, include_local});
-  if (config_.speculate) {  // the query this selection was made with, rows packed
-    const int64_t n_q = q.shape[0], d = q.shape[1];
-    last_q.resize(size_t(n_q * d));
-    for (int64_t h = 0; h < n_q; ++h)
-      std::copy_n(static_cast<const float*>(q.data) + h * q.strides[0], d, last_q.data() + h * d);
-  }
+  if (config_.speculate) last_q = std::move(query);
   stats_.reselected = true;
   return selection;
 }
@@ -269,9 +276,32 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
         attend_dense(layer, q, include_local, out, lse);
         break;
       }
-      const Selection selection = selection_for(layer, token_idx, q, include_local);
-      stats_.select_seconds = seconds();
-      attend(layer, q, selection, include_local, out, lse);
+      // A re-selection whose heads choose from their own scores attends each
+      // kv head as soon as its spans are chosen (select_blocks'
+      // head_selected, HeadwiseDecodeAttention); any other selection,
+      // rerank and RazorAttention attend after it.
+      std::optional<cpu::HeadwiseDecodeAttention> headwise;
+      if (!razor_enabled()) headwise.emplace(store_, layer, q, attention_, out, lse);
+      std::atomic<bool> attended{false};
+      std::atomic<double> last_chosen{0.0};  // seconds to the last head's choice
+      const HeadSelected attend_head = [&](int h, const std::vector<cpu::TokenSpan>& spans) {
+        const double chosen_at = seconds();
+        for (double was = last_chosen.load(); was < chosen_at && !last_chosen.compare_exchange_weak(was, chosen_at);) {
+        }
+        headwise->attend_head(h, spans);
+        attended = true;
+      };
+      const Selection selection =
+          selection_for(layer, token_idx, q, include_local, headwise ? attend_head : HeadSelected{});
+      if (attended.load()) {
+        // The heads' attention ran beside the choice: select_seconds ends at
+        // the last head's choice, attend_seconds holds the rest.
+        stats_.select_seconds = last_chosen.load();
+        last_selection_ = selection;
+      } else {
+        stats_.select_seconds = seconds();
+        attend(layer, q, selection, include_local, out, lse);
+      }
       if (config_.tail == TailMode::kEstimate) add_tail(layer, q, selection, out, lse);
       break;
     }

@@ -73,7 +73,8 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
 }
 
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
-                             const Preselected* preselected, std::vector<double>* estimated_mass) {
+                             const Preselected* preselected, std::vector<double>* estimated_mass,
+                             const HeadSelected& head_selected) {
   cpu::check_decode_query(store, layer, q, "select_blocks");
   if (spec.blocks < 0)
     fail(ErrorCode::kInvalidArgument, "select_blocks: SelectSpec::blocks is ", spec.blocks, ", must be >= 0");
@@ -124,13 +125,19 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   const MutableTensorView scores_view = make_mutable_view(scores.data(), DType::kF32, {n_kv_heads, n_context});
   if (preselected == nullptr && spec.mode == HeadSelectMode::kSeparate &&
       spec.budget.policy == BudgetConfig::Policy::kUniform) {
-    // choose_blocks' per-head top-k, each head's in the task that completes
-    // its scores: no second parallel pass waits for them all.
-    std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(n_kv_heads));
+    // choose_blocks' per-head top-k and the head's spans, each head's in the
+    // task that completes its scores: no second parallel pass waits for them all.
+    cpu::Selection selection;
+    selection.spans.resize(size_t(n_kv_heads));
     cpu::score_blocks(store, layer, q, spec.score, scores_view, [&](int h) {
-      chosen[size_t(h)] = choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks);
+      const std::vector<int64_t> chosen =
+          choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks);
+      // The head's spans: build_selection of this head alone.
+      selection.spans[size_t(h)] =
+          cpu::build_selection(partition, block_size, 1, {chosen}, spec.include_local).spans[0];
+      if (head_selected) head_selected(h, selection.spans[size_t(h)]);
     });
-    return build(chosen);
+    return selection;
   }
   cpu::score_blocks(store, layer, q, spec.score, scores_view);
   if (preselected == nullptr) return build(choose_blocks(scores, n_kv_heads, partition, spec.blocks, spec.mode, spec.budget));

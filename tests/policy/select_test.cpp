@@ -6,11 +6,14 @@
 #include "longctx/policy/select.h"
 
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -19,6 +22,7 @@
 #include "cpu/reference.h"
 #include "cpu/store_fixture.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/attention.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/policy/decode_policy.h"
 #include "longctx/policy/preselect.h"
@@ -324,7 +328,10 @@ TEST(SelectBlocks, PreselectedBlocksBoundTheChoice) {
 // What DecodePolicy attends when a layer re-selects is select_blocks with
 // the config's spec (and the layer's preselected blocks), on random stores,
 // for every select configuration: the benchmark's select row times the
-// production choice.
+// production choice. select_blocks tells each head's spans once from the
+// scoring in SEPARATE uniform mode (and never in the others), and the
+// policy's output, attended head by head as they are chosen there, is
+// decode_attention's over the selection, bit for bit.
 TEST(SelectBlocks, IsWhatDecodePolicyAttends) {
   struct Variant {
     HeadSelectMode mode;
@@ -371,13 +378,15 @@ TEST(SelectBlocks, IsWhatDecodePolicyAttends) {
         const std::vector<float> k = random(n_prompt * 3 * 32), val = random(n_prompt * 3 * 32);
         store.append(0, make_view(k.data(), DType::kF32, {n_prompt, 3, 32}),
                      make_view(val.data(), DType::kF32, {n_prompt, 3, 32}));
-        DecodePolicy policy(config, store, 0.f);
+        const float scale = 0.07f;  // the model's, not 1/sqrt(head_dim)
+        DecodePolicy policy(config, store, scale);
         std::optional<Preselected> pre;
         if (v.preselect) {
           const std::vector<float> window = random(8 * 6 * 32);
           const TensorView wq = make_view(window.data(), DType::kF32, {8, 6, 32});
           policy.on_prefill_end(0, wq);
-          SnapKVParams params;  // the config's preselect defaults
+          SnapKVParams params;  // the config's preselect defaults, the model's scale
+          params.scale = scale;
           const Partition part = store.partition(0);
           pre = Preselected{preselect_blocks(block_votes(snapkv_token_votes(store, 0, wq, params), 3, part, 8), 3,
                                              part, 12, v.mode, config.budget),
@@ -389,12 +398,43 @@ TEST(SelectBlocks, IsWhatDecodePolicyAttends) {
           const std::vector<float> q = random(6 * 32);
           const TensorView qv = make_view(q.data(), DType::kF32, {6, 32});
           std::vector<float> out(6 * 32), lse(6);
-          policy.decode(0, step, qv, include_local, make_mutable_view(out.data(), DType::kF32, {6, 32}),
-                        make_mutable_view(lse.data(), DType::kF32, {6}));
+          {
+            // 1 or 3 threads: heads attended from the scoring tasks or not, the same bits.
+            const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, step % 2 == 0 ? 3 : 1);
+            policy.decode(0, step, qv, include_local, make_mutable_view(out.data(), DType::kF32, {6, 32}),
+                          make_mutable_view(lse.data(), DType::kF32, {6}));
+          }
           ASSERT_TRUE(policy.last_stats().reselected);
+          std::mutex told_mutex;
+          std::vector<int> calls(3, 0);
+          std::vector<std::vector<TokenSpan>> told(3);
           const Selection expected =
-              select_blocks(store, 0, qv, SelectSpec::from_config(config, include_local), pre ? &*pre : nullptr);
+              select_blocks(store, 0, qv, SelectSpec::from_config(config, include_local, scale),
+                            pre ? &*pre : nullptr, nullptr, [&](int h, const std::vector<TokenSpan>& spans) {
+                              const std::lock_guard<std::mutex> lock(told_mutex);
+                              ++calls.at(size_t(h));
+                              told.at(size_t(h)) = spans;
+                            });
           EXPECT_EQ(policy.last_selection().spans, expected.spans) << "step " << step;
+          // head_selected: once per head with the spans returned where each
+          // head chooses from its own scores, never otherwise.
+          const bool per_head = v.mode == HeadSelectMode::kSeparate &&
+                                v.budget == BudgetConfig::Policy::kUniform && !v.preselect;
+          for (int h = 0; h < 3; ++h) {
+            EXPECT_EQ(calls[size_t(h)], per_head ? 1 : 0) << "kv head " << h;
+            if (per_head) {
+              EXPECT_EQ(told[size_t(h)], expected.spans[size_t(h)]) << "kv head " << h;
+            }
+          }
+          // The policy's attention is decode_attention's over that selection, bit for bit.
+          std::vector<float> want_out(6 * 32), want_lse(6);
+          cpu::DecodeAttentionParams params;
+          params.scale = scale;
+          cpu::decode_attention(store, 0, qv, expected, params,
+                                make_mutable_view(want_out.data(), DType::kF32, {6, 32}),
+                                make_mutable_view(want_lse.data(), DType::kF32, {6}));
+          EXPECT_EQ(std::memcmp(out.data(), want_out.data(), out.size() * sizeof(float)), 0) << "step " << step;
+          EXPECT_EQ(std::memcmp(lse.data(), want_lse.data(), lse.size() * sizeof(float)), 0) << "step " << step;
         }
       }
     }

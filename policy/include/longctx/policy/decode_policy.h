@@ -13,7 +13,11 @@
 //              SelectSpec and the layer's preselected blocks. With RazorAttention
 //              (retrieval heads given or razor.retrieval_heads naming a file)
 //              the selection is that of the retrieval heads and
-//              razor_decode_attention compresses the others.
+//              razor_decode_attention compresses the others. Without it,
+//              a SEPARATE re-selection attends each kv head from the task
+//              that chose its blocks (select_blocks' head_selected), so the
+//              attention runs beside the other heads' scoring rather than
+//              in a parallel pass of its own.
 // One DecodePolicy serves one sequence of one store; not thread-safe (layers
 // are decoded one call at a time).
 #pragma once
@@ -103,7 +107,10 @@ class DecodePolicy {
 
  private:
   void check_layer(int layer, const char* what) const;
-  cpu::Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local);
+  // head_selected: passed to select_blocks when the layer re-selects (not
+  // with rerank, which changes the selection after it).
+  cpu::Selection selection_for(int layer, int64_t token_idx, const TensorView& q, bool include_local,
+                               const HeadSelected& head_selected = {});
   void attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
                     const MutableTensorView& lse);
   void attend(int layer, const TensorView& q, const cpu::Selection& selection, bool include_local,

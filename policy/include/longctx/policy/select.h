@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "longctx/core/config.h"
@@ -48,8 +49,19 @@ struct Preselected {
 // `estimated_mass`, when given, receives each kv head's estimated attended
 // share (empty in top_k mode). Throws Error(kInvalidArgument) naming the
 // argument for a bad layer or q, or spec.blocks < 0.
+//
+// head_selected, when set and where each head's blocks come from its own
+// scores alone (SEPARATE with a uniform top_k budget, no preselection; the
+// scores are needed), is called once for each kv head with the spans the
+// returned selection gives it, from the scoring task that completes the
+// head, while other heads are still being scored; calls for different heads
+// may run at once. Other choices need every head's scores first and never
+// call it. DecodePolicy attends each head there, so its attention needs no
+// parallel pass of its own.
+using HeadSelected = std::function<void(int kv_head, const std::vector<cpu::TokenSpan>& spans)>;
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
-                             const Preselected* preselected = nullptr, std::vector<double>* estimated_mass = nullptr);
+                             const Preselected* preselected = nullptr, std::vector<double>* estimated_mass = nullptr,
+                             const HeadSelected& head_selected = {});
 
 // log sum_t exp(e_t) over the always-attended tokens of `layer` (the sinks
 // [0, initial_end) and the local window [local_begin, n_tokens)) per kv
