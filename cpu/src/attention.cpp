@@ -138,12 +138,6 @@ void check_head_spans(const kvstore::KVStore& store, int layer, size_t h, const 
   }
 }
 
-int64_t span_tokens(const std::vector<TokenSpan>& spans) {
-  int64_t total = 0;
-  for (const TokenSpan& s : spans) total += s.end - s.begin;
-  return total;
-}
-
 // Appends the pieces of kv head h's selected tokens, cut in order into
 // pieces of split_tokens tokens (the last may be shorter). Arithmetic on the
 // spans only: the pages of a piece are looked up by the task that runs it

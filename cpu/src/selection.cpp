@@ -79,8 +79,12 @@ std::vector<TokenSpan> spans_of_head(const Partition& p, int block_size, const s
 int64_t Selection::tokens(int kv_head) const {
   if (kv_head < 0 || size_t(kv_head) >= spans.size())
     fail(ErrorCode::kInvalidArgument, "Selection::tokens: kv head ", kv_head, " out of range [0, ", spans.size(), ")");
+  return span_tokens(spans[size_t(kv_head)]);
+}
+
+int64_t span_tokens(const std::vector<TokenSpan>& spans) {
   int64_t total = 0;
-  for (const TokenSpan& span : spans[size_t(kv_head)]) total += span.end - span.begin;
+  for (const TokenSpan& span : spans) total += span.end - span.begin;
   return total;
 }
 

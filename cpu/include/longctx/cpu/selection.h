@@ -28,6 +28,9 @@ struct Selection {
   int64_t tokens(int kv_head) const;          // total tokens of a head
 };
 
+// Total tokens of one kv head's spans.
+int64_t span_tokens(const std::vector<TokenSpan>& spans);
+
 struct ScoreParams {
   Reduce gqa_reduce = Reduce::kSum;      // query heads of a group: sum (default) or max
   Reduce dynamic_reduce = Reduce::kMax;  // FIX/DYNAMIC: max (default) or mean over valid reps
