@@ -218,13 +218,8 @@ void DecodePolicy::attend_dense(int layer, const TensorView& q, bool include_loc
     decode_attention(store_, layer, q, last_selection_, attention_, out, lse);
 }
 
-void DecodePolicy::attend(int layer, const TensorView& q, const Selection& selection, bool include_local,
-                          const MutableTensorView& out, const MutableTensorView& lse) {
-  if (!razor_enabled()) {
-    last_selection_ = selection;
-    decode_attention(store_, layer, q, selection, attention_, out, lse);
-    return;
-  }
+void DecodePolicy::attend_razor(int layer, const TensorView& q, const Selection& selection, bool include_local,
+                                const MutableTensorView& out, const MutableTensorView& lse) {
   auto& comp = razor_[size_t(layer)];
   if (!comp) comp.emplace(store_, layer, heads_, razor_params(config_));
   comp->update(store_);
@@ -278,8 +273,8 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
       }
       // A re-selection whose heads choose from their own scores attends each
       // kv head as soon as its spans are chosen (select_blocks'
-      // head_selected, HeadwiseDecodeAttention); any other selection,
-      // rerank and RazorAttention attend after it.
+      // head_selected); any other selection attends after it, with the query
+      // prepared once either way. RazorAttention attends after it too.
       std::optional<cpu::HeadwiseDecodeAttention> headwise;
       if (!razor_enabled()) headwise.emplace(store_, layer, q, attention_, out, lse);
       std::atomic<bool> attended{false};
@@ -293,14 +288,14 @@ void DecodePolicy::decode(int layer, int64_t token_idx, const TensorView& q, boo
       };
       const Selection selection =
           selection_for(layer, token_idx, q, include_local, headwise ? attend_head : HeadSelected{});
-      if (attended.load()) {
-        // The heads' attention ran beside the choice: select_seconds ends at
-        // the last head's choice, attend_seconds holds the rest.
-        stats_.select_seconds = last_chosen.load();
+      // Where the heads' attention ran beside the choice, select_seconds
+      // ends at the last head's choice and attend_seconds holds the rest.
+      stats_.select_seconds = attended.load() ? last_chosen.load() : seconds();
+      if (headwise) {
+        if (!attended.load()) headwise->attend(selection);
         last_selection_ = selection;
       } else {
-        stats_.select_seconds = seconds();
-        attend(layer, q, selection, include_local, out, lse);
+        attend_razor(layer, q, selection, include_local, out, lse);
       }
       if (config_.tail == TailMode::kEstimate) add_tail(layer, q, selection, out, lse);
       break;

@@ -113,8 +113,9 @@ class DecodePolicy {
                                const HeadSelected& head_selected = {});
   void attend_dense(int layer, const TensorView& q, bool include_local, const MutableTensorView& out,
                     const MutableTensorView& lse);
-  void attend(int layer, const TensorView& q, const cpu::Selection& selection, bool include_local,
-              const MutableTensorView& out, const MutableTensorView& lse);
+  // RazorAttention: the retrieval heads over the selection, the others compressed.
+  void attend_razor(int layer, const TensorView& q, const cpu::Selection& selection, bool include_local,
+                    const MutableTensorView& out, const MutableTensorView& lse);
   // tail: estimate: the unselected context blocks' estimate merged into out/lse.
   void add_tail(int layer, const TensorView& q, const cpu::Selection& selection, const MutableTensorView& out,
                 const MutableTensorView& lse);
