@@ -242,8 +242,15 @@ std::vector<std::string> run_sdpa(const GpuArgs& a) {
   // A GPU machine's torch may live in another Python than Debian's.
   const char* env_python = std::getenv("LONGCTX_PYTHON");
   const std::string python = env_python != nullptr && *env_python != '\0' ? env_python : "/usr/bin/python3";
-  const std::string command = str_cat(python, " ", LONGCTX_SOURCE_DIR, "/tools/bench_sdpa.py --histories ",
-                                      join(a.histories), " --n-q ", a.chunk, " --heads ", kHeads, " --kv-heads ",
+  std::string script;
+  try {
+    script = tools_script("bench_sdpa.py");
+  } catch (const Error& e) {
+    Record r;
+    r.set("bench", "gpu_sdpa").set("skipped", e.what());
+    return {r.json()};
+  }
+  const std::string command = str_cat(python, " ", script, " --histories ", join(a.histories), " --n-q ", a.chunk, " --heads ", kHeads, " --kv-heads ",
                                       kKvHeads, " --head-dim ", kHeadDim, " --reps ", a.reps, " 2>/dev/null");
   std::vector<std::string> lines;
   FILE* pipe = popen(command.c_str(), "r");

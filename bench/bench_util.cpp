@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 
+#include "longctx/core/error.h"
 #include "longctx/tools/test_model.h"
 
 namespace longctx::bench {
@@ -144,6 +145,17 @@ uint64_t status_kib(const char* key) {
 
 uint64_t resident_bytes() { return status_kib("VmRSS"); }
 uint64_t peak_resident_bytes() { return status_kib("VmHWM"); }
+
+std::string tools_script(const std::string& name) {
+  namespace fs = std::filesystem;
+  std::error_code ignored;  // an unreadable place counts as not having it
+  const fs::path here = fs::current_path(ignored) / "tools" / name;
+  if (fs::is_regular_file(here, ignored)) return here.string();
+  const fs::path built = fs::path(LONGCTX_SOURCE_DIR) / "tools" / name;
+  if (fs::is_regular_file(built, ignored)) return built.string();
+  fail(ErrorCode::kIo, "no script ", here.string(), " (the current directory) nor ", built.string(),
+       " (the source tree longctx-bench was built from)");
+}
 
 std::vector<int64_t> parse_list(const std::string& list) {
   std::vector<int64_t> values;

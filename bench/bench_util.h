@@ -35,6 +35,13 @@ class Record {
 // Prints records as an aligned table of the given columns.
 void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns);
 
+// The path of the project's script tools/`name`: under the current
+// directory when it has one (run from a tree, e.g. a copy with a carried
+// build on a lent GPU machine, where the tree it was built from is absent),
+// else under the source tree this binary was built from. Throws Error(kIo)
+// naming both places when neither has it.
+std::string tools_script(const std::string& name);
+
 // "4096,32768" -> {4096, 32768} (a benchmark's list options).
 std::vector<int64_t> parse_list(const std::string& list);
 

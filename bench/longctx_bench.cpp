@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "longctx/core/error.h"
 #include "usage.h"
 
@@ -33,7 +34,7 @@ int run_script(const std::string& script, const std::vector<std::string>& args) 
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   std::string bin_dir = n > 0 ? std::string(self.data(), size_t(n)) : std::string("build/bin/longctx-bench");
   bin_dir = bin_dir.substr(0, bin_dir.find_last_of('/'));
-  std::vector<std::string> argv_s{"/usr/bin/python3", LONGCTX_SOURCE_DIR "/tools/" + script, "--bin-dir", bin_dir};
+  std::vector<std::string> argv_s{"/usr/bin/python3", longctx::bench::tools_script(script), "--bin-dir", bin_dir};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv_c;
   for (std::string& a : argv_s) argv_c.push_back(a.data());

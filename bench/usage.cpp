@@ -85,9 +85,11 @@ const std::array<Usage, 9> kUsages{{
      "  --no-e2e         skip the end-to-end prefill\n"
      "  --quick          history 32768, windows 4096,65536, context 32768, 3 repetitions\n"},
     {"e2e", "the demo pass-key model through longctx-chat: accuracy over depths, tokens/s, plot",
-     "  runs tools/bench_e2e.py with /usr/bin/python3; `longctx-bench e2e --help` prints its options\n"},
+     "  runs tools/bench_e2e.py (of the current directory, else of the source tree) with /usr/bin/python3;\n"
+     "  `longctx-bench e2e --help` prints its options\n"},
     {"server", "longctx-server: time to first token cached vs not, decode tokens/s vs longctx-chat, load",
-     "  runs tools/bench_server.py with /usr/bin/python3; `longctx-bench server --help` prints its options\n"},
+     "  runs tools/bench_server.py (of the current directory, else of the source tree) with /usr/bin/python3;\n"
+     "  `longctx-bench server --help` prints its options\n"},
 }};
 
 }  // namespace

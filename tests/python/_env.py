@@ -29,8 +29,8 @@ def check(condition, what, detail=""):
     passed += 1
 
 
-def run(args, stdin=None, timeout=300):
-    p = subprocess.run(args, input=stdin, capture_output=True, text=True, errors="replace", timeout=timeout)
+def run(args, stdin=None, timeout=300, cwd=None):
+    p = subprocess.run(args, input=stdin, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd)
     # Under ASan/UBSan an error report also exits 1: never accept one.
     check("Sanitizer" not in p.stderr and "runtime error:" not in p.stderr, "no sanitizer report", p.stderr)
     return p.returncode, p.stdout, p.stderr

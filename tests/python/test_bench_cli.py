@@ -5,6 +5,7 @@ the ratio it reports between them. Run by ctest (LONGCTX_BIN_DIR set) or
 by hand. Exit status 1 on the first failure."""
 import json
 import os
+import tempfile
 
 import _env
 from _env import check, run
@@ -30,6 +31,15 @@ def main():
     rc, out, _ = run([BENCH, "e2e", "--help"], timeout=60)
     for option in ("--bin-dir", "--config", "--seed", "--contexts"):
         check(option in out, f"e2e --help describes {option}", out)
+    # The scripts are looked for under the current directory's tools/ first
+    # (a copy of the tree with a carried build, as on a lent GPU machine).
+    with tempfile.TemporaryDirectory() as tree:
+        os.mkdir(os.path.join(tree, "tools"))
+        with open(os.path.join(tree, "tools", "bench_e2e.py"), "w") as f:
+            f.write("import sys\nprint('copied tree e2e', sys.argv[1:])\n")
+        rc, out, err = run([BENCH, "e2e", "--seed", "3"], cwd=tree, timeout=60)
+        check(rc == 0 and "copied tree e2e" in out and "'--bin-dir'" in out and "'--seed', '3'" in out,
+              "e2e runs tools/bench_e2e.py of the current directory, with --bin-dir and the arguments", out + err)
     rc, out, err = run([BENCH])
     check(rc == 2 and "usage:" in err, "no subcommand: usage on stderr, exit 2", err)
     rc, out, err = run([BENCH, "nosuch", "--help"])
