@@ -38,12 +38,14 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "exp_hwy-inl.h"
+#include "widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using cpu::HWY_NAMESPACE::ExpNonPositive;
+using cpu::HWY_NAMESPACE::LoadWidened;
 
 using DF = hn::ScalableTag<float>;
 using D1 = hn::CappedTag<float, 1>;  // one lane, for tails
@@ -75,7 +77,7 @@ constexpr int kTileVectors = kType == DType::kQ8_0 ? (G <= kMaxGroup / 2 ? 4 : 2
                              : kMaxGroup == 4        ? 3
                                                      : 2;
 
-// The element type a storage dtype is loaded as (bf16 is widened with integer ops).
+// The element type a storage dtype is loaded as.
 template <DType kType>
 struct Stored;
 template <>
@@ -97,16 +99,11 @@ struct Stored<DType::kQ8_0> {
 
 template <DType kType, class D>
 HWY_INLINE hn::Vec<D> LoadF32(D d, const typename Stored<kType>::T* p) {
-  if constexpr (kType == DType::kF32) {
-    return hn::LoadU(d, p);
-  } else if constexpr (kType == DType::kF16) {
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), p));
-  } else if constexpr (kType == DType::kQ8_0) {
+  if constexpr (kType == DType::kQ8_0) {
     const hn::Rebind<int32_t, D> di32;
     return hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(hn::Rebind<int8_t, D>(), p)));
   } else {
-    const hn::RebindToUnsigned<D> du32;
-    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(hn::Rebind<uint16_t, D>(), p))));
+    return LoadWidened<kType>(d, p, 0);
   }
 }
 

@@ -13,28 +13,16 @@
 #define HWY_TARGET_INCLUDE "../src/cpu_backend_gemv_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using cpu::HWY_NAMESPACE::LoadWidened;
 
 using DF32 = hn::ScalableTag<float>;
 using VF32 = hn::Vec<DF32>;
-
-template <DType kT>
-HWY_INLINE VF32 LoadWeight(const void* row, size_t i) {
-  const DF32 df;
-  if constexpr (kT == DType::kF32) {
-    return hn::LoadU(df, static_cast<const float*>(row) + i);
-  } else if constexpr (kT == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF32> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, static_cast<const hwy::float16_t*>(row) + i));
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, DF32> db;
-    return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(row) + i));
-  }
-}
 
 // out[q * ldy] = dot(x + q * k, row) for kQ rows of x; two accumulators each
 // so that the FMA latency does not bind.
@@ -46,8 +34,8 @@ HWY_INLINE void Dots(const float* x, const void* row, size_t k, float* out, size
   for (int q = 0; q < kQ; ++q) even[q] = odd[q] = hn::Zero(df);
   size_t i = 0;
   for (; i + 2 * lanes <= k; i += 2 * lanes) {
-    const VF32 w0 = LoadWeight<kT>(row, i);
-    const VF32 w1 = LoadWeight<kT>(row, i + lanes);
+    const VF32 w0 = LoadWidened<kT>(df, row, i);
+    const VF32 w1 = LoadWidened<kT>(df, row, i + lanes);
 #pragma GCC unroll 4
     for (int q = 0; q < kQ; ++q) {
       even[q] = hn::MulAdd(hn::LoadU(df, x + q * k + i), w0, even[q]);

@@ -16,32 +16,19 @@
 #define HWY_TARGET_INCLUDE "../src/score_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using cpu::HWY_NAMESPACE::LoadWidened;
 
 using DF32 = hn::ScalableTag<float>;
 using VF32 = hn::Vec<DF32>;
 
 constexpr int kMaxQueriesPerPass = 4;
 constexpr size_t kMaxSlotLen = 2 * 512;  // QUEST's pair at the largest head_dim a KVStore takes
-
-// Elements [i, i + Lanes) of a kv_type array, widened to f32.
-template <DType kT>
-HWY_INLINE VF32 LoadKey(const std::byte* keys, size_t i) {
-  const DF32 df;
-  if constexpr (kT == DType::kF32) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(keys) + i);
-  } else if constexpr (kT == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF32> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(keys) + i));
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, DF32> db;
-    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(keys) + i));
-  }
-}
 
 // dots[q] = dot(queries + q * len, key) for kQ queries, len elements. Each
 // query keeps kChains sums, so that 2-4 queries, or the one query of the hot
@@ -59,13 +46,13 @@ HWY_INLINE void Dots(const float* queries, const std::byte* key, size_t len, flo
   size_t i = 0;
   for (; i + kChains * lanes <= len; i += kChains * lanes) {
     VF32 k[kChains];
-    for (int c = 0; c < kChains; ++c) k[c] = LoadKey<kT>(key, i + c * lanes);
+    for (int c = 0; c < kChains; ++c) k[c] = LoadWidened<kT>(df, key, i + c * lanes);
     for (int q = 0; q < kQ; ++q)
       for (int c = 0; c < kChains; ++c)
         sum[q][c] = hn::MulAdd(hn::LoadU(df, queries + q * len + i + c * lanes), k[c], sum[q][c]);
   }
   for (int c = 0; i + lanes <= len; i += lanes, ++c) {  // fewer than kChains vectors left
-    const VF32 k0 = LoadKey<kT>(key, i);
+    const VF32 k0 = LoadWidened<kT>(df, key, i);
     for (int q = 0; q < kQ; ++q) sum[q][c] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k0, sum[q][c]);
   }
   for (int q = 0; q < kQ; ++q) {
