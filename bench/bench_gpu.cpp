@@ -250,8 +250,9 @@ std::vector<std::string> run_sdpa(const GpuArgs& a) {
     r.set("bench", "gpu_sdpa").set("skipped", e.what());
     return {r.json()};
   }
-  const std::string command = str_cat(python, " ", script, " --histories ", join(a.histories), " --n-q ", a.chunk, " --heads ", kHeads, " --kv-heads ",
-                                      kKvHeads, " --head-dim ", kHeadDim, " --reps ", a.reps, " 2>/dev/null");
+  const std::string command = str_cat(python, " ", script, " --histories ", join(a.histories), " --n-q ", a.chunk,
+                                      " --heads ", kHeads, " --kv-heads ", kKvHeads, " --head-dim ", kHeadDim,
+                                      " --reps ", a.reps, " 2>/dev/null");
   std::vector<std::string> lines;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) {

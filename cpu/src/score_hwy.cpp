@@ -83,17 +83,13 @@ HWY_INLINE void DotsQ8(const float* queries, const int8_t* codes, const std::byt
   // load past the last), so that each group's is a broadcast from memory: a
   // load, where widening it in the loop took three vector operations.
   const size_t groups = len / 32;
-  const auto* scales_f16 = reinterpret_cast<const hwy::float16_t*>(scales);
   float scale_f32[kMaxSlotLen / 32];
   const hn::CappedTag<float, 8> d8;
-  const hn::Rebind<hwy::float16_t, decltype(d8)> dh8;
   const hn::CappedTag<float, 1> d1;
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
   size_t widened = 0;
   for (; widened + hn::Lanes(d8) <= groups; widened += hn::Lanes(d8))
-    hn::StoreU(hn::PromoteTo(d8, hn::LoadU(dh8, scales_f16 + widened)), d8, scale_f32 + widened);
-  for (; widened < groups; ++widened)
-    scale_f32[widened] = hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, scales_f16 + widened)));
+    hn::StoreU(LoadWidened<DType::kF16>(d8, scales, widened), d8, scale_f32 + widened);
+  for (; widened < groups; ++widened) scale_f32[widened] = hn::GetLane(LoadWidened<DType::kF16>(d1, scales, widened));
   for (size_t g = 0; g < groups; ++g) {
     const V scale = hn::Set(df, scale_f32[g]);
     const int8_t* group_codes = codes + 32 * g;

@@ -1,6 +1,6 @@
 // Vectors of f32 from elements stored as f32, f16 or bf16 (exact widening),
-// for the Highway kernels that read the KV store's keys and values or a
-// weight row: decode attention, block scoring and the decode matmul.
+// for the Highway kernels that read the KV store's keys, values and q8_0
+// scales or a weight row: decode attention, block scoring and the decode matmul.
 //
 // Include after hwy/highway.h, outside any namespace, in a file compiled per
 // target (foreach_target.h).
@@ -27,9 +27,11 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<D> LoadWidened(D d, const void* elements, siz
   if constexpr (kT == DType::kF32) {
     return hn::LoadU(d, static_cast<const float*>(elements) + i);
   } else if constexpr (kT == DType::kF16) {
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), static_cast<const hwy::float16_t*>(elements) + i));
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(elements) + i));
   } else {
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::bfloat16_t, D>(), static_cast<const hwy::bfloat16_t*>(elements) + i));
+    const hn::Rebind<hwy::bfloat16_t, D> db;
+    return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(elements) + i));
   }
 }
 
