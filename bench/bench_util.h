@@ -83,7 +83,7 @@ uint64_t peak_resident_bytes();
 double measure_parallel_rate(int threads, const std::function<double(int thread)>& loop);
 
 // fp32 FMA throughput of `threads` threads on the best vector target
-// (peak_hwy.cpp): the roofline of compute-bound fp32 kernels.
+// (cpu::fma_peak_loop): the roofline of compute-bound fp32 kernels.
 double measure_fma_gflops(int threads);
 
 // int8 multiply-add throughput (2 ops per byte product) of the instructions
@@ -91,7 +91,7 @@ double measure_fma_gflops(int threads);
 // vpmaddwd, or vpdpbusd with VNNI); 0 where they run the generic kernels.
 double measure_int8_gops(int threads);
 
-// bf16 dot-product throughput (vdpbf16ps, 2 FLOP per product; peak_bf16.cpp)
+// bf16 dot-product throughput (vdpbf16ps, 2 FLOP per product; cpu::vdpbf16ps_peak_loop)
 // of `threads` threads: the roofline of oneDNN's bf16 matmul on AVX512-BF16
 // CPUs without AMX; 0 where the CPU has no AVX512-BF16.
 double measure_bf16_gflops(int threads);

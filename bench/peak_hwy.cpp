@@ -1,7 +1,8 @@
-// Peaks of this CPU measured in the same run as the kernels they bound, on
-// Highway's best vector target: fp32 FMA throughput, so GEMM rates can be
-// quoted as a share of what the cores can do, and read bandwidth, so
-// memory-bound kernels can be quoted as a share of what DRAM delivers.
+// Peaks of this CPU measured in the same run as the kernels they bound: fp32
+// FMA and bf16 vdpbf16ps throughput (the loops of cpu/peak_loops.h), so GEMM
+// rates can be quoted as a share of what the cores can do, and read
+// bandwidth on Highway's best vector target, so memory-bound kernels can be
+// quoted as a share of what DRAM delivers.
 
 #include <algorithm>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <tbb/parallel_for.h>
 
 #include "bench_util.h"
+#include "longctx/cpu/peak_loops.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "peak_hwy.cpp"
@@ -21,22 +23,6 @@ HWY_BEFORE_NAMESPACE();
 namespace longctx::bench {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// `iters` rounds of 12 independent FMA chains (enough to cover the latency
-// of two FMA pipes); returns the flops done.
-double FmaLoop(int64_t iters, float* sink) {
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  const V a = hn::Set(d, 0.999f), b = hn::Set(d, 0.001f);
-  V acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = hn::Set(d, float(j));
-  for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < 12; ++j) acc[j] = hn::MulAdd(acc[j], a, b);
-  V total = acc[0];
-  for (int j = 1; j < 12; ++j) total = hn::Add(total, acc[j]);
-  *sink = hn::GetLane(total);
-  return double(iters) * 12 * 2 * double(hn::Lanes(d));
-}
 
 // Sum of words [0, n) (n a multiple of 4 vectors) in full-width vector loads:
 // narrower loads cannot keep enough lines in flight (a 2-core Xeon read 11 GB/s
@@ -60,13 +46,14 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace longctx::bench {
-HWY_EXPORT(FmaLoop);
 HWY_EXPORT(SumWords);
 
 double measure_fma_gflops(int threads) {
-  std::vector<float> sinks(static_cast<size_t>(threads));
-  return measure_parallel_rate(
-      threads, [&](int t) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(int64_t(20) << 20, &sinks[size_t(t)]); });
+  return measure_parallel_rate(threads, [](int) { return cpu::fma_peak_loop(int64_t(20) << 20); });
+}
+
+double measure_bf16_gflops(int threads) {
+  return measure_parallel_rate(threads, [](int) { return cpu::vdpbf16ps_peak_loop(int64_t(10) << 20); });
 }
 
 double measure_read_gbps(size_t bytes, int threads, int reps) {

@@ -17,6 +17,7 @@
 #include "hwy/highway.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/peak_loops.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "prefill_fixture.h"
 
@@ -74,6 +75,17 @@ TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
     expect_refused(PrefillKernel::kBf16, "AVX512-BF16");
     GTEST_SKIP() << prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   }
+}
+
+// The peak loops report the operations they do: 12 chains of one vector
+// each per round, 2 per multiply-add (an FMA lane does one, a vdpbf16ps lane
+// two); vdpbf16ps' loop does nothing where the CPU lacks AVX512-BF16.
+TEST(PrefillAttention, PeakLoopsCountTheirOperations) {
+  const double lanes = fma_peak_loop(3) / (3 * 12 * 2);  // f32 lanes of Highway's target: SSE4 to AVX-512
+  EXPECT_TRUE(lanes == 4 || lanes == 8 || lanes == 16) << lanes;
+  EXPECT_EQ(fma_peak_loop(7), 7 * 12 * 2 * lanes);
+  EXPECT_EQ(fma_peak_loop(0), 0.0);
+  EXPECT_EQ(vdpbf16ps_peak_loop(3), cpu_features().avx512bf16 ? 3.0 * 12 * 16 * 2 * 2 : 0.0);
 }
 
 // amx runs exactly where AMX bf16 tiles are usable (the CPU has them and
