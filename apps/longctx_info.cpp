@@ -107,9 +107,13 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
   std::printf("int8:     quantized matmul on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()));
-  std::printf("prefill:  attention products: %s on %s (prefill_kernel: auto)\n",
-              cpu::prefill_kernel_name(cpu::best_prefill_kernel()),
-              cpu::prefill_kernel_engine(cpu::best_prefill_kernel()).c_str());
+  const cpu::PrefillKernel prefill = cpu::best_prefill_kernel();
+  char prefill_why[128] = "";
+  if (prefill == cpu::PrefillKernel::kF32 && cpu::prefill_kernel_unsupported_reason(cpu::PrefillKernel::kBf16).empty())
+    std::snprintf(prefill_why, sizeof prefill_why, "; not bf16: vdpbf16ps runs at %.2fx the FMA rate here, below %.2fx",
+                  cpu::vdpbf16ps_over_fma(), cpu::bf16_prefill_min_over_fma());
+  std::printf("prefill:  attention products: %s on %s (prefill_kernel: auto%s)\n", cpu::prefill_kernel_name(prefill),
+              cpu::prefill_kernel_engine(prefill).c_str(), prefill_why);
   std::printf("q8_0 kv:  decode attention on %s\n", cpu::q8_decode_kernel_description());
   const std::string& amx_why = amx_unusable_reason();
   std::printf("amx:      %s\n", amx_why.empty() ? "usable (tile data permission granted)" : ("not usable: " + amx_why).c_str());

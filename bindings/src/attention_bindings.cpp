@@ -384,8 +384,13 @@ void bind_attention(py::module_& m) {
         for (cpu::PrefillKernel k : cpu::supported_prefill_kernels()) names.push_back(cpu::prefill_kernel_name(k));
         return names;
       },
-      "The prefill attention kernels this CPU runs, best first, e.g. ['amx', 'onednn', 'bf16', 'f32'] (AMX), "
-      "['bf16', 'onednn', 'f32'] (AVX512-BF16) or ['f32'].");
+      "The prefill attention kernels this CPU runs, by instruction set, e.g. ['amx', 'onednn', 'bf16', 'f32'] "
+      "(AMX), ['bf16', 'onednn', 'f32'] (AVX512-BF16) or ['f32']; auto_prefill_kernel() says which one auto runs.");
+  m.def(
+      "auto_prefill_kernel", [] { return std::string(cpu::prefill_kernel_name(cpu::best_prefill_kernel())); },
+      "The prefill attention kernel that kernel='auto' and the config key prefill_kernel: auto run here: 'amx' "
+      "where AMX is usable, else 'bf16' where vdpbf16ps runs at 1.25x the FMA rate or more (measured once), else "
+      "'f32'.");
   m.def(
       "dense_decode_attention",
       [](const StoreHandle& h, int layer, py::handle q, float scale, py::handle out, py::handle lse) {

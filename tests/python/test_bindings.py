@@ -464,6 +464,19 @@ class AttentionTest(unittest.TestCase):
         with self.assertRaisesRegex(lc.Error, "kernel must be 'auto', 'f32', 'bf16', 'onednn' or 'amx', got 'fp8'"):
             lc.prefill_attention(store, 1, first, q, kernel="fp8")
 
+    def test_auto_prefill_kernel_is_the_one_auto_runs(self):
+        auto = lc.auto_prefill_kernel()
+        self.assertIn(auto, lc.prefill_kernels())
+        rng = np.random.default_rng(13)
+        store = lc.KVStore(small_config(kv_type="f16"), 2, 2, 64)
+        k, v = rng.standard_normal((2, 50, 2, 64)).astype(np.float32)
+        store.append(1, k, v)
+        q = rng.standard_normal((10, 4, 64)).astype(np.float32)
+        out, lse = lc.prefill_attention(store, 1, 40, q, kernel="auto")
+        want_out, want_lse = lc.prefill_attention(store, 1, 40, q, kernel=auto)
+        np.testing.assert_array_equal(out, want_out)
+        np.testing.assert_array_equal(lse, want_lse)
+
     def test_prefill_and_decode_match_reference(self):
         rng = np.random.default_rng(11)
         for head_dim in (64, 128, 256):

@@ -151,7 +151,7 @@ def test_select_full_budget_and_rules_file():
     # f16 K/V: relative rounding 2^-11 per element moves the scores by ~1e-3 of
     # their size. Where prefill_kernel auto takes the bf16 kernel, q, k, v and
     # the probabilities are rounded to 2^-8: eight times that (1.9e-2 measured).
-    bf16 = longctx.prefill_kernels()[0] != "f32"
+    bf16 = longctx.auto_prefill_kernel() != "f32"
     for step, (a, b) in enumerate(zip(got, expect)):
         close(a, b, f"default.yaml (f16 KV, {'bf16' if bf16 else 'f32'} prefill): logits of step {step}",
               rel=5e-2 if bf16 else 1e-2)

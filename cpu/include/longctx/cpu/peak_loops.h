@@ -1,5 +1,7 @@
 // Loops of independent multiply-add chains that keep one core's vector units
-// at their peak. longctx-bench quotes its kernels against them.
+// at their peak. longctx-bench quotes its kernels against them, and the
+// prefill kernel choice compares two of them on the core it runs on
+// (vdpbf16ps_over_fma in prefill_attention.h).
 #pragma once
 
 #include <cstdint>
