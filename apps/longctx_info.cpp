@@ -21,6 +21,7 @@
 #include "longctx/core/cpu_features.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/peak_loops.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/quant_matmul.h"
 #include "longctx/core/error.h"
@@ -111,7 +112,7 @@ void print_system(const kvstore::NumaTopology& topology) {
   char prefill_why[128] = "";
   if (prefill == cpu::PrefillKernel::kF32 && cpu::prefill_kernel_unsupported_reason(cpu::PrefillKernel::kBf16).empty())
     std::snprintf(prefill_why, sizeof prefill_why, "; not bf16: vdpbf16ps runs at %.2fx the FMA rate here, below %.2fx",
-                  cpu::vdpbf16ps_over_fma(), cpu::bf16_prefill_min_over_fma());
+                  cpu::vdpbf16ps_over_fma(), cpu::kBf16MinOverFma);
   std::printf("prefill:  attention products: %s on %s (prefill_kernel: auto%s)\n", cpu::prefill_kernel_name(prefill),
               cpu::prefill_kernel_engine(prefill).c_str(), prefill_why);
   std::printf("q8_0 kv:  decode attention on %s\n", cpu::q8_decode_kernel_description());

@@ -4,6 +4,9 @@
 
 #include "longctx/cpu/peak_loops.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "longctx/core/cpu_features.h"
 
 #if defined(__x86_64__)
@@ -76,6 +79,35 @@ double vdpbf16ps_peak_loop(int64_t iters) {
   (void)iters;
   return 0;
 }
+
+namespace {
+// Floating-point operations per second of one peak loop on this thread.
+double peak_rate(double (*loop)(int64_t), int64_t iters) {
+  const auto start = std::chrono::steady_clock::now();
+  const double flops = loop(iters);
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  return seconds.count() > 0 ? flops / seconds.count() : 0;
+}
+}  // namespace
+
+double vdpbf16ps_over_fma() {
+  static const double ratio = [] {
+    if (!cpu_features().avx512bf16) return 0.0;
+    // The best of 5 interleaved rounds of each (0.1-0.3 ms a round): a
+    // preempted round or the cores' slow start on 512-bit vectors only
+    // lowers a round that the others outrun.
+    constexpr int64_t kIters = int64_t(1) << 15;
+    double fma = 0, bf16 = 0;
+    for (int round = 0; round < 5; ++round) {
+      fma = std::max(fma, peak_rate(fma_peak_loop, kIters));
+      bf16 = std::max(bf16, peak_rate(vdpbf16ps_peak_loop, kIters));
+    }
+    return fma > 0 ? bf16 / fma : 0.0;
+  }();
+  return ratio;
+}
+
+bool bf16_outruns_fma() { return cpu_features().amx_bf16 || vdpbf16ps_over_fma() >= kBf16MinOverFma; }
 
 }  // namespace longctx::cpu
 #endif  // HWY_ONCE

@@ -58,7 +58,6 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -515,52 +514,16 @@ std::vector<PrefillKernel> supported_prefill_kernels() {
   return kernels;
 }
 
-namespace {
-// Floating-point operations per second of one peak loop on this thread.
-double peak_rate(double (*loop)(int64_t), int64_t iters) {
-  const auto start = std::chrono::steady_clock::now();
-  const double flops = loop(iters);
-  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-  return seconds.count() > 0 ? flops / seconds.count() : 0;
-}
-
-// vdpbf16ps adds twice an FMA's products per instruction, but not every CPU
-// issues it as often: a Zen 4 ran it at 1.9x the FMA's rate, where the bf16
-// kernel took 0.6x the f32 kernel's time; a Xeon (Emerald Rapids, its AMX
-// hidden by the VM) at 0.46x, where the bf16 kernel took 1.6x the f32
-// kernel's time (README, prefill attention). Below this ratio auto keeps the
-// f32 kernel, which is then about as fast and exact to f32.
-constexpr double kBf16MinOverFma = 1.25;
-}  // namespace
-
-double vdpbf16ps_over_fma() {
-  static const double ratio = [] {
-    if (!cpu_features().avx512bf16) return 0.0;
-    // The best of 5 interleaved rounds of each (0.1-0.3 ms a round): a
-    // preempted round or the cores' slow start on 512-bit vectors only
-    // lowers a round that the others outrun.
-    constexpr int64_t kIters = int64_t(1) << 15;
-    double fma = 0, bf16 = 0;
-    for (int round = 0; round < 5; ++round) {
-      fma = std::max(fma, peak_rate(fma_peak_loop, kIters));
-      bf16 = std::max(bf16, peak_rate(vdpbf16ps_peak_loop, kIters));
-    }
-    return fma > 0 ? bf16 / fma : 0.0;
-  }();
-  return ratio;
-}
-
 PrefillKernel best_prefill_kernel() {
   static const PrefillKernel best = [] {
     const PrefillKernel first = supported_prefill_kernels().front();
     // Without AMX, onednn (listed after bf16) runs on vdpbf16ps too.
-    if (first == PrefillKernel::kBf16 && vdpbf16ps_over_fma() < kBf16MinOverFma) return PrefillKernel::kF32;
+    if (first == PrefillKernel::kBf16 && !bf16_outruns_fma()) return PrefillKernel::kF32;
     return first;
   }();
   return best;
 }
 
-double bf16_prefill_min_over_fma() { return kBf16MinOverFma; }
 
 PrefillKernel prefill_kernel_for(PrefillKernelChoice choice) {
   PrefillKernel kernel = PrefillKernel::kF32;

@@ -98,7 +98,7 @@ TEST(PrefillAttention, PeakLoopsCountTheirOperations) {
 TEST(PrefillAttention, AutoTakesBf16OnlyWhereVdpbf16psOutrunsTheFma) {
   const double ratio = vdpbf16ps_over_fma();
   EXPECT_EQ(vdpbf16ps_over_fma(), ratio) << "measured once";
-  EXPECT_EQ(bf16_prefill_min_over_fma(), 1.25);
+  EXPECT_EQ(bf16_outruns_fma(), cpu_features().amx_bf16 || ratio >= kBf16MinOverFma);
   if (!cpu_features().avx512bf16) {
     EXPECT_EQ(ratio, 0.0);
     EXPECT_NE(best_prefill_kernel(), PrefillKernel::kBf16);
@@ -109,7 +109,7 @@ TEST(PrefillAttention, AutoTakesBf16OnlyWhereVdpbf16psOutrunsTheFma) {
   EXPECT_LT(ratio, 8.0);
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   if (kernels.front() == PrefillKernel::kBf16) {
-    EXPECT_EQ(best_prefill_kernel(), ratio >= 1.25 ? PrefillKernel::kBf16 : PrefillKernel::kF32) << ratio;
+    EXPECT_EQ(best_prefill_kernel(), ratio >= kBf16MinOverFma ? PrefillKernel::kBf16 : PrefillKernel::kF32) << ratio;
   } else {
     EXPECT_EQ(best_prefill_kernel(), kernels.front());
   }

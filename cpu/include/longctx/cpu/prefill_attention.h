@@ -42,14 +42,9 @@ const char* prefill_kernel_name(PrefillKernel kernel);  // "f32", "bf16", "onedn
 // The kernels this CPU runs: amx, onednn where it runs on AMX, bf16, onednn
 // on AVX512-BF16 alone, and f32, always last.
 std::vector<PrefillKernel> supported_prefill_kernels();
-// vdpbf16ps' multiply-add rate over the f32 FMA's, measured once on the
-// calling thread (about 2 ms); 0 where the CPU lacks AVX512-BF16.
-double vdpbf16ps_over_fma();
-// The ratio below which the bf16 kernel is not taken by auto (1.25).
-double bf16_prefill_min_over_fma();
 // The kernel auto runs: kAmx where AMX is usable, else kBf16 where the CPU
-// has AVX512-BF16 and vdpbf16ps_over_fma() >= bf16_prefill_min_over_fma(),
-// else kF32.
+// has AVX512-BF16 and runs vdpbf16ps at kBf16MinOverFma times the FMA rate
+// or more (peak_loops.h: bf16_outruns_fma), else kF32.
 PrefillKernel best_prefill_kernel();
 // Why `kernel` cannot run here (the CPU lacks AVX512-BF16 or usable AMX;
 // oneDNN has no bf16 matmul), or "".
