@@ -23,7 +23,7 @@
 //   longctx-bench decode [--model FILE.gguf] [--weights native|bf16|f32] [--contexts 4096,32768,131072]
 //                        [--budget 4096] [--steps 16] [--kv-type f16] [--quick]
 //   longctx-bench prefill [--model FILE.gguf] [--weights native|bf16|f32] [--tokens 4096,16384]
-//                         [--quant-prefill auto|int8|bf16-tiles]
+//                         [--quant-prefill auto|int8|bf16-tiles|f32-tiles]
 //                         [--chunk 4096] [--quick]
 
 #include <algorithm>
@@ -171,7 +171,7 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, cons
   const TimedBackend::Matmuls& mm = m.backend.matmuls();
   Record r;
   r.set("bench", "prefill").set("model", m.name()).set("weights", weight_storage_name(a.weights));
-  r.set("quant_prefill", m.cpu.quant_prefill_bf16() ? "bf16 tiles" : "int8");
+  r.set("quant_prefill", cpu::quant_prefill_name(m.cpu.quant_prefill()));
   r.set("tokens", n_tokens).set("attention", "dense").set("kv_type", dtype_name(a.kv_type));
   r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
   const double gflops = mm.flops / mm.seconds / 1e9;
@@ -201,7 +201,9 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
       if (v == "auto") a.quant_prefill = cpu::QuantPrefill::kAuto;
       else if (v == "int8") a.quant_prefill = cpu::QuantPrefill::kInt8;
       else if (v == "bf16-tiles") a.quant_prefill = cpu::QuantPrefill::kBf16Tiles;
-      else fail(ErrorCode::kInvalidArgument, command, ": --quant-prefill must be auto, int8 or bf16-tiles, got '", v, "'");
+      else if (v == "f32-tiles") a.quant_prefill = cpu::QuantPrefill::kF32Tiles;
+      else fail(ErrorCode::kInvalidArgument, command, ": --quant-prefill must be auto, int8, bf16-tiles or f32-tiles, got '",
+                v, "'");
     } else if (args[i] == "--contexts") a.contexts = parse_list(next());
     else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());

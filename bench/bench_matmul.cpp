@@ -4,9 +4,9 @@
 //            read bandwidth measured in the same run;
 //   more rows (prefill): compute-bound; GFLOP/s (2 m n k per call) against
 //            the fp32 FMA peak and, for quantized types, the int8 peak of the
-//            kernels' instructions, both measured in the same run; where
-//            oneDNN has a bf16 kernel for the CPU, quantized weights also on
-//            the bf16-tiles path (QuantPrefill), to pick the faster one.
+//            kernels' instructions, both measured in the same run; quantized
+//            weights also on f32 tiles and, where oneDNN has a bf16 kernel
+//            for the CPU, on bf16 tiles (QuantPrefill), to pick the fastest.
 //
 //   longctx-bench matmul [--types q4_0,q8_0,q4_k,q5_k,q6_k,f16,bf16,f32] [--shapes 4096x4096,14336x4096,4096x14336]
 //                        [--rows 1,4,512] [--reps 5] [--quick]
@@ -115,9 +115,11 @@ int run_matmul(const std::vector<std::string>& args) {
     r.set("int8_isa", cpu::quant_isa_name(cpu::best_quant_isa()));
     std::printf("%s\n", r.json().c_str());
   }
-  // Quantized prefill computes on the int8 kernels, or on bf16 tiles for
-  // oneDNN where it has a bf16 kernel for this CPU: time both where both run.
+  // Quantized prefill computes on the int8 kernels, on f32 tiles for
+  // oneDNN, or on bf16 tiles where oneDNN has a bf16 kernel for this CPU:
+  // time each that runs here (auto's choice is in the table's title).
   cpu::CpuBackend backend({.quant_prefill = cpu::QuantPrefill::kInt8});
+  cpu::CpuBackend f32_tiles({.quant_prefill = cpu::QuantPrefill::kF32Tiles});
   std::unique_ptr<cpu::CpuBackend> bf16_tiles;
   try {
     bf16_tiles = std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.quant_prefill = cpu::QuantPrefill::kBf16Tiles});
@@ -142,9 +144,8 @@ int run_matmul(const std::vector<std::string>& args) {
     r.set("rows", m).set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
     r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
     r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
-    const bool on_tiles = &be != &backend;
-    if (!dtype_of(type) && !on_tiles && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
-    if (on_tiles && bf16_gflops > 0) r.set("of_bf16_peak", gflops / bf16_gflops);
+    if (!dtype_of(type) && &be == &backend && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    if (&be == bf16_tiles.get() && bf16_gflops > 0) r.set("of_bf16_peak", gflops / bf16_gflops);
     std::printf("%s\n", r.json().c_str());
     std::fflush(stdout);
     records.push_back(r);
@@ -155,13 +156,16 @@ int run_matmul(const std::vector<std::string>& args) {
       const bool quantized = !dtype_of(type);
       for (int64_t m : a.rows) {
         time_matmul(backend, type, bytes, n, k, m, quantized ? (m <= 4 ? "int8 gemv" : "int8") : "float");
+        if (quantized && m > 4) time_matmul(f32_tiles, type, bytes, n, k, m, "f32 tiles");
         if (quantized && m > 4 && bf16_tiles) time_matmul(*bf16_tiles, type, bytes, n, k, m, "bf16 tiles");
       }
     }
-  std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s; read bandwidth "
+  std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s, quantized "
+              "prefill on %s by default; read bandwidth "
               "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s, bf16 (vdpbf16ps) peak %.0f GFLOP/s "
               "(measured in this run; 0 = not on this CPU)\n",
-              threads, cpu::quant_isa_name(cpu::best_quant_isa()), read_gbps, fma_gflops, int8_gops, bf16_gflops);
+              threads, cpu::quant_isa_name(cpu::best_quant_isa()), cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()),
+              read_gbps, fma_gflops, int8_gops, bf16_gflops);
   print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
                         "of_bf16_peak"});
   return 0;

@@ -63,7 +63,7 @@ const std::array<Usage, 9> kUsages{{
     {"prefill", "a model: prefill tokens/s, matmul GFLOP/s vs the FMA, int8 and bf16 peaks measured in the run",
      "  --model FILE     a GGUF model (default: the generated 'bench' model)\n"
      "  --weights W      native, bf16 or f32 (native)\n"
-     "  --quant-prefill P auto, int8 or bf16-tiles: how quantized weights multiply prefill rows (auto)\n"
+     "  --quant-prefill P auto, int8, bf16-tiles or f32-tiles: how quantized weights multiply prefill rows (auto)\n"
      "  --tokens LIST    prompt lengths (4096,16384)\n"
      "  --chunk N        prefill chunk (4096)\n"
      "  --kv-type T      f16, bf16, f32 or q8_0 (f16)\n"

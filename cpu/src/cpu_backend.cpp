@@ -102,7 +102,8 @@ CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
-                 quant_isa_name(best_quant_isa()), quant_prefill_bf16() ? " (prefill: bf16 tiles on oneDNN)" : "",
+                 quant_isa_name(best_quant_isa()),
+                 quant_prefill() == QuantPrefill::kInt8 ? "" : str_cat(" (prefill: ", quant_prefill_name(quant_prefill()), " on oneDNN)"),
                  ", bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
@@ -110,7 +111,17 @@ WeightStorage CpuBackend::weight_storage() const { return impl_->options.weights
 uint64_t CpuBackend::bytes_in_use() const { return impl_->account->used.load(); }
 uint64_t CpuBackend::memory_budget_bytes() const { return impl_->account->budget; }
 bool CpuBackend::bf16_native() const { return impl_->matmul->bf16_native(); }
-bool CpuBackend::quant_prefill_bf16() const { return impl_->matmul->quant_prefill_bf16(); }
+QuantPrefill CpuBackend::quant_prefill() const { return impl_->matmul->quant_prefill(); }
+
+const char* quant_prefill_name(QuantPrefill path) {
+  switch (path) {
+    case QuantPrefill::kAuto: return "auto";
+    case QuantPrefill::kInt8: return "int8";
+    case QuantPrefill::kBf16Tiles: return "bf16 tiles";
+    case QuantPrefill::kF32Tiles: return "f32 tiles";
+  }
+  return "?";
+}
 
 std::unique_ptr<BackendTensor> CpuBackend::alloc(std::vector<int64_t> shape, DType dtype) {
   const size_t bytes = backend_tensor_bytes(shape, dtype, "CpuBackend", "alloc");

@@ -52,7 +52,7 @@ class MatmulEngine {
   MatmulEngine& operator=(const MatmulEngine&) = delete;
   void run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n);
   bool bf16_native() const;
-  bool quant_prefill_bf16() const;
+  QuantPrefill quant_prefill() const;
 
  private:
   struct State;

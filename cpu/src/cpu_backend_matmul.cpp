@@ -3,14 +3,18 @@
 // - quantized weights: x quantized per block (quant_matmul.h), then the
 //   integer kernels of the CPU's best ISA on panels of weight rows split over
 //   the cores with oneTBB; each panel meets every row of x while it sits in
-//   the core's cache. With QuantPrefill::kBf16Tiles (the default on AMX
-//   CPUs, whose tiles oneDNN's bf16 kernels use) and more than kGemvMaxM
-//   rows: tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16.
+//   the core's cache. With QuantPrefill::kBf16Tiles (the default where
+//   bf16 products outrun f32 ones: AMX tiles, vdpbf16ps on Zen 4) and more
+//   than kGemvMaxM rows: tiles of w dequantized to bf16, x rounded to bf16,
+//   oneDNN bf16; with kF32Tiles (the default on other AVX-512 CPUs, whose
+//   oneDNN f32 kernels outrun the int8 kernels on 256-bit vectors): tiles of
+//   w dequantized to f32, oneDNN f32.
 // - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
 //   streams the weight rows once, f32, f16 or bf16, split over rows with oneTBB.
 // - f32 weights: oneDNN f32 x f32 -> f32.
 // - bf16 weights, native: x rounded to bf16, oneDNN bf16 x bf16 -> f32, when
-//   oneDNN has an optimized (non-reference) bf16 kernel for this CPU.
+//   oneDNN has an optimized (non-reference) bf16 kernel for this CPU and
+//   bf16 products outrun f32 ones.
 // - f16 weights, and bf16 weights without a native kernel: tiles of w
 //   widened to f32 in a scratch buffer, oneDNN f32 x f32 into the matching
 //   columns of y.
@@ -31,6 +35,7 @@
 #include "cpu_backend_internal.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
+#include "longctx/cpu/peak_loops.h"
 #include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu::detail {
@@ -68,7 +73,7 @@ constexpr int64_t kQuantGemvGrainRows = 16;
 
 struct MatmulEngine::State {
   bool native_bf16 = false;
-  bool quant_bf16_tiles = false;
+  QuantPrefill quant_prefill = QuantPrefill::kInt8;
   QuantIsa quant_isa = best_quant_isa();
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -123,22 +128,26 @@ MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : stat
   } catch (const dnnl::error&) {
     onednn_bf16 = false;  // no bf16 support on this CPU (e.g. AVX2 only)
   }
-  state_->native_bf16 = onednn_bf16 && bf16_mode == Bf16Matmul::kAuto;
+  // Where bf16 products do not outrun f32 ones (a Xeon whose VM hides AMX
+  // runs vdpbf16ps at half the FMA rate), oneDNN's bf16 kernels lose to f32.
+  const bool fast_bf16 = onednn_bf16 && bf16_outruns_fma();
+  state_->native_bf16 = fast_bf16 && bf16_mode == Bf16Matmul::kAuto;
   if (quant_mode == QuantPrefill::kBf16Tiles && !onednn_bf16)
     fail(ErrorCode::kUnsupported, "CpuBackend: QuantPrefill::kBf16Tiles needs oneDNN bf16 kernels, which this CPU (",
          describe_cpu_features(cpu_features()), ") does not have");
-  // Where the CPU multiplies bf16 in hardware (AMX tiles, or AVX512-BF16's
-  // vdpbf16ps on Zen 4/5), bf16 tiles beat the int8 kernels for prefill
-  // (Zen 4, 2 cores: q4_k 315 vs 242 GFLOP/s, `longctx-bench matmul`).
-  const bool bf16_units = cpu_features().amx_bf16 || cpu_features().avx512bf16;
-  state_->quant_bf16_tiles = quant_mode == QuantPrefill::kBf16Tiles ||
-                             (quant_mode == QuantPrefill::kAuto && onednn_bf16 && bf16_units);
+  // Prefill with quantized weights, 512 rows of a 14336x4096 weight (longctx-bench matmul, 2 cores):
+  // on Zen 4 bf16 tiles ran 1.24x the int8 kernels; on a Xeon without AMX
+  // f32 tiles ran 1.3-4.3x the int8 kernels (on 256-bit vectors) and 1.5-2.3x bf16 tiles.
+  if (quant_mode != QuantPrefill::kAuto) state_->quant_prefill = quant_mode;
+  else if (fast_bf16) state_->quant_prefill = QuantPrefill::kBf16Tiles;
+  else if (cpu_features().avx512f) state_->quant_prefill = QuantPrefill::kF32Tiles;
+  else state_->quant_prefill = QuantPrefill::kInt8;
 }
 
 MatmulEngine::~MatmulEngine() = default;
 
 bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
-bool MatmulEngine::quant_prefill_bf16() const { return state_->quant_bf16_tiles; }
+QuantPrefill MatmulEngine::quant_prefill() const { return state_->quant_prefill; }
 
 void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n) {
   State& s = *state_;
@@ -148,7 +157,19 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
     return;
   }
   const std::optional<DType> dense = dtype_of(w_type);
-  if (!dense && m > kGemvMaxM && s.quant_bf16_tiles) {
+  if (!dense && m > kGemvMaxM && s.quant_prefill == QuantPrefill::kF32Tiles) {
+    const int64_t tile = std::min(n, kDequantTileRows);
+    const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
+    s.w_tile.resize(size_t(tile * k));
+    const auto* wq = static_cast<const uint8_t*>(w);
+    for (int64_t o = 0; o < n; o += tile) {
+      const int64_t rows = std::min(tile, n - o);
+      tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
+        dequantize(w_type, {wq + size_t(o + r) * row_bytes, row_bytes}, {s.w_tile.data() + r * k, size_t(k)});
+      });
+      s.execute({m, k, rows, n, dt::f32}, x, s.w_tile.data(), y + o);
+    }
+  } else if (!dense && m > kGemvMaxM && s.quant_prefill == QuantPrefill::kBf16Tiles) {
     s.x_bf16.resize(size_t(m * k));
     convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
     const int64_t tile = std::min(n, kBf16TileRows);

@@ -16,6 +16,7 @@
 #include "longctx/core/backend.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/peak_loops.h"
 #include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu {
@@ -100,14 +101,14 @@ TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
 }
 
 // matmul through the backend on the int8 path (forced: QuantPrefill::kAuto
-// sends prefill rows to bf16 tiles on AMX / AVX512-BF16 CPUs) equals the
+// sends prefill rows to bf16 or f32 tiles on AVX-512 CPUs) equals the
 // kernel's tile on the same quantized activations (every row count, a bias
 // added after), so the threading and the panels change nothing;
 // quant_matmul_test.cpp ties the kernel to fp64.
 TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   std::mt19937 rng(3);
   CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
-  EXPECT_FALSE(backend.quant_prefill_bf16());
+  EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kInt8);
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t k = 512, n = 300;
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
@@ -173,17 +174,63 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
   }
 }
 
-// kAuto takes bf16 tiles exactly where the CPU multiplies bf16 in hardware
-// (AMX, AVX512-BF16) and oneDNN has a kernel for it.
-TEST(CpuBackendQuant, AutoTakesBf16TilesWhereTheCpuMultipliesBf16) {
+// kAuto takes bf16 tiles exactly where oneDNN has a bf16 kernel here and
+// bf16 products outrun f32 ones (AMX tiles, or vdpbf16ps at kBf16MinOverFma
+// times the FMA rate: Zen 4), else f32 tiles on other AVX-512 CPUs, else the
+// int8 kernels; bf16 weights multiply natively on the same condition.
+TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   bool tiles_available = true;
   try {
     CpuBackend forced(CpuBackendOptions{.quant_prefill = QuantPrefill::kBf16Tiles});
   } catch (const Error&) {
     tiles_available = false;
   }
-  const bool bf16_units = cpu_features().amx_bf16 || cpu_features().avx512bf16;
-  EXPECT_EQ(CpuBackend().quant_prefill_bf16(), tiles_available && bf16_units) << describe_cpu_features(cpu_features());
+  const bool fast_bf16 = tiles_available && bf16_outruns_fma();
+  const QuantPrefill want =
+      fast_bf16 ? QuantPrefill::kBf16Tiles : cpu_features().avx512f ? QuantPrefill::kF32Tiles : QuantPrefill::kInt8;
+  const CpuBackend backend;
+  EXPECT_EQ(backend.quant_prefill(), want) << quant_prefill_name(backend.quant_prefill()) << "; "
+                                           << describe_cpu_features(cpu_features()) << "; vdpbf16ps at "
+                                           << vdpbf16ps_over_fma() << "x the FMA rate";
+  EXPECT_EQ(backend.bf16_native(), fast_bf16);
+  if (want != QuantPrefill::kInt8) {
+    EXPECT_NE(backend.name().find(str_cat("prefill: ", quant_prefill_name(want))), std::string::npos) << backend.name();
+  }
+}
+
+// The prefill path of other AVX-512 machines (QuantPrefill::kF32Tiles, forced
+// here on every CPU): w dequantized to f32 (exact), f32 x, f32 accumulation:
+// gamma_k sum |x w| against fp64 of the same values, over more than one tile
+// of 256 weight rows.
+TEST(CpuBackendQuant, F32TilesMatchFp64OfTheDequantizedWeights) {
+  CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kF32Tiles});
+  EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kF32Tiles);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const int64_t k = 512, n = 600, m = 7;  // n: two whole tiles and a partial one
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
+    const std::vector<float> values = dequantized(type, bytes, n * k);
+    auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = normal(rng);
+    auto xt = backend.alloc({m, k});
+    backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+    auto yt = backend.alloc({m, n});
+    backend.matmul(*xt, *w, nullptr, *yt);
+    const std::vector<float> got = download(backend, *yt);
+    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < n; o += 7) {
+        double want = 0, mag = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double term = double(x[size_t(r * k + i)]) * double(values[size_t(o * k + i)]);
+          want += term;
+          mag += std::fabs(term);
+        }
+        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << ggml_type_info(type).name << " row " << r << " output " << o;
+      }
+  }
 }
 
 // The prefill path of AMX / AVX512-BF16 machines (QuantPrefill::kBf16Tiles, forced here
@@ -197,7 +244,7 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();
   }
-  EXPECT_TRUE(backend->quant_prefill_bf16());
+  EXPECT_EQ(backend->quant_prefill(), QuantPrefill::kBf16Tiles);
   std::mt19937 rng(6);
   std::normal_distribution<float> normal;
   const auto bf16 = [](double v) { return double(bf16_bits_to_f32(f32_to_bf16_bits(float(v)))); };

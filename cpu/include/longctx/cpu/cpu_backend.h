@@ -46,17 +46,23 @@ namespace longctx::cpu {
 
 // How a bf16-weight matmul computes.
 enum class Bf16Matmul : uint8_t {
-  kAuto,        // oneDNN bf16 x bf16 when it has a bf16 kernel for this CPU, else kDequantize
+  kAuto,        // oneDNN bf16 x bf16 where it has a bf16 kernel for this CPU and bf16 products
+                // outrun f32 ones (peak_loops.h: bf16_outruns_fma), else kDequantize
   kDequantize,  // widen weight tiles to f32 and multiply in f32 (exact weights, f32 x)
 };
 
 // How a quantized-weight matmul of more than 4 rows (prefill) computes.
 enum class QuantPrefill : uint8_t {
-  kAuto,       // kBf16Tiles where the CPU has AMX or AVX512-BF16 and oneDNN a bf16 kernel for it, else kInt8
+  kAuto,       // kBf16Tiles where oneDNN has a bf16 kernel for this CPU and bf16 products outrun
+               // f32 ones (AMX; vdpbf16ps on Zen 4), else kF32Tiles where the CPU has AVX-512,
+               // else kInt8
   kInt8,       // the int8 kernels of quant_matmul.h
   kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
                // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)
+  kF32Tiles,   // tiles of w dequantized to f32, oneDNN f32 x f32 -> f32 (exact weights, f32 x)
 };
+
+const char* quant_prefill_name(QuantPrefill path);  // "auto", "int8", "bf16 tiles", "f32 tiles"
 
 struct CpuBackendOptions {
   WeightStorage weights = WeightStorage::kNative;
@@ -101,8 +107,8 @@ class CpuBackend final : public Backend {
   uint64_t memory_budget_bytes() const;
   // True when bf16 matmuls run on oneDNN's bf16 kernels (false: dequantize path).
   bool bf16_native() const;
-  // True when quantized matmuls of more than 4 rows use bf16 tiles on oneDNN.
-  bool quant_prefill_bf16() const;
+  // How quantized matmuls of more than 4 rows compute here (never kAuto).
+  QuantPrefill quant_prefill() const;
 
   struct Impl;
 
