@@ -6,9 +6,9 @@
 //   the core's cache. With QuantPrefill::kBf16Tiles (the default where
 //   bf16 products outrun f32 ones: AMX tiles, vdpbf16ps on Zen 4) and more
 //   than kGemvMaxM rows: tiles of w dequantized to bf16, x rounded to bf16,
-//   oneDNN bf16; with kF32Tiles (the default on other AVX-512 CPUs, whose
-//   oneDNN f32 kernels outrun the int8 kernels on 256-bit vectors): tiles of
-//   w dequantized to f32, oneDNN f32.
+//   oneDNN bf16; with kF32Tiles (the default on CPUs with AVX512-BF16 whose
+//   bf16 products are slow, where oneDNN's f32 kernels outrun the int8
+//   kernels on 256-bit vectors): tiles of w dequantized to f32, oneDNN f32.
 // - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
 //   streams the weight rows once, f32, f16 or bf16, split over rows with oneTBB.
 // - f32 weights: oneDNN f32 x f32 -> f32.
@@ -135,12 +135,15 @@ MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : stat
   if (quant_mode == QuantPrefill::kBf16Tiles && !onednn_bf16)
     fail(ErrorCode::kUnsupported, "CpuBackend: QuantPrefill::kBf16Tiles needs oneDNN bf16 kernels, which this CPU (",
          describe_cpu_features(cpu_features()), ") does not have");
-  // Prefill with quantized weights, 512 rows of a 14336x4096 weight (longctx-bench matmul, 2 cores):
-  // on Zen 4 bf16 tiles ran 1.24x the int8 kernels; on a Xeon without AMX
-  // f32 tiles ran 1.3-4.3x the int8 kernels (on 256-bit vectors) and 1.5-2.3x bf16 tiles.
+  // Prefill with quantized weights (longctx-bench matmul, 512 rows, 2
+  // cores): on Zen 4 bf16 tiles ran 1.24x the int8 kernels; on a Xeon
+  // (Emerald Rapids) whose VM hides AMX, f32 tiles ran 1.15x (Q6_K) to 3.0x
+  // (Q4_0) the int8 kernels, which use 256-bit vectors, and 1.36-1.45x bf16
+  // tiles. AVX-512 CPUs without BF16 (Skylake to Ice Lake; some have one
+  // 512-bit FMA unit) keep the int8 kernels: f32 tiles were not measured there.
   if (quant_mode != QuantPrefill::kAuto) state_->quant_prefill = quant_mode;
   else if (fast_bf16) state_->quant_prefill = QuantPrefill::kBf16Tiles;
-  else if (cpu_features().avx512f) state_->quant_prefill = QuantPrefill::kF32Tiles;
+  else if (cpu_features().avx512bf16) state_->quant_prefill = QuantPrefill::kF32Tiles;
   else state_->quant_prefill = QuantPrefill::kInt8;
 }
 

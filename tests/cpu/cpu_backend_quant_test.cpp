@@ -101,7 +101,7 @@ TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
 }
 
 // matmul through the backend on the int8 path (forced: QuantPrefill::kAuto
-// sends prefill rows to bf16 or f32 tiles on AVX-512 CPUs) equals the
+// sends prefill rows to bf16 or f32 tiles on AVX512-BF16 CPUs) equals the
 // kernel's tile on the same quantized activations (every row count, a bias
 // added after), so the threading and the panels change nothing;
 // quant_matmul_test.cpp ties the kernel to fp64.
@@ -176,8 +176,9 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
 
 // kAuto takes bf16 tiles exactly where oneDNN has a bf16 kernel here and
 // bf16 products outrun f32 ones (AMX tiles, or vdpbf16ps at kBf16MinOverFma
-// times the FMA rate: Zen 4), else f32 tiles on other AVX-512 CPUs, else the
-// int8 kernels; bf16 weights multiply natively on the same condition.
+// times the FMA rate: Zen 4), else f32 tiles where the CPU has AVX512-BF16
+// (a Xeon whose VM hides AMX), else the int8 kernels; bf16 weights multiply
+// natively on the same condition as bf16 tiles.
 TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   bool tiles_available = true;
   try {
@@ -187,7 +188,7 @@ TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   }
   const bool fast_bf16 = tiles_available && bf16_outruns_fma();
   const QuantPrefill want =
-      fast_bf16 ? QuantPrefill::kBf16Tiles : cpu_features().avx512f ? QuantPrefill::kF32Tiles : QuantPrefill::kInt8;
+      fast_bf16 ? QuantPrefill::kBf16Tiles : cpu_features().avx512bf16 ? QuantPrefill::kF32Tiles : QuantPrefill::kInt8;
   const CpuBackend backend;
   EXPECT_EQ(backend.quant_prefill(), want) << quant_prefill_name(backend.quant_prefill()) << "; "
                                            << describe_cpu_features(cpu_features()) << "; vdpbf16ps at "
@@ -198,8 +199,8 @@ TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   }
 }
 
-// The prefill path of other AVX-512 machines (QuantPrefill::kF32Tiles, forced
-// here on every CPU): w dequantized to f32 (exact), f32 x, f32 accumulation:
+// The prefill path of AVX512-BF16 machines whose bf16 products are slow
+// (QuantPrefill::kF32Tiles, forced here on every CPU): w dequantized to f32 (exact), f32 x, f32 accumulation:
 // gamma_k sum |x w| against fp64 of the same values, over more than one tile
 // of 256 weight rows.
 TEST(CpuBackendQuant, F32TilesMatchFp64OfTheDequantizedWeights) {

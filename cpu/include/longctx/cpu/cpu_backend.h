@@ -54,8 +54,8 @@ enum class Bf16Matmul : uint8_t {
 // How a quantized-weight matmul of more than 4 rows (prefill) computes.
 enum class QuantPrefill : uint8_t {
   kAuto,       // kBf16Tiles where oneDNN has a bf16 kernel for this CPU and bf16 products outrun
-               // f32 ones (AMX; vdpbf16ps on Zen 4), else kF32Tiles where the CPU has AVX-512,
-               // else kInt8
+               // f32 ones (AMX; vdpbf16ps on Zen 4), else kF32Tiles where the CPU has AVX512-BF16
+               // (slow there: a Xeon whose VM hides AMX), else kInt8
   kInt8,       // the int8 kernels of quant_matmul.h
   kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
                // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)
