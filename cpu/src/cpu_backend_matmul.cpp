@@ -160,33 +160,35 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
     return;
   }
   const std::optional<DType> dense = dtype_of(w_type);
-  if (!dense && m > kGemvMaxM && s.quant_prefill == QuantPrefill::kF32Tiles) {
-    const int64_t tile = std::min(n, kDequantTileRows);
-    const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
-    s.w_tile.resize(size_t(tile * k));
-    const auto* wq = static_cast<const uint8_t*>(w);
-    for (int64_t o = 0; o < n; o += tile) {
-      const int64_t rows = std::min(tile, n - o);
-      tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
-        dequantize(w_type, {wq + size_t(o + r) * row_bytes, row_bytes}, {s.w_tile.data() + r * k, size_t(k)});
-      });
-      s.execute({m, k, rows, n, dt::f32}, x, s.w_tile.data(), y + o);
+  if (!dense && m > kGemvMaxM && s.quant_prefill != QuantPrefill::kInt8) {
+    // Tiles of weight rows dequantized to f32 for oneDNN, or rounded on to
+    // bf16 (x too) for its bf16 kernels.
+    const bool bf16 = s.quant_prefill == QuantPrefill::kBf16Tiles;
+    const void* src = x;
+    if (bf16) {
+      s.x_bf16.resize(size_t(m * k));
+      convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
+      src = s.x_bf16.data();
     }
-  } else if (!dense && m > kGemvMaxM && s.quant_prefill == QuantPrefill::kBf16Tiles) {
-    s.x_bf16.resize(size_t(m * k));
-    convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
-    const int64_t tile = std::min(n, kBf16TileRows);
+    const int64_t tile = std::min(n, bf16 ? kBf16TileRows : kDequantTileRows);
     const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
-    s.w_tile_bf16.resize(size_t(tile * k));
+    if (bf16) s.w_tile_bf16.resize(size_t(tile * k));
+    else s.w_tile.resize(size_t(tile * k));
     const auto* wq = static_cast<const uint8_t*>(w);
     for (int64_t o = 0; o < n; o += tile) {
       const int64_t rows = std::min(tile, n - o);
       tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
-        std::vector<float> values(static_cast<size_t>(k));
-        dequantize(w_type, {wq + size_t(o + r) * row_bytes, row_bytes}, values);
-        convert(values.data(), DType::kF32, s.w_tile_bf16.data() + r * k, DType::kBF16, size_t(k));
+        const std::span<const uint8_t> row{wq + size_t(o + r) * row_bytes, row_bytes};
+        if (bf16) {
+          std::vector<float> values(static_cast<size_t>(k));
+          dequantize(w_type, row, values);
+          convert(values.data(), DType::kF32, s.w_tile_bf16.data() + r * k, DType::kBF16, size_t(k));
+        } else {
+          dequantize(w_type, row, {s.w_tile.data() + r * k, size_t(k)});
+        }
       });
-      s.execute({m, k, rows, n, dt::bf16}, s.x_bf16.data(), s.w_tile_bf16.data(), y + o);
+      const void* w_tile = bf16 ? static_cast<const void*>(s.w_tile_bf16.data()) : s.w_tile.data();
+      s.execute({m, k, rows, n, bf16 ? dt::bf16 : dt::f32}, src, w_tile, y + o);
     }
   } else if (!dense) {
     quantize_acts(x, m, k, k, quant_act_block(w_type), s.acts);

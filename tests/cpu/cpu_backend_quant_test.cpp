@@ -37,6 +37,37 @@ std::vector<float> dequantized(GgmlType type, const std::vector<uint8_t>& bytes,
   return out;
 }
 
+// got[r n + o] against fp64 of sum_i x[r k + i] w[o k + i] within f32
+// accumulation's gamma_k sum |x w|, for every row r < m and every o_step-th o
+// < n; `round` is applied to both factors first (the identity, or bf16).
+void expect_near_fp64(const std::vector<float>& got, const std::vector<float>& x, const std::vector<float>& w,
+                      int64_t m, int64_t n, int64_t k, int64_t o_step, double (*round)(double), const std::string& what) {
+  const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t o = 0; o < n; o += o_step) {
+      double want = 0, mag = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double term = round(x[size_t(r * k + i)]) * round(w[size_t(o * k + i)]);
+        want += term;
+        mag += std::fabs(term);
+      }
+      ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << what << " row " << r << " output " << o;
+    }
+}
+
+double exact(double v) { return v; }
+
+// y [m, n] = x [m, k] w^T through the backend, w loaded there as [n, k].
+std::vector<float> matmul_of(CpuBackend& backend, const BackendTensor& w, const std::vector<float>& x, int64_t m,
+                             int64_t n, int64_t k) {
+  auto xt = backend.alloc({m, k});
+  backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+  auto yt = backend.alloc({m, n});
+  backend.matmul(*xt, w, nullptr, *yt);
+  return download(backend, *yt);
+}
+double to_bf16(double v) { return double(bf16_bits_to_f32(f32_to_bf16_bits(float(v)))); }
+
 TEST(CpuBackendQuant, StorageKeepsOrConvertsEachType) {
   std::mt19937 rng(1);
   const int64_t rows = 3, k = 256;
@@ -152,25 +183,12 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
   for (uint16_t& h : half) h = f32_to_f16_bits(normal(rng) * 0.1f);
   auto w = backend.load_weight(make_view(half.data(), DType::kF16, {n, k}));
   EXPECT_EQ(w->dtype(), DType::kF16);
+  std::vector<float> widened(half.size());
+  for (size_t i = 0; i < half.size(); ++i) widened[i] = f16_bits_to_f32(half[i]);
   for (int64_t m : {1, 4, 17}) {
     std::vector<float> x(static_cast<size_t>(m * k));
     for (float& v : x) v = normal(rng);
-    auto xt = backend.alloc({m, k});
-    backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
-    auto yt = backend.alloc({m, n});
-    backend.matmul(*xt, *w, nullptr, *yt);
-    const std::vector<float> got = download(backend, *yt);
-    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t o = 0; o < n; ++o) {
-        double want = 0, mag = 0;
-        for (int64_t i = 0; i < k; ++i) {
-          const double term = double(x[size_t(r * k + i)]) * f16_bits_to_f32(half[size_t(o * k + i)]);
-          want += term;
-          mag += std::fabs(term);
-        }
-        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << "m " << m << " row " << r << " output " << o;
-      }
+    expect_near_fp64(matmul_of(backend, *w, x, m, n, k), x, widened, m, n, k, 1, exact, str_cat("m ", m));
   }
 }
 
@@ -215,22 +233,7 @@ TEST(CpuBackendQuant, F32TilesMatchFp64OfTheDequantizedWeights) {
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
     std::vector<float> x(static_cast<size_t>(m * k));
     for (float& v : x) v = normal(rng);
-    auto xt = backend.alloc({m, k});
-    backend.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
-    auto yt = backend.alloc({m, n});
-    backend.matmul(*xt, *w, nullptr, *yt);
-    const std::vector<float> got = download(backend, *yt);
-    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t o = 0; o < n; o += 7) {
-        double want = 0, mag = 0;
-        for (int64_t i = 0; i < k; ++i) {
-          const double term = double(x[size_t(r * k + i)]) * double(values[size_t(o * k + i)]);
-          want += term;
-          mag += std::fabs(term);
-        }
-        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << ggml_type_info(type).name << " row " << r << " output " << o;
-      }
+    expect_near_fp64(matmul_of(backend, *w, x, m, n, k), x, values, m, n, k, 7, exact, ggml_type_info(type).name);
   }
 }
 
@@ -248,7 +251,6 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   EXPECT_EQ(backend->quant_prefill(), QuantPrefill::kBf16Tiles);
   std::mt19937 rng(6);
   std::normal_distribution<float> normal;
-  const auto bf16 = [](double v) { return double(bf16_bits_to_f32(f32_to_bf16_bits(float(v)))); };
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t k = 512, n = 1100, m = 9;  // n > one tile of 1024 rows
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
@@ -256,22 +258,7 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
     auto w = backend->load_weight(HostWeight(type, {n, k}, bytes, "w"));
     std::vector<float> x(static_cast<size_t>(m * k));
     for (float& v : x) v = normal(rng);
-    auto xt = backend->alloc({m, k});
-    backend->upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
-    auto yt = backend->alloc({m, n});
-    backend->matmul(*xt, *w, nullptr, *yt);
-    const std::vector<float> got = download(*backend, *yt);
-    const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t o = 0; o < n; o += 37) {
-        double want = 0, mag = 0;
-        for (int64_t i = 0; i < k; ++i) {
-          const double term = bf16(x[size_t(r * k + i)]) * bf16(values[size_t(o * k + i)]);
-          want += term;
-          mag += std::fabs(term);
-        }
-        ASSERT_NEAR(got[size_t(r * n + o)], want, gamma * mag) << ggml_type_info(type).name << " row " << r;
-      }
+    expect_near_fp64(matmul_of(*backend, *w, x, m, n, k), x, values, m, n, k, 37, to_bf16, ggml_type_info(type).name);
   }
 }
 
