@@ -202,8 +202,8 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
       else if (v == "int8") a.quant_prefill = cpu::QuantPrefill::kInt8;
       else if (v == "bf16-tiles") a.quant_prefill = cpu::QuantPrefill::kBf16Tiles;
       else if (v == "f32-tiles") a.quant_prefill = cpu::QuantPrefill::kF32Tiles;
-      else fail(ErrorCode::kInvalidArgument, command, ": --quant-prefill must be auto, int8, bf16-tiles or f32-tiles, got '",
-                v, "'");
+      else fail(ErrorCode::kInvalidArgument, command,
+                ": --quant-prefill must be auto, int8, bf16-tiles or f32-tiles, got '", v, "'");
     } else if (args[i] == "--contexts") a.contexts = parse_list(next());
     else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next());
     else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());

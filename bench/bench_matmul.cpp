@@ -164,8 +164,9 @@ int run_matmul(const std::vector<std::string>& args) {
               "prefill on %s by default; read bandwidth "
               "%.1f GB/s, fp32 FMA peak %.0f GFLOP/s, int8 peak %.0f GOP/s, bf16 (vdpbf16ps) peak %.0f GFLOP/s "
               "(measured in this run; 0 = not on this CPU)\n",
-              threads, cpu::quant_isa_name(cpu::best_quant_isa()), cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()),
-              read_gbps, fma_gflops, int8_gops, bf16_gflops);
+              threads, cpu::quant_isa_name(cpu::best_quant_isa()),
+              cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()), read_gbps, fma_gflops, int8_gops,
+              bf16_gflops);
   print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
                         "of_bf16_peak"});
   return 0;

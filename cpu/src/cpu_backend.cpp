@@ -101,9 +101,11 @@ CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
+  const QuantPrefill prefill = quant_prefill();
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
                  quant_isa_name(best_quant_isa()),
-                 quant_prefill() == QuantPrefill::kInt8 ? "" : str_cat(" (prefill: ", quant_prefill_name(quant_prefill()), " on oneDNN)"),
+                 prefill == QuantPrefill::kInt8 ? ""
+                                                : str_cat(" (prefill: ", quant_prefill_name(prefill), " on oneDNN)"),
                  ", bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 

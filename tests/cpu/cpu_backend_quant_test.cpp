@@ -41,7 +41,8 @@ std::vector<float> dequantized(GgmlType type, const std::vector<uint8_t>& bytes,
 // accumulation's gamma_k sum |x w|, for every row r < m and every o_step-th o
 // < n; `round` is applied to both factors first (the identity, or bf16).
 void expect_near_fp64(const std::vector<float>& got, const std::vector<float>& x, const std::vector<float>& w,
-                      int64_t m, int64_t n, int64_t k, int64_t o_step, double (*round)(double), const std::string& what) {
+                      int64_t m, int64_t n, int64_t k, int64_t o_step, double (*round)(double),
+                      const std::string& what) {
   const double gamma = double(k) * std::ldexp(1.0, -24) / (1 - double(k) * std::ldexp(1.0, -24));
   for (int64_t r = 0; r < m; ++r)
     for (int64_t o = 0; o < n; o += o_step) {
