@@ -23,7 +23,6 @@
 #include <string>
 #include <optional>
 #include <utility>
-#include <sstream>
 #include <vector>
 
 #include "bench_util.h"
@@ -331,18 +330,7 @@ int run_kernels(const std::vector<std::string>& args) {
     else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
     else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
     else if (args[i] == "--target") a.target = next();
-    else if (args[i] == "--dtype") {
-      a.dtypes.clear();
-      std::stringstream list(next());
-      for (std::string name; std::getline(list, name, ',');) {
-        const std::optional<DType> t = parse_dtype(name);
-        if (!t) fail(ErrorCode::kInvalidArgument, "kernels: --dtype must list f16, bf16, f32 or q8_0, got '", name, "'");
-        if (std::find(a.dtypes.begin(), a.dtypes.end(), *t) != a.dtypes.end())
-          fail(ErrorCode::kInvalidArgument, "kernels: --dtype lists '", name, "' twice");
-        a.dtypes.push_back(*t);
-      }
-      if (a.dtypes.empty()) fail(ErrorCode::kInvalidArgument, "kernels: --dtype lists no KV type");
-    }
+    else if (args[i] == "--dtype") a.dtypes = parse_kv_types(next(), "kernels: --dtype");
     else if (args[i] == "--quick") {
       a.contexts = {4096, 32768}, a.dtypes = {DType::kF16}, a.reps = 3;
       a.prefill_histories = {8192}, a.prefill_chunk = 1024;

@@ -21,7 +21,7 @@ struct KvstoreArgs {
   int layers = 32;
   int kv_heads = 8;
   int head_dim = 128;
-  DType kv_type = DType::kF16;
+  std::vector<DType> kv_types{DType::kF16};
   std::vector<DType> src_types{DType::kF16, DType::kF32};
   std::vector<RepresentativeType> reps{RepresentativeType::kQuest, RepresentativeType::kDynamic};
   int reps_count = 5;
@@ -57,7 +57,8 @@ Source make_source(const KvstoreArgs& a, DType dtype) {
   return s;
 }
 
-Record run_append(const KvstoreArgs& a, const Source& src, RepresentativeType rep, int threads, double copy_gbps) {
+Record run_append(const KvstoreArgs& a, DType kv_type, const Source& src, RepresentativeType rep, int threads,
+                  double copy_gbps) {
   const DType src_type = src.dtype;
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
   LongContextConfig config;
@@ -66,7 +67,7 @@ Record run_append(const KvstoreArgs& a, const Source& src, RepresentativeType re
   config.local_windows_len = std::min(config.local_windows_len, a.tokens / 2);
   config.initial_len = std::min(config.initial_len, a.tokens / 4);
   config.second_select_num = 1;
-  config.kv_type = a.kv_type;
+  config.kv_type = kv_type;
   config.representative_type = rep;
   config.representative_num = rep == RepresentativeType::kQuest ? 2 : 1;
   const kvstore::KVShape shape{a.layers, a.kv_heads, a.head_dim};
@@ -89,12 +90,13 @@ Record run_append(const KvstoreArgs& a, const Source& src, RepresentativeType re
     append_all();
   }));
   const double read_bytes = 2.0 * n * a.layers * dtype_size(src_type);
-  const double written_bytes = 2.0 * n * a.layers * dtype_size(a.kv_type);
+  // q8_0: codes and scales
+  const double written_bytes = 2.0 * double(a.tokens) * a.kv_heads * a.layers * kvstore::kv_vector_bytes(kv_type, a.head_dim);
   const double gbps = (read_bytes + written_bytes) / warm_s / 1e9;
   Record r;
   r.set("bench", "kvstore").set("kernel", "append").set("tokens", a.tokens).set("layers", a.layers);
   r.set("kv_heads", a.kv_heads).set("head_dim", a.head_dim).set("src_dtype", dtype_name(src_type));
-  r.set("dtype", dtype_name(a.kv_type)).set("rep", representative_type_name(rep)).set("threads", threads);
+  r.set("dtype", dtype_name(kv_type)).set("rep", representative_type_name(rep)).set("threads", threads);
   r.set("ms", warm_s * 1e3).set("cold_ms", cold_s * 1e3).set("bytes", int64_t(read_bytes + written_bytes));
   r.set("gbps", gbps).set("memcpy_gbps", copy_gbps).set("of_memcpy", gbps / copy_gbps);
   r.set("tokens_per_s", a.tokens / warm_s);  // one chunk through every layer
@@ -115,6 +117,7 @@ int run_kvstore(const std::vector<std::string>& args) {
     else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
     else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
     else if (args[i] == "--reps") a.reps_count = std::stoi(next());
+    else if (args[i] == "--kv-type") a.kv_types = parse_kv_types(next(), "kvstore: --kv-type");
     else if (args[i] == "--quick") a.layers = 4, a.reps_count = 3;
     else fail(ErrorCode::kInvalidArgument, "kvstore: unknown argument '", args[i], "'");
   }
@@ -132,16 +135,18 @@ int run_kvstore(const std::vector<std::string>& args) {
     c.set("bench", "kvstore").set("kernel", "memcpy").set("threads", threads).set("bytes", int64_t(2 * copy_bytes));
     c.set("gbps", copy_gbps);
     std::printf("%s\n", c.json().c_str());
-    for (const Source& src : sources)
-      for (RepresentativeType rep : a.reps) {
-        records.push_back(run_append(a, src, rep, threads, copy_gbps));
-        std::printf("%s\n", records.back().json().c_str());
-        std::fflush(stdout);
-      }
+    for (DType kv_type : a.kv_types)
+      for (const Source& src : sources)
+        for (RepresentativeType rep : a.reps) {
+          records.push_back(run_append(a, kv_type, src, rep, threads, copy_gbps));
+          std::printf("%s\n", records.back().json().c_str());
+          std::fflush(stdout);
+        }
   }
-  std::printf("\nKV store append: %d tokens x %d layers x %d kv heads x %d dims, store %s\n", a.tokens, a.layers,
-              a.kv_heads, a.head_dim, dtype_name(a.kv_type));
-  print_table(records, {"src_dtype", "rep", "threads", "ms", "cold_ms", "gbps", "memcpy_gbps", "of_memcpy"});
+  std::printf("\nKV store append: %d tokens x %d layers x %d kv heads x %d dims\n", a.tokens, a.layers, a.kv_heads,
+              a.head_dim);
+  print_table(records,
+              {"dtype", "src_dtype", "rep", "threads", "ms", "cold_ms", "gbps", "memcpy_gbps", "of_memcpy"});
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "longctx/core/error.h"
 #include "longctx/tools/test_model.h"
@@ -165,6 +166,21 @@ std::vector<int64_t> parse_list(const std::string& list) {
     pos = comma + 1;
   }
   return values;
+}
+
+std::vector<DType> parse_kv_types(const std::string& list, const std::string& option) {
+  std::vector<DType> types;
+  for (size_t pos = 0; pos <= list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    const std::optional<DType> t = parse_dtype(name);
+    if (!t) fail(ErrorCode::kInvalidArgument, option, " must list f16, bf16, f32 or q8_0, got '", name, "'");
+    if (std::find(types.begin(), types.end(), *t) != types.end())
+      fail(ErrorCode::kInvalidArgument, option, " lists '", name, "' twice");
+    types.push_back(*t);
+    pos = comma + 1;
+  }
+  return types;
 }
 
 TempModel::TempModel(const std::string& preset) {

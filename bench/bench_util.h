@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "longctx/core/dtype.h"
+
 namespace longctx::bench {
 
 double now_seconds();
@@ -44,6 +46,11 @@ std::string tools_script(const std::string& name);
 
 // "4096,32768" -> {4096, 32768} (a benchmark's list options).
 std::vector<int64_t> parse_list(const std::string& list);
+
+// "f16,q8_0" -> the KV types it names, in order (a benchmark's KV type list);
+// an unknown or repeated name, or none, throws kInvalidArgument naming
+// `option` ("kernels: --dtype").
+std::vector<DType> parse_kv_types(const std::string& list, const std::string& option);
 
 // A generated test model (tools/test_model.h preset `preset`) in a temporary
 // GGUF file, removed when this goes out of scope.

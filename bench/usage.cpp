@@ -22,6 +22,7 @@ const std::array<Usage, 9> kUsages{{
      "  --layers N       layers (32)\n"
      "  --kv-heads N     kv heads per layer (8)\n"
      "  --head-dim N     head dimension (128)\n"
+     "  --kv-type LIST   store KV types: f16, bf16, f32, q8_0 (f16)\n"
      "  --reps N         repetitions, the median is reported (5)\n"
      "  --quick          4 layers, 3 repetitions\n"},
     {"kernels", "CPU decode kernels (dense, score, select, sparse, merge, the whole sparse step) vs read bandwidth; "
