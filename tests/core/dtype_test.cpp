@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hwy/targets.h"
+#include "hwy_target.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -333,13 +334,7 @@ TEST(DtypeConversion, LoadAndStoreElements) {
 
 // Runs each Highway target this CPU supports (and Highway's own choice) in
 // turn, so every vector path is checked, not only the best one.
-class ForcedHighwayTarget {
- public:
-  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
-  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
-};
+using testing::ForcedHighwayTarget;
 
 // f32 inputs that are hard to round: midpoints of consecutive f16 / bf16
 // values and their f32 neighbours, values near overflow and underflow, NaN

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "hwy/targets.h"
+#include "hwy_target.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -136,14 +137,7 @@ inline std::vector<bool> reference_mask(const kvstore::Partition& p, int block_s
 
 // ---- Highway targets ------------------------------------------------------------------
 
-// Forces one Highway target (0: Highway's own choice) for the lifetime of the object.
-class ForcedHighwayTarget {
- public:
-  explicit ForcedHighwayTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
-  ~ForcedHighwayTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForcedHighwayTarget(const ForcedHighwayTarget&) = delete;
-  ForcedHighwayTarget& operator=(const ForcedHighwayTarget&) = delete;
-};
+using longctx::testing::ForcedHighwayTarget;
 
 // ---- errors ---------------------------------------------------------------------------
 
