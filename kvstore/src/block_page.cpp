@@ -125,19 +125,6 @@ uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
 
 namespace detail {  // block_page.h
 
-uint16_t quantize_q8_group(const float* x, int8_t* codes, float* deq) {
-  float amax = 0.f;
-  for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
-  const uint16_t bits = q8_scale_bits(amax);
-  const float s = f16_bits_to_f32(bits);
-  for (int i = 0; i < kQ8Group; ++i) {
-    const auto q = int8_t(s > 0.f ? std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f) : 0.f);
-    codes[i] = q;
-    if (deq != nullptr) deq[i] = float(q) * s;  // as read back (an int8 has no -0)
-  }
-  return bits;
-}
-
 void write_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_stride, DType k_dtype,
                    const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
                    std::byte* keys, std::byte* k_t_scratch) {
@@ -177,31 +164,27 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
   auto* k_scales = reinterpret_cast<uint16_t*>(page + L.page_k_scales);
   auto* v_codes = reinterpret_cast<int8_t*>(page + L.page_v);
   auto* v_scales = reinterpret_cast<uint16_t*>(page + L.page_v_scales);
+  int8_t codes[kMaxHeadDim];
+  uint16_t scales[kMaxHeadDim / kQ8Group];
   copy_rows(k_src, k_stride, k_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
   for (size_t i = 0; i < size_t(count); ++i) {
     const int t = offset + int(i);
-    for (size_t g = 0; g < groups; ++g) {
-      const size_t c0 = g * kQ8Group;
-      int8_t codes[kQ8Group];
-      k_scales[g * bs + size_t(t)] = quantize_q8_group(rows + i * size_t(d) + c0, codes, keys + i * size_t(d) + c0);
-      for (int j = 0; j < kQ8Group; j += kQ8KeyQuad)  // a quad's codes lie side by side
-        std::memcpy(k_codes + q8_key_code_offset(int(bs), int(c0) + j, t), codes + j, kQ8KeyQuad);
-    }
+    quantize_q8_groups(rows + i * size_t(d), groups, codes, scales, keys + i * size_t(d));
+    for (size_t g = 0; g < groups; ++g) k_scales[g * bs + size_t(t)] = scales[g];
+    for (int c = 0; c < d; c += kQ8KeyQuad)  // a quad's codes lie side by side
+      std::memcpy(k_codes + q8_key_code_offset(int(bs), c, t), codes + c, kQ8KeyQuad);
   }
   copy_rows(v_src, v_stride, v_dtype, reinterpret_cast<std::byte*>(rows), DType::kF32, count, d);
   for (size_t i = 0; i < size_t(count); ++i) {
     const int t = offset + int(i);
-    for (size_t g = 0; g < groups; ++g) {
-      const int c0 = int(g) * kQ8Group;
-      int8_t codes[kQ8Group];
-      v_scales[size_t(t) * groups + g] = quantize_q8_group(rows + i * size_t(d) + size_t(c0), codes, nullptr);
-      int8_t* out = v_codes + q8_value_code_offset(d, c0, t);  // a token's codes lie a quad apart
-      for (int j = 0; j < kQ8Group; ++j) out[size_t(j) * kQ8ValueQuad] = codes[j];
-    }
+    quantize_q8_groups(rows + i * size_t(d), groups, codes, v_scales + size_t(t) * groups, nullptr);
+    int8_t* out = v_codes + q8_value_code_offset(d, 0, t);  // a token's codes lie a quad apart
+    for (int c = 0; c < d; ++c) out[size_t(c) * kQ8ValueQuad] = codes[c];
   }
 }
 
 int q8_unstorable_channel(const float* row, int head_dim) {
+  if (q8_row_storable(row, head_dim)) return -1;
   for (int c0 = 0; c0 < head_dim; c0 += kQ8Group) {
     float amax = 0.f;
     for (int c = c0; c < c0 + kQ8Group; ++c) {

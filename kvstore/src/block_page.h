@@ -27,10 +27,15 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
                       const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
                       float* rows, float* keys);
 
-// Quantizes one group x[0, 32) of finite values as a q8_0 store does
-// (kv_store.h): codes[0, 32), returns the scale's f16 bits; deq[i]
-// (when not null) = the stored value q * s.
-uint16_t quantize_q8_group(const float* x, int8_t* codes, float* deq);
+// Quantizes n_groups groups of 32 finite values (x, back to back) as a q8_0
+// store does (kv_store.h): codes [n_groups][32], scales [n_groups] as f16
+// bits, and deq [n_groups][32] (when not null) the stored values q * s.
+// Vectorized (q8_quant_hwy.cpp).
+void quantize_q8_groups(const float* x, size_t n_groups, int8_t* codes, uint16_t* scales, float* deq);
+
+// Whether a q8_0 store can hold a row of head_dim values: all finite, and no
+// group's scale overflows f16 (q8_quant_hwy.cpp).
+bool q8_row_storable(const float* row, int head_dim);
 
 // The first channel of a row (head_dim values) that a q8_0 store cannot hold
 // (not finite, or in a group whose scale overflows f16), or -1.

@@ -94,10 +94,12 @@ void check_q8_storable(const KVStore& store, int layer, const TensorView& k, con
       for (const TensorView* src : {&k, &v}) {
         const auto* bytes = static_cast<const std::byte*>(src->data) +
                             (t * src->strides[0] + h * src->strides[1]) * int64_t(dtype_size(src->dtype));
-        convert(bytes, src->dtype, row.data(), DType::kF32, size_t(d));
-        const int c = detail::q8_unstorable_channel(row.data(), d);
+        const float* x = row.data();  // f32 rows are checked where they are
+        if (src->dtype == DType::kF32) x = reinterpret_cast<const float*>(bytes);
+        else convert(bytes, src->dtype, row.data(), DType::kF32, size_t(d));
+        const int c = detail::q8_unstorable_channel(x, d);
         if (c >= 0) {
-          bad[size_t(h)] = {t, c, src == &v, row[size_t(c)]};
+          bad[size_t(h)] = {t, c, src == &v, x[c]};
           return;
         }
       }
@@ -122,9 +124,9 @@ StoreLayout StoreLayout::make(const KVShape& shape, const LongContextConfig& con
   if (shape.n_layers < 1) fail(ErrorCode::kInvalidArgument, "KV store shape: n_layers is ", shape.n_layers, ", must be >= 1");
   if (shape.n_kv_heads < 1)
     fail(ErrorCode::kInvalidArgument, "KV store shape: n_kv_heads is ", shape.n_kv_heads, ", must be >= 1");
-  if (shape.head_dim < 8 || shape.head_dim > 512 || shape.head_dim % 8 != 0)
+  if (shape.head_dim < 8 || shape.head_dim > kMaxHeadDim || shape.head_dim % 8 != 0)
     fail(ErrorCode::kInvalidArgument, "KV store shape: head_dim is ", shape.head_dim,
-         ", must be a multiple of 8 in [8, 512]");
+         ", must be a multiple of 8 in [8, ", kMaxHeadDim, "]");
   if (config.kv_type == DType::kQ8_0 && shape.head_dim % kQ8Group != 0)
     fail(ErrorCode::kInvalidArgument, "KV store: kv_type q8_0 needs head_dim a multiple of ", kQ8Group,
          " (one scale per 32 channels), the model's is ", shape.head_dim);

@@ -60,8 +60,9 @@ void write_slot(const StoreLayout& layout, std::byte* record, int j, const std::
   for (int g = 0; g < d / kQ8Group; ++g) {
     const float* group = values + g * kQ8Group;
     int8_t* group_codes = codes + g * kQ8Group;
-    const uint16_t bits = rounding == Rounding::kNearest ? quantize_q8_group(group, group_codes, nullptr)
-                                                         : quantize_q8_bound(group, group_codes, rounding == Rounding::kUp);
+    uint16_t bits;
+    if (rounding == Rounding::kNearest) quantize_q8_groups(group, 1, group_codes, &bits, nullptr);
+    else bits = quantize_q8_bound(group, group_codes, rounding == Rounding::kUp);
     std::memcpy(scales + size_t(g) * 2, &bits, 2);
   }
 }

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "hwy_target.h"
 #include "kv_reference.h"
 #include "longctx/core/error.h"
 
@@ -18,6 +21,7 @@ namespace {
 
 using namespace testref;
 using RT = RepresentativeType;
+using longctx::testing::ForcedHighwayTarget;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
@@ -213,6 +217,76 @@ TEST(KVStore, Q8RefusesValuesItCannotHoldAndStaysUnchanged) {
   s.append(1, make_view(kk.data(), DType::kF32, {10, 3, 64}),
            slice_tokens(v.view, 20, 30));
   EXPECT_EQ(s.n_tokens(1), 30);
+}
+
+// Groups that are hard to quantize, on every Highway target (the quantizer
+// is vectorized): x / s exactly halfway between two codes (ties go to even),
+// the f32 neighbours of those, scales that are f16 subnormals or round to 0,
+// all zeros, and magnitudes up to the largest a q8_0 store holds. The store
+// must hold the reference's codes and scales (kv_reference.h).
+TEST(KVStore, Q8QuantizesHardGroupsAsTheReferenceOnEveryHighwayTarget) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const ForcedHighwayTarget forced(target);
+    std::mt19937 rng(23);
+    for (int head_dim : {32, 96, 256}) {
+      SCOPED_TRACE(str_cat("head_dim ", head_dim));
+      TestStore ts = make_store({1, 2, head_dim}, small_config(16, DType::kQ8_0, RT::kQuest, 2, 100));
+      Input k = random_input(rng, 40, 2, head_dim, DType::kF32, false);
+      Input v = random_input(rng, 40, 2, head_dim, DType::kF32, false);
+      const float s = 0.0625f;  // the scale of 127 * s, exact in f16
+      for (Input* in : {&k, &v}) {
+        for (size_t g = 0; g < in->values.size() / kQ8Group; ++g) {
+          float* x = in->values.data() + g * kQ8Group;
+          for (int i = 0; i < kQ8Group; ++i) {
+            const float tie = (float(int(rng() % 254) - 127) + 0.5f) * s;
+            const float sign = rng() % 2 ? 1.f : -1.f;
+            switch (g % 6) {
+              case 0: x[i] = i == 0 ? 127 * s : tie; break;
+              case 1: x[i] = i == 0 ? -127 * s : std::nextafter(tie, rng() % 2 ? 1e9f : -1e9f); break;
+              case 2: x[i] = sign * float(rng() % 1000) * 1e-12f; break;                  // the scale rounds to 0
+              case 3: x[i] = sign * float(rng() % 1000) * std::ldexp(1.f, -27); break;   // an f16 subnormal scale
+              case 4: x[i] = 0.f; break;
+              default: x[i] = sign * float(rng() % 8000001); break;                      // up to 8e6
+            }
+          }
+        }
+        std::memcpy(in->buffer.data(), in->values.data(), in->values.size() * sizeof(float));
+      }
+      RefLayer ref;
+      for (const auto& [t0, t1] : {std::pair<int64_t, int64_t>{0, 1}, {1, 21}, {21, 40}}) {
+        ts.store->append(0, slice_tokens(k.view, t0, t1), slice_tokens(v.view, t0, t1));
+        ref_append(ref, k, v, t0, t1, nullptr, DType::kQ8_0);
+        ASSERT_TRUE(layer_matches(*ts.store, 0, ref));
+      }
+    }
+  }
+}
+
+// The vectorized check finds a value the store cannot hold in any lane of a
+// row, on every Highway target, and refuses the append.
+TEST(KVStore, Q8RefusesUnstorableValuesInEveryLaneOnEveryHighwayTarget) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const ForcedHighwayTarget forced(target);
+    TestStore ts = make_store({1, 1, 64}, small_config(16, DType::kQ8_0, RT::kQuest, 2, 100));
+    std::mt19937 rng(6);
+    const Input k = random_input(rng, 1, 1, 64, DType::kF32, false);
+    for (int channel = 0; channel < 64; ++channel) {
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(), 9e6f}) {
+        std::vector<float> row(k.values);
+        row[size_t(channel)] = bad;
+        const TensorView view = make_view(row.data(), DType::kF32, {1, 1, 64});
+        expect_error([&] { ts.store->append(0, view, k.view); }, ErrorCode::kInvalidArgument,
+                     {"key of kv head 0", str_cat("channel ", channel)});
+        expect_error([&] { ts.store->append(0, k.view, view); }, ErrorCode::kInvalidArgument,
+                     {"value of kv head 0", str_cat("channel ", channel)});
+      }
+    }
+    EXPECT_EQ(ts.store->n_tokens(0), 0);
+    ts.store->append(0, k.view, k.view);  // the row itself fits
+    EXPECT_EQ(ts.store->n_tokens(0), 1);
+  }
 }
 
 // ---- preflight ------------------------------------------------------------------------

@@ -120,6 +120,9 @@ struct KVShape {
   int head_dim = 0;
 };
 
+// The largest head_dim a store takes.
+constexpr int kMaxHeadDim = 512;
+
 // Channels per q8_0 scale.
 constexpr int kQ8Group = 32;
 
