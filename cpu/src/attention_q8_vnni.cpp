@@ -68,15 +68,21 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
   for (auto& head : acc)
     for (auto& v : head) v = _mm512_setzero_ps();
 
+  LinePrefetch walk = prefetch;  // in registers: through the reference it was a store and a load per step
   for (int grp = 0; grp < groups; ++grp) {
     __m512i dot[G][4];
     for (int i = 0; i < G; ++i) {
       const __m512i start = _mm512_set1_epi32(-128 * a.q_code_sums[size_t(h0 + i) * groups + grp]);
       for (auto& v : dot[i]) v = start;
     }
+    // The group's step of the prefetch walk at once: with none inside it,
+    // the loop below unrolls, and its integer sums stay in their registers
+    // (a loop kept them moving between registers and to the stack; the
+    // scores took 20% less time unrolled).
+    prefetch_step(walk, kGroup * size_t(n));
+#pragma GCC unroll 8
     for (int c = grp * kGroup; c < (grp + 1) * kGroup; c += kQuad) {
       const int8_t* k = k_quads + size_t(c / kQuad) * quad_row;
-      prefetch_step(prefetch, kQuad * size_t(n));
       __m512i x[4];
       for (int v = 0; v < 4; ++v) x[v] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes[v], k + 64 * v), flip);
       for (int i = 0; i < G; ++i) {
@@ -87,7 +93,7 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
       }
     }
     const uint16_t* scale_row = k_scales + size_t(grp) * size_t(a.block_size);
-    prefetch_step(prefetch, sizeof(uint16_t) * size_t(n));
+    prefetch_step(walk, sizeof(uint16_t) * size_t(n));
     __m512 scale[4];
     for (int v = 0; v < 4; ++v) scale[v] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes[v], scale_row + 16 * v));
     for (int i = 0; i < G; ++i) {
@@ -97,6 +103,7 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
       }
     }
   }
+  prefetch = walk;
   for (int i = 0; i < G; ++i) {
     float* out = scores + size_t(i) * score_stride;
     for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(out + 16 * v, lanes[v], acc[i][v]);
@@ -172,9 +179,10 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
   for (int i = 0; i < G; ++i)
     for (int half = 0; half < 2; ++half) sum_hi[i][half] = sum_lo[i][half] = _mm512_setzero_si512();
   const int quads = (lead + n + kQuad - 1) / kQuad;
+  LinePrefetch walk = prefetch;  // in registers (score_heads)
   for (int q = 0; q < quads; ++q) {
     const int8_t* row = v + (size_t(q) * dim + size_t(c)) * kQuad;
-    prefetch_step(prefetch, kQuad * kGroup);
+    prefetch_step(walk, kQuad * kGroup);
     const __m512i codes[2] = {_mm512_loadu_si512(row), _mm512_loadu_si512(row + 64)};
     for (int i = 0; i < G; ++i) {
       int32_t w_lo, w_hi;
@@ -187,6 +195,7 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
       }
     }
   }
+  prefetch = walk;
   for (int i = 0; i < G; ++i) {
     const __m512 u = _mm512_set1_ps(unit[i]);
     float* out = acc + size_t(h0 + i) * dim + c;

