@@ -90,8 +90,8 @@ Record run_append(const KvstoreArgs& a, DType kv_type, const Source& src, Repres
     append_all();
   }));
   const double read_bytes = 2.0 * n * a.layers * dtype_size(src_type);
-  // q8_0: codes and scales
-  const double written_bytes = 2.0 * double(a.tokens) * a.kv_heads * a.layers * kvstore::kv_vector_bytes(kv_type, a.head_dim);
+  const double vector_bytes = double(kvstore::kv_vector_bytes(kv_type, a.head_dim));  // q8_0: codes and scales
+  const double written_bytes = 2.0 * a.tokens * a.kv_heads * a.layers * vector_bytes;
   const double gbps = (read_bytes + written_bytes) / warm_s / 1e9;
   Record r;
   r.set("bench", "kvstore").set("kernel", "append").set("tokens", a.tokens).set("layers", a.layers);

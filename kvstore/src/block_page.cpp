@@ -116,11 +116,6 @@ void copy_rows(const std::byte* src, int64_t src_stride, DType src_dtype, std::b
   }
 }
 
-// ---- q8_0 (kv_store.h): int8 codes, one f16 scale per 32 channels ----
-
-// The f16 scale of a group whose largest magnitude is amax.
-uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
-
 }  // namespace
 
 namespace detail {  // block_page.h
@@ -191,7 +186,7 @@ int q8_unstorable_channel(const float* row, int head_dim) {
       if (!std::isfinite(row[c])) return c;
       amax = std::max(amax, std::abs(row[c]));
     }
-    if ((q8_scale_bits(amax) & 0x7FFF) >= 0x7C00) {
+    if (!q8_scale_fits(amax)) {
       for (int c = c0; c < c0 + kQ8Group; ++c)
         if (std::abs(row[c]) == amax) return c;
     }

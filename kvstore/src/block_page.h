@@ -27,6 +27,14 @@ void write_q8_segment(const StoreLayout& L, const std::byte* k_src, int64_t k_st
                       const std::byte* v_src, int64_t v_stride, DType v_dtype, std::byte* page, int offset, int count,
                       float* rows, float* keys);
 
+// ---- q8_0 (kv_store.h): int8 codes, one f16 scale per 32 channels ----
+
+// The f16 scale of a group whose largest magnitude is amax.
+inline uint16_t q8_scale_bits(float amax) { return f32_to_f16_bits(amax / 127.f); }
+
+// Whether that scale is finite, so that a q8_0 store can hold the group.
+inline bool q8_scale_fits(float amax) { return (q8_scale_bits(amax) & 0x7FFF) < 0x7C00; }
+
 // Quantizes n_groups groups of 32 finite values (x, back to back) as a q8_0
 // store does (kv_store.h): codes [n_groups][32], scales [n_groups] as f16
 // bits, and deq [n_groups][32] (when not null) the stored values q * s.

@@ -39,7 +39,7 @@ void QuantizeQ8Groups(const float* x, size_t n_groups, int8_t* codes, uint16_t* 
   const size_t lanes = hn::Lanes(df);
   const auto lo = hn::Set(df, -127.f), hi = hn::Set(df, 127.f);
   for (size_t g = 0; g < n_groups; ++g, x += kQ8Group, codes += kQ8Group) {
-    const uint16_t bits = f32_to_f16_bits(AbsMax(x, kQ8Group) / 127.f);
+    const uint16_t bits = q8_scale_bits(AbsMax(x, kQ8Group));
     scales[g] = bits;
     const float s = f16_bits_to_f32(bits);
     for (size_t i = 0; i < kQ8Group; i += lanes) {
@@ -66,7 +66,7 @@ bool Q8RowStorable(const float* row, int head_dim) {
   }
   if (!hn::AllTrue(df, finite)) return false;
   // Every group's scale is finite when the row's largest one is.
-  return (f32_to_f16_bits(hn::GetLane(hn::MaxOfLanes(df, top)) / 127.f) & 0x7FFF) < 0x7C00;
+  return q8_scale_fits(hn::GetLane(hn::MaxOfLanes(df, top)));
 }
 
 }  // namespace HWY_NAMESPACE

@@ -28,7 +28,7 @@ enum class Rounding { kNearest, kUp, kDown };
 uint16_t quantize_q8_bound(const float* x, int8_t* codes, bool up) {
   float amax = 0.f;
   for (int i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::abs(x[i]));
-  uint16_t bits = f32_to_f16_bits(amax / 127.f);
+  uint16_t bits = q8_scale_bits(amax);
   while (double(f16_bits_to_f32(bits)) * 127.0 < double(amax) && bits < 0x7BFF) ++bits;  // the next f16 up
   while (bits > 0 && double(f16_bits_to_f32(uint16_t(bits - 1))) * 127.0 >= double(amax)) --bits;
   const double s = f16_bits_to_f32(bits);
