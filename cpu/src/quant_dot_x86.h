@@ -23,10 +23,25 @@
 namespace longctx::cpu::detail {
 namespace {
 
-inline const int8_t* row_q(const ActRows& a, int64_t r) { return a.q + r * a.k; }
-inline const float* row_d(const ActRows& a, int64_t r) { return a.d + r * (a.k / a.block); }
-inline const float* row_dsum(const ActRows& a, int64_t r) { return a.dsum + r * (a.k / 32); }
-inline const int16_t* row_sum16(const ActRows& a, int64_t r) { return a.sum16 + r * (a.k / 16); }
+// The kRows activation rows from r0, located once per weight row: located
+// per block, they kept an idiv (a.k / a.block) in the block loops, which held
+// the 32-value kernels to ~8 cycles a block whatever the type.
+template <int kRows>
+struct Rows {
+  const int8_t* q[kRows];
+  const float* d[kRows];
+  const float* dsum[kRows];     // block 32; null for block 256
+  const int16_t* sum16[kRows];  // block 256; null for block 32
+  Rows(const ActRows& a, int64_t r0) {
+    for (int j = 0; j < kRows; ++j) {
+      const int64_t r = r0 + j;
+      q[j] = a.q + r * a.k;
+      d[j] = a.d + r * (a.k / a.block);
+      dsum[j] = a.block == 32 ? a.dsum + r * (a.k / 32) : nullptr;
+      sum16[j] = a.block == 256 ? a.sum16 + r * (a.k / 16) : nullptr;
+    }
+  }
+};
 
 inline float f16_at(const uint8_t* p) {
   uint16_t bits;
@@ -103,6 +118,7 @@ template <GgmlType kType, int64_t kBlockBytes, int kRows>
 void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   constexpr bool kSigned = kSignedCodes<kType>;
   const int64_t nb = acts.k / 32;
+  const Rows<kRows> rows(acts, r0);
   __m256 acc[kRows];
   float mins[kRows];  // sum over blocks of m * d_a * sum(a)
   for (int j = 0; j < kRows; ++j) {
@@ -114,11 +130,11 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, i
     const __m256i u = kSigned ? _mm256_sign_epi8(blk.q, blk.q) : blk.q;
     const __m256 d = _mm256_set1_ps(blk.d);
     for (int j = 0; j < kRows; ++j) {
-      __m256i a = load256(row_q(acts, r0 + j) + 32 * b);
+      __m256i a = load256(rows.q[j] + 32 * b);
       if constexpr (kSigned) a = _mm256_sign_epi8(a, blk.q);
-      const __m256 ds = _mm256_mul_ps(d, _mm256_broadcast_ss(row_d(acts, r0 + j) + b));
+      const __m256 ds = _mm256_mul_ps(d, _mm256_broadcast_ss(rows.d[j] + b));
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, a)), ds, acc[j]);
-      if constexpr (!kSigned) mins[j] += blk.m * row_dsum(acts, r0 + j)[b];
+      if constexpr (!kSigned) mins[j] += blk.m * rows.dsum[j][b];
     }
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]) + mins[j];
@@ -160,6 +176,7 @@ template <bool kFiveBit, int kRows>
 void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlockBytes = kFiveBit ? 176 : 144;
   const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[kRows];
   for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
@@ -182,7 +199,7 @@ void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
       const __m256i sc_lo = _mm256_set1_epi16(ks.scale[2 * p]);
       const __m256i sc_hi = _mm256_set1_epi16(ks.scale[2 * p + 1]);
       for (int j = 0; j < kRows; ++j) {
-        const int8_t* a = row_q(acts, r0 + j) + 256 * b + 64 * p;
+        const int8_t* a = rows.q[j] + 256 * b + 64 * p;
         const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u_lo, load256(a)), sc_lo);
         const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u_hi, load256(a + 32)), sc_hi);
         dots[j] = _mm256_add_epi32(dots[j], _mm256_add_epi32(lo, hi));
@@ -193,8 +210,8 @@ void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
     const float d = f16_at(blk), dmin = f16_at(blk + 2);
     for (int j = 0; j < kRows; ++j) {
-      const float da = row_d(acts, r0 + j)[b];
-      const __m256i mins = group_sums_times(row_sum16(acts, r0 + j) + 16 * b, mins16);
+      const float da = rows.d[j][b];
+      const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
       acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
     }
@@ -205,6 +222,7 @@ void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
 template <int kRows>
 void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i low2 = _mm256_set1_epi8(0x03);
   __m256 acc[kRows];
@@ -228,7 +246,7 @@ void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(static_cast<int8_t>(blk[192 + group + 1])),
                                             _mm_set1_epi16(static_cast<int8_t>(blk[192 + group])));
         for (int j = 0; j < kRows; ++j) {
-          const int8_t* a = row_q(acts, r0 + j) + 256 * b + 128 * half + 32 * k;
+          const int8_t* a = rows.q[j] + 256 * b + 128 * half + 32 * k;
           dots[j] = _mm256_add_epi32(dots[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(a)), sc));
         }
       }
@@ -237,9 +255,9 @@ void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
     const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
     const float d = f16_at(blk + 208);
     for (int j = 0; j < kRows; ++j) {
-      const __m256i offset = group_sums_times(row_sum16(acts, r0 + j) + 16 * b, scales16);
+      const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
       const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 5));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * row_d(acts, r0 + j)[b]), acc[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
     }
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
