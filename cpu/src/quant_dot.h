@@ -19,6 +19,7 @@ struct ActRows {
   const int8_t* q;       // [rows, k]
   const float* d;        // [rows, k / block]
   const float* dsum;     // block 32: [rows, k / 32]
+  const int32_t* minus_sum4;  // block 32: [rows, k / 4]
   const int16_t* sum16;  // block 256: [rows, k / 16]
   int64_t k;
   int64_t block;

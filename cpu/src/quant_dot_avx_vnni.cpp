@@ -4,7 +4,8 @@
 
 namespace longctx::cpu::detail {
 namespace {
-inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
+inline __m256i add_dot_u8s8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+constexpr bool kExactByteDots = true;
 }  // namespace
 }  // namespace longctx::cpu::detail
 

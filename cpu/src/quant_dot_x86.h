@@ -2,16 +2,18 @@
 // ISA (with that ISA's compiler flags): the including file defines
 // LONGCTX_QDOT_ENTRY (the name of its table function in quant_dot.h) and,
 // before including this file, in namespace longctx::cpu::detail { namespace {
-//   __m256i dot_u8s8(__m256i u, __m256i s): lane i = sum of u[4i + t] * s[4i + t]
-//   (t < 4) for unsigned bytes u <= 128 and signed bytes s in [-127, 127].
-// Signed weight codes q go in as |q| against the activation with q's sign
-// (vpsignb), since the instructions multiply unsigned by signed bytes.
+//   __m256i add_dot_u8s8(__m256i acc, __m256i u, __m256i s): lane i = acc[i] +
+//   the sum of u[4i + t] * s[4i + t] (t < 4), for unsigned bytes u and signed
+//   bytes s in [-127, 127], exact for u <= 128;
+//   constexpr bool kExactByteDots: exact for every u (vpdpbusd; vpmaddubsw's
+//   int16 pair sums saturate past 32767).
+// The instructions multiply unsigned by signed bytes, so the weight codes go
+// in unsigned (the 32-value blocks below say how signed codes get there).
 // The kernels have internal linkage, so each compilation keeps its own.
-// Everything else is shared: weight codes are unpacked to unsigned bytes,
-// multiplied with the int8 activations by pairs (vpmaddubsw, whose int16 sums
-// cannot saturate: codes <= 63, or |q| <= 128 for Q8_0 against |a| <= 127),
-// and the k-quant sub-block scales are applied in int32 by vpmaddwd, so one
-// conversion to fp32 per block is all the floating point there is.
+// Everything else is shared: the k-quants multiply their codes (<= 63) with
+// the int8 activations by pairs (vpmaddubsw) and apply their sub-block scales
+// in int32 by vpmaddwd, so one conversion to fp32 per block is all the
+// floating point there is.
 //
 // Up to kQuantMaxRows activation rows share each unpacked weight block.
 #include <immintrin.h>
@@ -30,14 +32,16 @@ template <int kRows>
 struct Rows {
   const int8_t* q[kRows];
   const float* d[kRows];
-  const float* dsum[kRows];     // block 32; null for block 256
-  const int16_t* sum16[kRows];  // block 256; null for block 32
+  const float* dsum[kRows];          // block 32; null for block 256
+  const int32_t* minus_sum4[kRows];  // block 32; null for block 256
+  const int16_t* sum16[kRows];       // block 256; null for block 32
   Rows(const ActRows& a, int64_t r0) {
     for (int j = 0; j < kRows; ++j) {
       const int64_t r = r0 + j;
       q[j] = a.q + r * a.k;
       d[j] = a.d + r * (a.k / a.block);
       dsum[j] = a.block == 32 ? a.dsum + r * (a.k / 32) : nullptr;
+      minus_sum4[j] = a.block == 32 ? a.minus_sum4 + r * (a.k / 4) : nullptr;
       sum16[j] = a.block == 256 ? a.sum16 + r * (a.k / 16) : nullptr;
     }
   }
@@ -59,10 +63,11 @@ inline float hsum(__m256 v) {
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // The 32 nibbles of 16 bytes as bytes: low nibbles (values 0..15), then high.
+// Both halves load the 16 bytes (vbroadcasti128, no shuffle), the high half
+// shifted right by 4.
 inline __m256i unpack_nibbles16(const uint8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 // Byte i = 0x10 where bit i of `bits` is set, else 0.
@@ -82,62 +87,108 @@ inline __m256i mask_to_0x10(__m256i hb, __m256i mask) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+// A decode step finds the weights in DRAM. With the hardware prefetchers
+// alone the GEMV read them at about half the read bandwidth (Xeon EMR, 2
+// cores), as the kernels' loads came too late; requested this far ahead of
+// the reads, they arrive in time (0.7-1.0 of it).
+constexpr int kPrefetchAhead = 2048;
+inline void prefetch_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+}
+
 // ---- 32-value blocks ---------------------------------------------------------
 
-// The unpacked codes of one block, value = d * q + m: signed codes for Q4_0,
-// Q5_0 and Q8_0 (the offsets 8 and 16 subtracted; m = 0), multiplied as |q|
-// times the activation carrying q's sign; unsigned codes with a min m for
-// Q4_1 and Q5_1, whose m * d_a * sum(a) is added per block.
+// A block's codes go in unsigned, u = q + 2^kOffsetLog2 (Q4_0: q + 8 is the
+// nibble itself, Q5_0: q + 16, Q8_0: q + 128 = q ^ 0x80), and the offset comes
+// back out in int32: each lane's sum starts at -2^kOffsetLog2 times the sum of
+// its four activation codes (ActRows::minus_sum4, shifted), so it ends at the
+// exact sum of q * a. Q8_0 where the byte pairs go through vpmaddubsw, whose
+// int16 sums (up to 2 * 255 * 127) would saturate, keeps the sign trick
+// instead: |q| (<= 128) against the activation with q's sign. Q4_1 and Q5_1
+// codes are unsigned already; their m_w * d_a * sum(a) is added per block.
 template <GgmlType kType>
-constexpr bool kSignedCodes = kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0 || kType == GgmlType::kQ8_0;
-
-struct Unpacked32 {
-  __m256i q;
-  float d, m;
-};
-
+constexpr int kOffsetLog2 = kType == GgmlType::kQ4_0   ? 3
+                            : kType == GgmlType::kQ5_0 ? 4
+                            : kType == GgmlType::kQ8_0 && kExactByteDots ? 7
+                                                                         : -1;
 template <GgmlType kType>
-inline Unpacked32 unpack32(const uint8_t* b) {
+constexpr bool kSignTrick = kType == GgmlType::kQ8_0 && !kExactByteDots;
+template <GgmlType kType>
+constexpr bool kHasMin = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+
+// The 32 codes of a block in value order: unsigned (u above), or Q8_0's
+// signed q under the sign trick.
+template <GgmlType kType>
+inline __m256i block_codes(const uint8_t* b) {
   if constexpr (kType == GgmlType::kQ4_0) {
-    return {_mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8)), f16_at(b), 0.f};
+    return unpack_nibbles16(b + 2);
   } else if constexpr (kType == GgmlType::kQ4_1) {
-    return {unpack_nibbles16(b + 4), f16_at(b), f16_at(b + 2)};
+    return unpack_nibbles16(b + 4);
   } else if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1) {
-    constexpr bool kMin = kType == GgmlType::kQ5_1;
+    constexpr int kHigh = kHasMin<kType> ? 4 : 2;
     uint32_t high;
-    std::memcpy(&high, b + (kMin ? 4 : 2), 4);
-    const __m256i u = _mm256_or_si256(unpack_nibbles16(b + (kMin ? 8 : 6)), bits_to_0x10(high));
-    return {kMin ? u : _mm256_sub_epi8(u, _mm256_set1_epi8(16)), f16_at(b), kMin ? f16_at(b + 2) : 0.f};
+    std::memcpy(&high, b + kHigh, 4);
+    return _mm256_or_si256(unpack_nibbles16(b + kHigh + 4), bits_to_0x10(high));
   } else {
     static_assert(kType == GgmlType::kQ8_0);
-    return {load256(b + 2), f16_at(b), 0.f};
+    const __m256i q = load256(b + 2);
+    return kSignTrick<kType> ? q : _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
   }
 }
 
 template <GgmlType kType, int64_t kBlockBytes, int kRows>
 void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
-  constexpr bool kSigned = kSignedCodes<kType>;
+  // One row's sum in one register would wait on the FMA's latency block
+  // after block: a single row alternates two chains.
+  constexpr int kChains = kRows == 1 ? 2 : 1;
   const int64_t nb = acts.k / 32;
   const Rows<kRows> rows(acts, r0);
-  __m256 acc[kRows];
-  float mins[kRows];  // sum over blocks of m * d_a * sum(a)
-  for (int j = 0; j < kRows; ++j) {
-    acc[j] = _mm256_setzero_ps();
-    mins[j] = 0.f;
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    const Unpacked32 blk = unpack32<kType>(w + b * kBlockBytes);
-    const __m256i u = kSigned ? _mm256_sign_epi8(blk.q, blk.q) : blk.q;
-    const __m256 d = _mm256_set1_ps(blk.d);
+  __m256 acc[kChains][kRows];
+  float mins[kChains][kRows];  // Q4_1, Q5_1: sum over blocks of m_w * d_a * sum(a)
+  for (int c = 0; c < kChains; ++c) {
     for (int j = 0; j < kRows; ++j) {
-      __m256i a = load256(rows.q[j] + 32 * b);
-      if constexpr (kSigned) a = _mm256_sign_epi8(a, blk.q);
-      const __m256 ds = _mm256_mul_ps(d, _mm256_broadcast_ss(rows.d[j] + b));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, a)), ds, acc[j]);
-      if constexpr (!kSigned) mins[j] += blk.m * rows.dsum[j][b];
+      acc[c][j] = _mm256_setzero_ps();
+      mins[c][j] = 0.f;
     }
   }
-  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]) + mins[j];
+  // Block b into chain c (a constant: an index known only at run time kept
+  // the chains in memory).
+  const auto add_block = [&](int64_t b, int c) {
+    const uint8_t* blk = w + b * kBlockBytes;
+    const __m256i q = block_codes<kType>(blk);
+    const __m256i u = kSignTrick<kType> ? _mm256_sign_epi8(q, q) : q;
+    uint16_t d_bits;
+    std::memcpy(&d_bits, blk, 2);
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(d_bits)));
+    const float m = kHasMin<kType> ? f16_at(blk + 2) : 0.f;
+    for (int j = 0; j < kRows; ++j) {
+      __m256i a = load256(rows.q[j] + 32 * b);
+      __m256i start = _mm256_setzero_si256();
+      if constexpr (kSignTrick<kType>) a = _mm256_sign_epi8(a, q);
+      if constexpr (kOffsetLog2<kType> >= 0) {
+        start = _mm256_slli_epi32(load256(rows.minus_sum4[j] + 8 * b), kOffsetLog2<kType>);
+      }
+      const __m256 ds = _mm256_mul_ps(d, _mm256_broadcast_ss(rows.d[j] + b));
+      acc[c][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(add_dot_u8s8(start, u, a)), ds, acc[c][j]);
+      if constexpr (kHasMin<kType>) mins[c][j] += m * rows.dsum[j][b];
+    }
+  };
+  int64_t b = 0;
+  for (; b + kChains <= nb; b += kChains) {
+    prefetch_ahead(w + b * kBlockBytes);
+    add_block(b, 0);
+    if constexpr (kChains == 2) add_block(b + 1, 1);
+  }
+  if (b < nb) add_block(b, 0);
+  for (int j = 0; j < kRows; ++j) {
+    __m256 sum = acc[0][j];
+    float min_sum = mins[0][j];
+    for (int c = 1; c < kChains; ++c) {
+      sum = _mm256_add_ps(sum, acc[c][j]);
+      min_sum += mins[c][j];
+    }
+    y[j * ldy] = hsum(sum) + min_sum;
+  }
 }
 
 // ---- k-quants ------------------------------------------------------------------
@@ -182,6 +233,7 @@ void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
   for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
     const KScales ks = unpack_k_scales(blk + 4);
     const uint8_t* qs = blk + (kFiveBit ? 48 : 16);
     __m256i hb = _mm256_setzero_si256();
@@ -229,6 +281,7 @@ void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
   for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * 210;
+    for (int line = 0; line < 210; line += 64) prefetch_ahead(blk + line);
     const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
     __m256i dots[kRows];
     for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();

@@ -85,11 +85,16 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   out.q.resize(size_t(rows * k));
   out.d.resize(size_t(rows * (k / block)));
   out.dsum.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0.f);
+  out.minus_sum4.resize(block == 32 ? size_t(rows * (k / 4)) : 0);
   out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
   auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
     float* d = out.d.data() + r * (k / block);
     for (int64_t b = 0; b < k / block; ++b) quantize_block(x + r * ldx + b * block, block, q + b * block, d + b);
+    if (block == 32) {
+      int32_t* minus_sum4 = out.minus_sum4.data() + r * (k / 4);
+      for (int64_t i = 0; i < k / 4; ++i) minus_sum4[i] = -(q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+    }
     for (int64_t g = 0; g < k / 16; ++g) {
       int sum = 0;
       for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
@@ -107,7 +112,8 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 void quant_matmul_tile(QuantIsa isa, GgmlType type, const uint8_t* w, const QuantizedActs& acts, int64_t r_begin,
                        int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
   const detail::QuantRowsFn kernel = rows_fn(isa, type);
-  const detail::ActRows rows{acts.q.data(), acts.d.data(), acts.dsum.data(), acts.sum16.data(), acts.k, acts.block};
+  const detail::ActRows rows{acts.q.data(), acts.d.data(), acts.dsum.data(), acts.minus_sum4.data(),
+                             acts.sum16.data(), acts.k, acts.block};
   const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
   // Activation rows outside: a group of up to four stays in L1 while the
   // tile's weight rows stream past it.

@@ -205,6 +205,11 @@ TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
           ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
         }
       }
+      for (int64_t i = 0; block == 32 && i < 512 / 4; ++i) {
+        int sum = 0;
+        for (int64_t t = 4 * i; t < 4 * i + 4; ++t) sum += acts.q[size_t(r * 512 + t)];
+        ASSERT_EQ(acts.minus_sum4[size_t(r * 128 + i)], -sum);
+      }
       for (int64_t g = 0; block == 256 && g < 32; ++g) {
         int sum = 0;
         for (int64_t i = 16 * g; i < 16 * g + 16; ++i) sum += acts.q[size_t(r * 512 + i)];

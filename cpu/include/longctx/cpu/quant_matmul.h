@@ -54,6 +54,7 @@ struct QuantizedActs {
   std::vector<int8_t> q;       // [rows, k]
   std::vector<float> d;        // [rows, k / block] scales
   std::vector<float> dsum;     // block 32: [rows, k / 32] d * sum of the block's q
+  std::vector<int32_t> minus_sum4;  // block 32: [rows, k / 4] minus the sums of 4 consecutive q
   std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
 };
 
