@@ -6,12 +6,14 @@
 #include <algorithm>
 
 #include "cpu_backend_internal.h"
+#include "quant_dot.h"
 
 // foreach_target.h re-includes this file once per target; the path is looked
 // up through the include directories (cpu/include/../src is this folder).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/cpu_backend_gemv_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "widen_hwy-inl.h"
 
@@ -33,7 +35,14 @@ HWY_INLINE void Dots(const float* x, const void* row, size_t k, float* out, size
   VF32 even[kQ], odd[kQ];
   for (int q = 0; q < kQ; ++q) even[q] = odd[q] = hn::Zero(df);
   size_t i = 0;
+  const auto* bytes = static_cast<const char*>(row);
+  const size_t step_bytes = 2 * lanes * dtype_size(kT);
   for (; i + 2 * lanes <= k; i += 2 * lanes) {
+    // Ahead of the reads, as the quantized kernels do (quant_dot.h): the
+    // hardware prefetchers alone left f16 rows at 0.65-0.75 of the read bandwidth.
+    for (size_t line = 0; line < step_bytes; line += 64) {
+      hwy::Prefetch(bytes + i * dtype_size(kT) + kWeightPrefetchAhead + line);
+    }
     const VF32 w0 = LoadWidened<kT>(df, row, i);
     const VF32 w1 = LoadWidened<kT>(df, row, i + lanes);
 #pragma GCC unroll 4

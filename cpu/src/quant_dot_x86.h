@@ -87,13 +87,9 @@ inline __m256i mask_to_0x10(__m256i hb, __m256i mask) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// A decode step finds the weights in DRAM. With the hardware prefetchers
-// alone the GEMV read them at about half the read bandwidth (Xeon EMR, 2
-// cores), as the kernels' loads came too late; requested this far ahead of
-// the reads, they arrive in time (0.7-1.0 of it).
-constexpr int kPrefetchAhead = 2048;
+// The weight line kWeightPrefetchAhead bytes after p (quant_dot.h).
 inline void prefetch_ahead(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p) + kWeightPrefetchAhead, _MM_HINT_T0);
 }
 
 // ---- 32-value blocks ---------------------------------------------------------
