@@ -19,6 +19,12 @@ constexpr int kQuantMaxRows = 4;
 // its reads, and they arrive in time (0.7-1.0 of it).
 constexpr int kWeightPrefetchAhead = 2048;
 
+// Activations quantized per block of `block` values (32 or 256; Highway,
+// quant_acts_hwy.cpp): d[b] = absmax / 127 and q = the nearest integer (ties
+// to even) of x * (127 / absmax), 0 where absmax is 0; a block holding NaN or
+// Inf gets d = NaN and q = 0.
+void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d);
+
 // QuantizedActs as plain pointers. The ISA files see only this: a member
 // function or std::vector instantiated there would be compiled with that
 // ISA's flags and could be the copy the linker keeps for everyone.

@@ -24,25 +24,6 @@ detail::QuantRowsFn rows_fn(QuantIsa isa, GgmlType type) {
   return detail::quant_rows_generic(type);
 }
 
-// One block of activations: d = absmax / 127, q = round(x / d). A block
-// holding NaN or Inf gets d = NaN and q = 0, so its products are NaN.
-void quantize_block(const float* x, int64_t n, int8_t* q, float* d) {
-  float amax = 0.f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    finite &= std::isfinite(x[i]);
-    amax = std::max(amax, std::fabs(x[i]));
-  }
-  if (!finite) {
-    std::fill(q, q + n, int8_t{0});
-    *d = NAN;
-    return;
-  }
-  *d = amax / 127.f;
-  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::lrint(x[i] * inverse));
-}
-
 }  // namespace
 
 const char* quant_isa_name(QuantIsa isa) {
@@ -90,7 +71,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
     float* d = out.d.data() + r * (k / block);
-    for (int64_t b = 0; b < k / block; ++b) quantize_block(x + r * ldx + b * block, block, q + b * block, d + b);
+    detail::quantize_act_blocks(x + r * ldx, k / block, block, q, d);
     if (block == 32) {
       int32_t* minus_sum4 = out.minus_sum4.data() + r * (k / 4);
       for (int64_t i = 0; i < k / 4; ++i) minus_sum4[i] = -(q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);

@@ -7,6 +7,7 @@
 // ISAs the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -15,14 +16,17 @@
 #include <vector>
 
 #include "core/ggml_test_util.h"
+#include "hwy/targets.h"
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/dtype.h"
 #include "longctx/cpu/quant_matmul.h"
+#include "hwy_target.h"
 
 namespace longctx::cpu {
 namespace {
 
 using longctx::testing::expect_error;
+using longctx::testing::ForcedHighwayTarget;
 using longctx::testing::random_blocks;
 
 constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
@@ -179,6 +183,65 @@ TEST(QuantMatmul, IsasAreListedBestFirstWithGenericLast) {
   const CpuFeatures& f = cpu_features();
   if (f.avx2 && f.fma && f.f16c) {
     EXPECT_NE(std::find(isas.begin(), isas.end(), QuantIsa::kAvx2), isas.end());
+  }
+}
+
+// The quantizer is vectorized: on every Highway target, products exactly
+// halfway between two codes (ties go to even) and their f32 neighbours
+// (0.5 - 2^-25 among them), zero blocks and non-finite blocks must give the
+// scalar rule's codes and scales bit for bit.
+TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
+  std::mt19937 rng(11);
+  for (int64_t block : {32, 256}) {
+    const int64_t n_blocks = 24, k = block * n_blocks;
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      float* row = x.data() + b * block;
+      // The block's largest |x| is 127, so 127 / absmax = 1 and x * 1 = x.
+      for (int64_t i = 0; i < block; ++i) {
+        const float tie = float(int(rng() % 254) - 127) + 0.5f;
+        switch (rng() % 4) {
+          case 0: row[i] = tie; break;
+          case 1: row[i] = std::nextafter(tie, 1e9f); break;
+          case 2: row[i] = std::nextafter(tie, -1e9f); break;
+          default: row[i] = (rng() % 2 ? 1.f : -1.f) * std::nextafter(0.5f, 0.f); break;
+        }
+      }
+      row[rng() % block] = (rng() % 2 ? 127.f : -127.f);
+      if (b == 1) std::fill(row, row + block, 0.f);
+      if (b == 2) row[rng() % block] = NAN;
+      if (b == 3) row[rng() % block] = -INFINITY;
+      if (b == 4) row[rng() % block] = 1e-30f;  // and the rest tiny: an absmax far from 127
+      if (b == 4) for (int64_t i = 0; i < block; ++i) row[i] *= 1e-30f;
+    }
+    for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + ", block " + std::to_string(block));
+      const ForcedHighwayTarget forced(target);
+      QuantizedActs acts;
+      quantize_acts(x.data(), 1, k, k, block, acts);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float* row = x.data() + b * block;
+        float amax = 0.f;
+        bool finite = true;
+        for (int64_t i = 0; i < block; ++i) {
+          finite &= std::isfinite(row[i]);
+          amax = std::max(amax, std::fabs(row[i]));
+        }
+        const float d = acts.d[size_t(b)];
+        if (!finite) {
+          ASSERT_TRUE(std::isnan(d)) << "block " << b;
+          for (int64_t i = 0; i < block; ++i) ASSERT_EQ(acts.q[size_t(b * block + i)], 0) << "block " << b;
+          continue;
+        }
+        ASSERT_EQ(d, amax / 127.f) << "block " << b;
+        const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+        for (int64_t i = 0; i < block; ++i) {
+          const float product = row[i] * inverse;
+          ASSERT_EQ(acts.q[size_t(b * block + i)], std::lrint(product))
+              << "block " << b << ", value " << i << " = " << row[i];
+        }
+      }
+    }
   }
 }
 
