@@ -56,16 +56,13 @@ constexpr size_t kMaxCachedPrimitives = 256;
 // Up to this many rows of x go to the gemv kernel instead of oneDNN.
 constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kGemvGrainRows = 32;
-// Rows of a weight widened or dequantized to f32 at once (16-bit weights,
-// quantized ones on f32 tiles): each tile is one oneDNN call that re-packs
-// x, so tiles are wide. A 4096-token chunk's x is 64 MB: 256-row tiles
-// re-packed it 56 times per 14336-row weight, and 1024 made the prefill of
-// 4-layer Q4_0 / Q4_K_M models 1.2-1.4x faster (Xeon EMR, 2 cores) for 16 MB
-// of scratch.
+// Rows of a weight converted at once for oneDNN (16-bit weights widened to
+// f32, quantized ones dequantized to f32 or bf16): each tile is one oneDNN
+// call that re-packs x, so tiles are wide. A 4096-token chunk's x is 64 MB:
+// 256-row f32 tiles re-packed it 56 times per 14336-row weight, and 1024
+// made the prefill of 4-layer Q4_0 / Q4_K_M models 1.2-1.4x faster (Xeon EMR,
+// 2 cores) for 16-56 MB of f32 scratch (k 4096-14336).
 constexpr int64_t kDequantTileRows = 1024;
-// Rows of a quantized weight dequantized to bf16 at once for oneDNN: tiles
-// wide enough that its per-call packing of x is paid rarely.
-constexpr int64_t kBf16TileRows = 1024;
 // Weight bytes per task of a quantized matmul with more than kGemvMaxM rows:
 // a panel that stays in a core's L2 cache while every row of x passes it.
 constexpr int64_t kQuantPanelBytes = 192 << 10;
@@ -174,7 +171,7 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
       convert(x, DType::kF32, s.x_bf16.data(), DType::kBF16, s.x_bf16.size());
       src = s.x_bf16.data();
     }
-    const int64_t tile = std::min(n, bf16 ? kBf16TileRows : kDequantTileRows);
+    const int64_t tile = std::min(n, kDequantTileRows);
     const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
     if (bf16) s.w_tile_bf16.resize(size_t(tile * k));
     else s.w_tile.resize(size_t(tile * k));

@@ -72,13 +72,16 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
     int8_t* q = out.q.data() + r * k;
     float* d = out.d.data() + r * (k / block);
     detail::quantize_act_blocks(x + r * ldx, k / block, block, q, d);
-    if (block == 32) {
-      int32_t* minus_sum4 = out.minus_sum4.data() + r * (k / 4);
-      for (int64_t i = 0; i < k / 4; ++i) minus_sum4[i] = -(q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
-    }
+    // One pass over the codes: sums of 4 (block 32 keeps them, negated),
+    // added up to sums of 16.
     for (int64_t g = 0; g < k / 16; ++g) {
       int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+      for (int t = 0; t < 4; ++t) {
+        const int8_t* four = q + 16 * g + 4 * t;
+        const int sum4 = four[0] + four[1] + four[2] + four[3];
+        if (block == 32) out.minus_sum4[size_t(r * (k / 4) + 4 * g + t)] = -sum4;
+        sum += sum4;
+      }
       if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
       else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
     }

@@ -211,8 +211,9 @@ TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
       if (b == 1) std::fill(row, row + block, 0.f);
       if (b == 2) row[rng() % block] = NAN;
       if (b == 3) row[rng() % block] = -INFINITY;
-      if (b == 4) row[rng() % block] = 1e-30f;  // and the rest tiny: an absmax far from 127
-      if (b == 4) for (int64_t i = 0; i < block; ++i) row[i] *= 1e-30f;
+      if (b == 4) {  // tiny values: an absmax (127e-30) far from 127
+        for (int64_t i = 0; i < block; ++i) row[i] *= 1e-30f;
+      }
     }
     for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + ", block " + std::to_string(block));
