@@ -50,8 +50,8 @@ void release(void* data, size_t bytes) {
 }  // namespace
 
 CpuTensor::CpuTensor(GgmlType type, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
-                     const char* what)
-    : BackendTensor(type, std::move(shape)), bytes_(bytes), account_(std::move(account)) {
+                     const char* what, QuantLayout layout)
+    : BackendTensor(type, std::move(shape)), bytes_(bytes), layout_(layout), account_(std::move(account)) {
   uint64_t used = account_->used.load();
   do {
     if (account_->budget != 0 && (bytes > account_->budget || used > account_->budget - bytes)) {
@@ -162,7 +162,15 @@ std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
   const GgmlType type = *stored;
   const int64_t numel = host.numel();
   const size_t bytes = size_t(*ggml_bytes(type, numel));
-  auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight");
+  // Q4_0 / Q8_0 matrices go in groups of 8 rows where this CPU's kernels
+  // read those faster (quant_matmul.h, QuantLayout::kRows8).
+  const bool rows8 = type == host.type && host.shape.size() == 2 && prefers_rows8(type, host.shape[0]);
+  auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight",
+                                            rows8 ? QuantLayout::kRows8 : QuantLayout::kRows);
+  if (rows8) {
+    pack_rows8(type, host.bytes.data(), host.shape[0], host.shape[1], static_cast<uint8_t*>(tensor->data()));
+    return tensor;
+  }
   if (type == host.type) {
     std::memcpy(tensor->data(), host.bytes.data(), bytes);
     return tensor;
@@ -178,8 +186,8 @@ void CpuBackend::matmul(const BackendTensor& x, const BackendTensor& w, const Ba
   if (bias != nullptr) backend_tensor_cast<CpuTensor>(*bias, "matmul", "bias");
   const MatmulDims d = check_matmul_args(x, w, bias, y);
   if (d.n == 0 || d.out == 0) return;
-  impl_->matmul->run(static_cast<const float*>(xt.data()), wt.data(), w.type(), static_cast<float*>(yt.data()), d.n,
-                     d.in, d.out);
+  impl_->matmul->run(static_cast<const float*>(xt.data()), wt.data(), w.type(), wt.layout(),
+                     static_cast<float*>(yt.data()), d.n, d.in, d.out);
   if (bias != nullptr) detail::add_bias_rows(static_cast<float*>(yt.data()), bias->data(), bias->dtype(), d.n, d.out);
 }
 
@@ -224,7 +232,7 @@ void CpuBackend::embed(const BackendTensor& table, std::span<const int32_t> toke
   const auto& tt = backend_tensor_cast<CpuTensor>(table, "embed", "table");
   auto& o = backend_tensor_cast<CpuTensor>(out, "embed", "out");
   check_embed_args(table, tokens, out);
-  detail::embed_rows(tt.data(), table.type(), table.shape()[1], tokens, static_cast<float*>(o.data()));
+  detail::embed_rows(tt.data(), table.type(), tt.layout(), table.shape()[1], tokens, static_cast<float*>(o.data()));
 }
 
 }  // namespace longctx::cpu

@@ -11,6 +11,7 @@
 
 #include "longctx/core/backend.h"
 #include "longctx/cpu/cpu_backend.h"
+#include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu::detail {
 
@@ -27,7 +28,7 @@ class CpuTensor final : public BackendTensor {
   // Reserves and allocates `bytes` for a tensor of `type`; throws
   // Error(kOutOfMemory) leaving nothing reserved.
   CpuTensor(GgmlType type, std::vector<int64_t> shape, size_t bytes, std::shared_ptr<MemoryAccount> account,
-            const char* what);
+            const char* what, QuantLayout layout = QuantLayout::kRows);
   ~CpuTensor() override;
   CpuTensor(const CpuTensor&) = delete;
   CpuTensor& operator=(const CpuTensor&) = delete;
@@ -35,22 +36,26 @@ class CpuTensor final : public BackendTensor {
   void* data() override { return data_; }
   const void* data() const override { return data_; }
   size_t bytes() const { return bytes_; }
+  // How the rows of a quantized weight lie (load_weight packs some as kRows8).
+  QuantLayout layout() const { return layout_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  QuantLayout layout_;
   std::shared_ptr<MemoryAccount> account_;
 };
 
 // y[m, n] = x[m, k] · w[n, k]^T, f32 x and y, w of `w_type`: f32, f16, bf16
-// or a quant_matmul.h block type.
+// or a quant_matmul.h block type, its rows laid out as `w_layout` says.
 class MatmulEngine {
  public:
   MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode);
   ~MatmulEngine();
   MatmulEngine(const MatmulEngine&) = delete;
   MatmulEngine& operator=(const MatmulEngine&) = delete;
-  void run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n);
+  void run(const float* x, const void* w, GgmlType w_type, QuantLayout w_layout, float* y, int64_t m, int64_t k,
+           int64_t n);
   bool bf16_native() const;
   QuantPrefill quant_prefill() const;
 
@@ -82,6 +87,11 @@ void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t f
 void swiglu_elems(const float* gate, const float* up, float* out, int64_t count);
 void add_elems(const float* a, const float* b, float* out, int64_t count);
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n);
-void embed_rows(const void* table, GgmlType table_type, int64_t d, std::span<const int32_t> tokens, float* out);
+// Row o of a weight of k values per row in GGML's layout: in place for
+// kRows, unpacked into `scratch` for kRows8.
+std::span<const uint8_t> weight_row(const void* w, GgmlType type, QuantLayout layout, int64_t k, int64_t o,
+                                    std::vector<uint8_t>& scratch);
+void embed_rows(const void* table, GgmlType table_type, QuantLayout table_layout, int64_t d,
+                std::span<const int32_t> tokens, float* out);
 
 }  // namespace longctx::cpu::detail

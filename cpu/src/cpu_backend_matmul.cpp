@@ -2,8 +2,8 @@
 // Paths, best first:
 // - quantized weights: x quantized per block (quant_matmul.h), then the
 //   integer kernels of the CPU's best ISA on panels of weight rows split over
-//   the cores with oneTBB; each panel meets every row of x while it sits in
-//   the core's cache. With QuantPrefill::kBf16Tiles (the default where
+//   the cores with oneTBB (whole groups of 8 for kRows8 weights); each panel
+//   meets every row of x while it sits in the core's cache. With QuantPrefill::kBf16Tiles (the default where
 //   bf16 products outrun f32 ones: AMX tiles, vdpbf16ps on Zen 4) and more
 //   than kGemvMaxM rows: tiles of w dequantized to bf16, x rounded to bf16,
 //   oneDNN bf16; with kF32Tiles (the default on CPUs with AVX512-BF16 whose
@@ -153,7 +153,8 @@ MatmulEngine::~MatmulEngine() = default;
 bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
 QuantPrefill MatmulEngine::quant_prefill() const { return state_->quant_prefill; }
 
-void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y, int64_t m, int64_t k, int64_t n) {
+void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, QuantLayout w_layout, float* y, int64_t m,
+                       int64_t k, int64_t n) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (k == 0) {  // an empty sum; oneDNN rejects zero-sized reductions
@@ -172,14 +173,13 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
       src = s.x_bf16.data();
     }
     const int64_t tile = std::min(n, kDequantTileRows);
-    const size_t row_bytes = size_t(*ggml_bytes(w_type, k));
     if (bf16) s.w_tile_bf16.resize(size_t(tile * k));
     else s.w_tile.resize(size_t(tile * k));
-    const auto* wq = static_cast<const uint8_t*>(w);
     for (int64_t o = 0; o < n; o += tile) {
       const int64_t rows = std::min(tile, n - o);
       tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
-        const std::span<const uint8_t> row{wq + size_t(o + r) * row_bytes, row_bytes};
+        std::vector<uint8_t> scratch;
+        const std::span<const uint8_t> row = weight_row(w, w_type, w_layout, k, o + r, scratch);
         if (bf16) {
           std::vector<float> values(static_cast<size_t>(k));
           dequantize(w_type, row, values);
@@ -194,10 +194,14 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, float* y,
   } else if (!dense) {
     quantize_acts(x, m, k, k, quant_act_block(w_type), s.acts);
     const auto* wq = static_cast<const uint8_t*>(w);
-    const int64_t grain =
+    // Tasks take whole kRows8 groups.
+    const int64_t unit = w_layout == QuantLayout::kRows8 ? 8 : 1;
+    const int64_t grain_rows =
         m <= kGemvMaxM ? kQuantGemvGrainRows : std::max<int64_t>(1, kQuantPanelBytes / int64_t(*ggml_bytes(w_type, k)));
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const tbb::blocked_range<int64_t>& range) {
-      quant_matmul_tile(s.quant_isa, w_type, wq, s.acts, 0, m, range.begin(), range.end(), y, n);
+    const int64_t grain = std::max<int64_t>(1, grain_rows / unit);
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n / unit, grain), [&](const tbb::blocked_range<int64_t>& range) {
+      quant_matmul_tile(s.quant_isa, w_type, w_layout, wq, s.acts, 0, m, range.begin() * unit, range.end() * unit, y,
+                        n);
     });
   } else if (m <= kGemvMaxM) {
     // Parallel over weight rows; each task streams its rows once.

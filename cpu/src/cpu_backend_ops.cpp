@@ -102,11 +102,21 @@ void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, i
   });
 }
 
-void embed_rows(const void* table, GgmlType table_type, int64_t d, std::span<const int32_t> tokens, float* out) {
-  const auto* bytes = static_cast<const uint8_t*>(table);
-  const size_t row_bytes = size_t(*ggml_bytes(table_type, d));
+std::span<const uint8_t> weight_row(const void* w, GgmlType type, QuantLayout layout, int64_t k, int64_t o,
+                                    std::vector<uint8_t>& scratch) {
+  const size_t row_bytes = size_t(*ggml_bytes(type, k));
+  if (layout == QuantLayout::kRows) return {static_cast<const uint8_t*>(w) + size_t(o) * row_bytes, row_bytes};
+  scratch.resize(row_bytes);
+  unpack_row8(type, static_cast<const uint8_t*>(w), k, o, scratch.data());
+  return scratch;
+}
+
+void embed_rows(const void* table, GgmlType table_type, QuantLayout table_layout, int64_t d,
+                std::span<const int32_t> tokens, float* out) {
   parallel_rows(int64_t(tokens.size()), d, [&](int64_t t) {
-    dequantize(table_type, {bytes + size_t(tokens[size_t(t)]) * row_bytes, row_bytes}, {out + t * d, size_t(d)});
+    std::vector<uint8_t> scratch;
+    dequantize(table_type, weight_row(table, table_type, table_layout, d, tokens[size_t(t)], scratch),
+               {out + t * d, size_t(d)});
   });
 }
 

@@ -33,6 +33,7 @@ struct ActRows {
   const float* d;        // [rows, k / block]
   const float* dsum;     // block 32: [rows, k / 32]
   const int32_t* minus_sum4;  // block 32: [rows, k / 4]
+  const int32_t* minus_sum32;  // block 32: [rows, k / 32]
   const int16_t* sum16;  // block 256: [rows, k / 16]
   int64_t k;
   int64_t block;
@@ -43,10 +44,19 @@ struct ActRows {
 using QuantRowsFn = void (*)(const uint8_t* w_row, const ActRows& acts, int64_t r0, int n_rows, float* y,
                              int64_t ldy);
 
+// y[j * ldy + i] = dot(weight row i of the kRows8 group at `group`,
+// activation row r0 + j) for i < 8 and j < n_rows (1..kQuantMaxRows).
+using QuantRows8Fn = void (*)(const uint8_t* group, const ActRows& acts, int64_t r0, int n_rows, float* y,
+                              int64_t ldy);
+
 // The kernel of `type` for each ISA, or null for a type the ISA lacks.
 QuantRowsFn quant_rows_generic(GgmlType type);
 QuantRowsFn quant_rows_avx2(GgmlType type);
 QuantRowsFn quant_rows_avx_vnni(GgmlType type);
 QuantRowsFn quant_rows_avx512_vnni(GgmlType type);
+// The kRows8 kernel of `type` (Q4_0, Q8_0) for each SIMD ISA, or null.
+QuantRows8Fn quant_rows8_avx2(GgmlType type);
+QuantRows8Fn quant_rows8_avx_vnni(GgmlType type);
+QuantRows8Fn quant_rows8_avx512_vnni(GgmlType type);
 
 }  // namespace longctx::cpu::detail

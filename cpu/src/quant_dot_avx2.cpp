@@ -12,4 +12,5 @@ constexpr bool kExactByteDots = false;
 }  // namespace longctx::cpu::detail
 
 #define LONGCTX_QDOT_ENTRY quant_rows_avx2
+#define LONGCTX_QDOT8_ENTRY quant_rows8_avx2
 #include "quant_dot_x86.h"

@@ -10,4 +10,5 @@ constexpr bool kExactByteDots = true;
 }  // namespace longctx::cpu::detail
 
 #define LONGCTX_QDOT_ENTRY quant_rows_avx512_vnni
+#define LONGCTX_QDOT8_ENTRY quant_rows8_avx512_vnni
 #include "quant_dot_x86.h"

@@ -1,6 +1,7 @@
 // x86 SIMD kernels of quant_matmul.h on 256-bit vectors, compiled once per
 // ISA (with that ISA's compiler flags): the including file defines
-// LONGCTX_QDOT_ENTRY (the name of its table function in quant_dot.h) and,
+// LONGCTX_QDOT_ENTRY and LONGCTX_QDOT8_ENTRY (the names of its table
+// functions in quant_dot.h, for kRows and kRows8 weights) and,
 // before including this file, in namespace longctx::cpu::detail { namespace {
 //   __m256i add_dot_u8s8(__m256i acc, __m256i u, __m256i s): lane i = acc[i] +
 //   the sum of u[4i + t] * s[4i + t] (t < 4), for unsigned bytes u and signed
@@ -34,6 +35,7 @@ struct Rows {
   const float* d[kRows];
   const float* dsum[kRows];          // block 32; null for block 256
   const int32_t* minus_sum4[kRows];  // block 32; null for block 256
+  const int32_t* minus_sum32[kRows];  // block 32; null for block 256
   const int16_t* sum16[kRows];       // block 256; null for block 32
   Rows(const ActRows& a, int64_t r0) {
     for (int j = 0; j < kRows; ++j) {
@@ -42,6 +44,7 @@ struct Rows {
       d[j] = a.d + r * (a.k / a.block);
       dsum[j] = a.block == 32 ? a.dsum + r * (a.k / 32) : nullptr;
       minus_sum4[j] = a.block == 32 ? a.minus_sum4 + r * (a.k / 4) : nullptr;
+      minus_sum32[j] = a.block == 32 ? a.minus_sum32 + r * (a.k / 32) : nullptr;
       sum16[j] = a.block == 256 ? a.sum16 + r * (a.k / 16) : nullptr;
     }
   }
@@ -184,6 +187,76 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, i
       min_sum += mins[c][j];
     }
     y[j * ldy] = hsum(sum) + min_sum;
+  }
+}
+
+// ---- kRows8 groups (quant_matmul.h) ----------------------------------------------
+
+// 8 weight rows of Q4_0 or Q8_0 against kRows activation rows, lane i of
+// each vector being weight row i. A block's codes are 8 groups of four values
+// (Q4_0: chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c
+// on; Q8_0: chunk c is values 4c..4c+3), each multiplied with the same four
+// activation codes broadcast to every lane; they go in unsigned with the
+// offset out of the int32 start as above (minus_sum32: the block's sum),
+// or under the sign trick. Then one product applies the 8 rows' scales.
+template <GgmlType kType, int kRows>
+void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  static_assert(kType == GgmlType::kQ4_0 || kType == GgmlType::kQ8_0);
+  constexpr int kChunks = kType == GgmlType::kQ4_0 ? 4 : 8;  // 32-byte loads of codes per block
+  constexpr int64_t kBlockBytes = 16 + 32 * kChunks;         // 8 scales, then the codes
+  constexpr int kChains = kRows == 1 ? 2 : 1;
+  const int64_t nb = acts.k / 32;
+  const Rows<kRows> rows(acts, r0);
+  __m256 acc[kChains][kRows];
+  for (int c = 0; c < kChains; ++c)
+    for (int j = 0; j < kRows; ++j) acc[c][j] = _mm256_setzero_ps();
+  const auto add_block = [&](int64_t b, int c) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    __m256i codes[8];  // group t: values 4t..4t+3 of the 8 rows
+    if constexpr (kType == GgmlType::kQ4_0) {
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int t = 0; t < 4; ++t) {
+        const __m256i both = load256(blk + 16 + 32 * t);
+        codes[t] = _mm256_and_si256(both, low4);
+        codes[t + 4] = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+      }
+    } else {
+      for (int t = 0; t < 8; ++t) {
+        const __m256i q = load256(blk + 16 + 32 * t);
+        codes[t] = kSignTrick<kType> ? q : _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
+      }
+    }
+    const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    for (int j = 0; j < kRows; ++j) {
+      const int8_t* a = rows.q[j] + 32 * b;
+      // Two chains: eight dependent dot products would wait on each other.
+      __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      if constexpr (kOffsetLog2<kType> >= 0) dot[0] = _mm256_set1_epi32(rows.minus_sum32[j][b] << kOffsetLog2<kType>);
+      for (int t = 0; t < 8; ++t) {
+        int32_t four;
+        std::memcpy(&four, a + 4 * t, 4);
+        const __m256i s = _mm256_set1_epi32(four);
+        if constexpr (kSignTrick<kType>) {
+          dot[t & 1] = add_dot_u8s8(dot[t & 1], _mm256_sign_epi8(codes[t], codes[t]), _mm256_sign_epi8(s, codes[t]));
+        } else {
+          dot[t & 1] = add_dot_u8s8(dot[t & 1], codes[t], s);
+        }
+      }
+      const __m256 ds = _mm256_mul_ps(d_w, _mm256_broadcast_ss(rows.d[j] + b));
+      acc[c][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[0], dot[1])), ds, acc[c][j]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + kChains <= nb; b += kChains) {
+    add_block(b, 0);
+    if constexpr (kChains == 2) add_block(b + 1, 1);
+  }
+  if (b < nb) add_block(b, 0);
+  for (int j = 0; j < kRows; ++j) {
+    __m256 sum = acc[0][j];
+    for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c][j]);
+    _mm256_storeu_ps(y + j * ldy, sum);
   }
 }
 
@@ -342,6 +415,15 @@ struct QK45Kernel {
     }
   };
 };
+template <GgmlType kType>
+struct Rows8Kernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      rows8_block32<kType, kRows>(group, a, r0, y, ldy);
+    }
+  };
+};
 template <int kRows>
 struct Q6KKernel {
   static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
@@ -361,6 +443,14 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
     case GgmlType::kQ4_K: return by_rows<QK45Kernel<false>::K>;
     case GgmlType::kQ5_K: return by_rows<QK45Kernel<true>::K>;
     case GgmlType::kQ6_K: return by_rows<Q6KKernel>;
+    default: return nullptr;
+  }
+}
+
+QuantRows8Fn LONGCTX_QDOT8_ENTRY(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return by_rows<Rows8Kernel<GgmlType::kQ4_0>::K>;
+    case GgmlType::kQ8_0: return by_rows<Rows8Kernel<GgmlType::kQ8_0>::K>;
     default: return nullptr;
   }
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
@@ -13,6 +14,16 @@
 
 namespace longctx::cpu {
 namespace {
+
+detail::QuantRows8Fn rows8_fn(QuantIsa isa, GgmlType type) {
+  switch (isa) {
+    case QuantIsa::kAvx2: return detail::quant_rows8_avx2(type);
+    case QuantIsa::kAvxVnni: return detail::quant_rows8_avx_vnni(type);
+    case QuantIsa::kAvx512Vnni: return detail::quant_rows8_avx512_vnni(type);
+    case QuantIsa::kGeneric: break;
+  }
+  return nullptr;
+}
 
 detail::QuantRowsFn rows_fn(QuantIsa isa, GgmlType type) {
   switch (isa) {
@@ -67,6 +78,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   out.d.resize(size_t(rows * (k / block)));
   out.dsum.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0.f);
   out.minus_sum4.resize(block == 32 ? size_t(rows * (k / 4)) : 0);
+  out.minus_sum32.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0);
   out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
   auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
@@ -82,8 +94,12 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
         if (block == 32) out.minus_sum4[size_t(r * (k / 4) + 4 * g + t)] = -sum4;
         sum += sum4;
       }
-      if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
-      else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
+      if (block == 256) {
+        out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
+      } else {
+        out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
+        out.minus_sum32[size_t(r * (k / 32) + g / 2)] -= sum;
+      }
     }
   };
   if (rows * k < (int64_t(1) << 16)) {  // decode: not worth a task
@@ -93,17 +109,62 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   }
 }
 
-void quant_matmul_tile(QuantIsa isa, GgmlType type, const uint8_t* w, const QuantizedActs& acts, int64_t r_begin,
-                       int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
-  const detail::QuantRowsFn kernel = rows_fn(isa, type);
-  const detail::ActRows rows{acts.q.data(), acts.d.data(), acts.dsum.data(), acts.minus_sum4.data(),
-                             acts.sum16.data(), acts.k, acts.block};
+bool prefers_rows8(GgmlType type, int64_t n) {
+  return (type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0) && n % 8 == 0 &&
+         rows8_fn(best_quant_isa(), type) != nullptr;
+}
+
+// Row r of a kRows8 group in the group's block b (quant_matmul.h): its scale
+// at 2 r, chunk c of its codes (4 bytes) at 16 + 32 c + 4 r.
+void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
+  const int64_t block_bytes = ggml_type_info(type).block_bytes, nb = k / 32, row_bytes = nb * block_bytes;
+  for (int64_t o = 0; o < n; ++o) {
+    const int64_t r = o % 8;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* from = rows + o * row_bytes + b * block_bytes;
+      uint8_t* to = packed + (o / 8) * 8 * row_bytes + b * 8 * block_bytes;
+      std::memcpy(to + 2 * r, from, 2);
+      for (int64_t c = 0; c < (block_bytes - 2) / 4; ++c) std::memcpy(to + 16 + 32 * c + 4 * r, from + 2 + 4 * c, 4);
+    }
+  }
+}
+
+void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain) {
+  const int64_t block_bytes = ggml_type_info(type).block_bytes, nb = k / 32, row_bytes = nb * block_bytes;
+  const int64_t r = row % 8;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* from = packed + (row / 8) * 8 * row_bytes + b * 8 * block_bytes;
+    uint8_t* to = plain + b * block_bytes;
+    std::memcpy(to, from + 2 * r, 2);
+    for (int64_t c = 0; c < (block_bytes - 2) / 4; ++c) std::memcpy(to + 2 + 4 * c, from + 16 + 32 * c + 4 * r, 4);
+  }
+}
+
+void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
+                       int64_t r_begin, int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
+  const detail::ActRows rows{acts.q.data(),         acts.d.data(),  acts.dsum.data(), acts.minus_sum4.data(),
+                             acts.minus_sum32.data(), acts.sum16.data(), acts.k,           acts.block};
   const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
+  const detail::QuantRowsFn kernel = rows_fn(isa, type);
+  const detail::QuantRows8Fn kernel8 = layout == QuantLayout::kRows8 ? rows8_fn(isa, type) : nullptr;
+  if (layout == QuantLayout::kRows8 && kernel8 == nullptr) {
+    // An ISA without kRows8 kernels: each group's rows unpacked, then the row kernel.
+    std::vector<uint8_t> plain(size_t(8 * row_bytes));
+    for (int64_t o = o_begin; o < o_end; o += 8) {
+      for (int i = 0; i < 8; ++i) unpack_row8(type, w, acts.k, o + i, plain.data() + i * row_bytes);
+      quant_matmul_tile(isa, type, QuantLayout::kRows, plain.data(), acts, r_begin, r_end, 0, 8, y + o, ldy);
+    }
+    return;
+  }
   // Activation rows outside: a group of up to four stays in L1 while the
   // tile's weight rows stream past it.
   for (int64_t r = r_begin; r < r_end; r += detail::kQuantMaxRows) {
     const int n_rows = int(std::min<int64_t>(detail::kQuantMaxRows, r_end - r));
-    for (int64_t o = o_begin; o < o_end; ++o) kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
+    if (kernel8 != nullptr) {
+      for (int64_t o = o_begin; o < o_end; o += 8) kernel8(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
+    } else {
+      for (int64_t o = o_begin; o < o_end; ++o) kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ggml_test_util.h"
@@ -141,10 +142,18 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   std::mt19937 rng(3);
   CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
   EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kInt8);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-    const int64_t k = 512, n = 300;
+  const int64_t k = 512;
+  // 296 rows: Q4_0 and Q8_0 go in groups of 8 (kRows8) where the CPU's
+  // kernels read those; 300 keeps GGML's layout.
+  for (auto [type, n] : {std::pair{GgmlType::kQ4_0, int64_t{300}}, std::pair{GgmlType::kQ4_0, int64_t{296}},
+                         std::pair{GgmlType::kQ8_0, int64_t{296}}, std::pair{GgmlType::kQ5_1, int64_t{300}},
+                         std::pair{GgmlType::kQ4_K, int64_t{300}}, std::pair{GgmlType::kQ6_K, int64_t{296}}}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    const QuantLayout layout = prefers_rows8(type, n) ? QuantLayout::kRows8 : QuantLayout::kRows;
+    std::vector<uint8_t> laid_out = bytes;
+    if (layout == QuantLayout::kRows8) pack_rows8(type, bytes.data(), n, k, laid_out.data());
+    EXPECT_EQ(std::memcmp(w->data(), laid_out.data(), bytes.size()), 0) << ggml_type_info(type).name << " n " << n;
     std::normal_distribution<float> normal;
     std::vector<float> bias(static_cast<size_t>(n));
     for (float& b : bias) b = normal(rng);
@@ -161,12 +170,12 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
       QuantizedActs acts;
       quantize_acts(x.data(), m, k, k, quant_act_block(type), acts);
       std::vector<float> want(static_cast<size_t>(m * n));
-      quant_matmul_tile(best_quant_isa(), type, bytes.data(), acts, 0, m, 0, n, want.data(), n);
+      quant_matmul_tile(best_quant_isa(), type, layout, laid_out.data(), acts, 0, m, 0, n, want.data(), n);
       for (int64_t r = 0; r < m; ++r)
         for (int64_t o = 0; o < n; ++o) {
           const size_t at = size_t(r * n + o);
           ASSERT_EQ(got[at], want[at] + bias[size_t(o)])
-              << ggml_type_info(type).name << " m " << m << " row " << r << " output " << o;
+              << ggml_type_info(type).name << " n " << n << " m " << m << " row " << r << " output " << o;
         }
     }
   }
@@ -253,7 +262,7 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   std::mt19937 rng(6);
   std::normal_distribution<float> normal;
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-    const int64_t k = 512, n = 1100, m = 9;  // n > one tile of 1024 rows
+    const int64_t k = 512, n = 1104, m = 9;  // n > one tile of 1024 rows; groups of 8 for Q4_0
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     const std::vector<float> values = dequantized(type, bytes, n * k);
     auto w = backend->load_weight(HostWeight(type, {n, k}, bytes, "w"));
@@ -263,21 +272,26 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   }
 }
 
+// Tables of 16 rows: Q4_0 and Q8_0 in groups of 8 where the CPU's kernels
+// read those (a tied output weight is the same tensor); 7 rows stay as given.
 TEST(CpuBackendQuant, EmbedDequantizesRows) {
   std::mt19937 rng(4);
   CpuBackend backend;
-  const int64_t vocab = 7, d = 256;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF16}) {
-    const std::vector<uint8_t> bytes = random_blocks(type, size_t(vocab * d / ggml_type_info(type).block_elems), rng);
-    auto table = backend.load_weight(HostWeight(type, {vocab, d}, bytes, "token_embd.weight"));
-    const std::vector<float> values = dequantized(type, bytes, vocab * d);
-    const std::vector<int32_t> tokens = {6, 0, 3, 3};
-    auto out = backend.alloc({4, d});
-    backend.embed(*table, tokens, *out);
-    const std::vector<float> got = download(backend, *out);
-    for (size_t t = 0; t < tokens.size(); ++t)
-      for (int64_t i = 0; i < d; ++i)
-        ASSERT_EQ(got[t * size_t(d) + size_t(i)], values[size_t(tokens[t] * d + i)]) << ggml_type_info(type).name;
+  const int64_t d = 256;
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF16}) {
+    for (int64_t vocab : {7, 16}) {
+      const std::vector<uint8_t> bytes = random_blocks(type, size_t(vocab * d / ggml_type_info(type).block_elems), rng);
+      auto table = backend.load_weight(HostWeight(type, {vocab, d}, bytes, "token_embd.weight"));
+      const std::vector<float> values = dequantized(type, bytes, vocab * d);
+      const std::vector<int32_t> tokens = {6, 0, 3, 3, int32_t(vocab - 1)};
+      auto out = backend.alloc({int64_t(tokens.size()), d});
+      backend.embed(*table, tokens, *out);
+      const std::vector<float> got = download(backend, *out);
+      for (size_t t = 0; t < tokens.size(); ++t)
+        for (int64_t i = 0; i < d; ++i)
+          ASSERT_EQ(got[t * size_t(d) + size_t(i)], values[size_t(tokens[t] * d + i)])
+              << ggml_type_info(type).name << ", " << vocab << " rows, token " << tokens[t];
+    }
   }
 }
 

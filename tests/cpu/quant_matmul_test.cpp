@@ -4,6 +4,7 @@
 // - with the quantized activations (d_a * q_a): only fp32 rounding differs;
 // - with the original f32 activations: within the activation rounding bound
 //   sum_b (d_a,b / 2) sum_{i in b} |w_i| on top of that.
+// Q4_0 and Q8_0 also in groups of 8 rows (QuantLayout::kRows8).
 // ISAs the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
 
@@ -83,6 +84,47 @@ std::vector<float> random_acts(int64_t rows, int64_t k, std::mt19937& rng) {
   return x;
 }
 
+// y from quant_matmul_tile against fp64 of the dequantized weights (wf, from
+// the GGML-layout bytes w) and the quantized activations, inside the tile
+// rows [r0, r1) x outputs [o0, o1); 12345 outside it.
+void expect_tile_matches_fp64(GgmlType type, QuantIsa isa, const std::vector<uint8_t>& w, const std::vector<float>& wf,
+                              const std::vector<float>& x, const QuantizedActs& acts, int64_t r0, int64_t r1,
+                              int64_t o0, int64_t o1, const std::vector<float>& y, int64_t ldy,
+                              const std::string& what) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  const int64_t m = acts.rows, k = acts.k, block = acts.block;
+  const int64_t row_bytes = int64_t(*ggml_bytes(type, k));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t o = 0; o < ldy; ++o) {
+      const float got = y[size_t(r * ldy + o)];
+      if (r < r0 || r >= r1 || o < o0 || o >= o1) {
+        ASSERT_EQ(got, 12345.f) << what << ": wrote outside the tile at row " << r << ", output " << o;
+        continue;
+      }
+      double exact = 0, original = 0, magnitude = 0, act_rounding = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t ab = i / block;
+        const double da = acts.d[size_t(r * (k / block) + ab)];
+        const double a = da * acts.q[size_t(r * k + i)];
+        const double wi = wf[size_t(o * k + i)];
+        exact += wi * a;
+        original += wi * double(x[size_t(r * k + i)]);
+        const uint8_t* wb = w.data() + o * row_bytes + (i / info.block_elems) * info.block_bytes;
+        magnitude += block_magnitude(type, wb) * std::fabs(a);
+        act_rounding += std::fabs(wi) * da / 2;
+      }
+      // fp32: one product and one addition per block into one of eight lanes, the
+      // final sum of lanes, and dequantize()'s own rounding of the reference.
+      const double nb = double(k / info.block_elems);
+      const double tol = (nb + 16) * 2 * kUnit * magnitude + 1e-30;
+      const std::string where = what + ": " + info.name + " on " + quant_isa_name(isa) + ", k " + std::to_string(k) +
+                                ", row " + std::to_string(r) + ", output " + std::to_string(o);
+      ASSERT_NEAR(got, exact, tol) << where;
+      ASSERT_NEAR(got, original, tol + act_rounding * (1 + 1e-6)) << where << " (vs f32 activations)";
+    }
+  }
+}
+
 class QuantMatmulTest : public ::testing::TestWithParam<std::tuple<GgmlType, QuantIsa>> {};
 
 TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
@@ -97,7 +139,6 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
     const int64_t k = info.block_elems * (1 + int64_t(rng() % (block == 256 ? 6 : 40)));
     const int64_t n = 1 + int64_t(rng() % 19);
     const int64_t m = 1 + int64_t(rng() % 11);  // partial groups of four rows
-    const int64_t row_bytes = int64_t(*ggml_bytes(type, k));
     const std::vector<uint8_t> w = random_blocks(type, size_t(n * k / info.block_elems), rng);
     std::vector<float> wf(size_t(n * k));
     dequantize(type, w, wf);
@@ -111,36 +152,52 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
     const int64_t o0 = int64_t(rng() % n), o1 = o0 + 1 + int64_t(rng() % (n - o0));
     const int64_t ldy = n + 3;
     std::vector<float> y(size_t(m * ldy), 12345.f);
-    quant_matmul_tile(isa, type, w.data(), acts, r0, r1, o0, o1, y.data(), ldy);
+    quant_matmul_tile(isa, type, QuantLayout::kRows, w.data(), acts, r0, r1, o0, o1, y.data(), ldy);
+    expect_tile_matches_fp64(type, isa, w, wf, x, acts, r0, r1, o0, o1, y, ldy, "rows");
+    if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0) continue;
 
-    for (int64_t r = 0; r < m; ++r) {
-      for (int64_t o = 0; o < ldy; ++o) {
-        const float got = y[size_t(r * ldy + o)];
-        if (r < r0 || r >= r1 || o < o0 || o >= o1) {
-          ASSERT_EQ(got, 12345.f) << "wrote outside the tile at row " << r << ", output " << o;
-          continue;
-        }
-        double exact = 0, original = 0, magnitude = 0, act_rounding = 0;
-        for (int64_t i = 0; i < k; ++i) {
-          const int64_t ab = i / block;
-          const double da = acts.d[size_t(r * (k / block) + ab)];
-          const double a = da * acts.q[size_t(r * k + i)];
-          const double wi = wf[size_t(o * k + i)];
-          exact += wi * a;
-          original += wi * double(x[size_t(r * k + i)]);
-          const uint8_t* wb = w.data() + o * row_bytes + (i / info.block_elems) * info.block_bytes;
-          magnitude += block_magnitude(type, wb) * std::fabs(a);
-          act_rounding += std::fabs(wi) * da / 2;
-        }
-        // fp32: one product and one addition per block into one of eight lanes, the
-        // final sum of lanes, and dequantize()'s own rounding of the reference.
-        const double nb = double(k / info.block_elems);
-        const double tol = (nb + 16) * 2 * kUnit * magnitude + 1e-30;
-        const std::string where = std::string(info.name) + " on " + quant_isa_name(isa) + ", k " + std::to_string(k) +
-                                  ", row " + std::to_string(r) + ", output " + std::to_string(o);
-        ASSERT_NEAR(got, exact, tol) << where;
-        ASSERT_NEAR(got, original, tol + act_rounding * (1 + 1e-6)) << where << " (vs f32 activations)";
+    // The same weights in groups of 8 rows (n rounded up with more random
+    // rows), a tile of whole groups.
+    const int64_t n8 = (n + 7) / 8 * 8;
+    std::vector<uint8_t> w8 = w;
+    const std::vector<uint8_t> extra = random_blocks(type, size_t((n8 - n) * k / 32), rng);
+    w8.insert(w8.end(), extra.begin(), extra.end());
+    std::vector<float> wf8(size_t(n8 * k));
+    dequantize(type, w8, wf8);
+    std::vector<uint8_t> packed(w8.size());
+    pack_rows8(type, w8.data(), n8, k, packed.data());
+    const int64_t g0 = int64_t(rng() % (n8 / 8)), g1 = g0 + 1 + int64_t(rng() % (n8 / 8 - g0));
+    const int64_t ldy8 = n8 + 5;
+    std::vector<float> y8(size_t(m * ldy8), 12345.f);
+    quant_matmul_tile(isa, type, QuantLayout::kRows8, packed.data(), acts, r0, r1, 8 * g0, 8 * g1, y8.data(), ldy8);
+    expect_tile_matches_fp64(type, isa, w8, wf8, x, acts, r0, r1, 8 * g0, 8 * g1, y8, ldy8, "rows8");
+  }
+}
+
+// pack_rows8 puts row r's block b where quant_matmul.h says (scale at 2 r,
+// code chunk c at 16 + 32 c + 4 r of the group's block b), and unpack_row8
+// gives every row back byte for byte.
+TEST(QuantMatmul, Rows8PacksAsDocumentedAndUnpacksEveryRow) {
+  std::mt19937 rng(21);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+    const int64_t n = 24, k = 96, nb = k / 32;
+    const int64_t block_bytes = ggml_type_info(type).block_bytes, row_bytes = nb * block_bytes;
+    const std::vector<uint8_t> w = random_blocks(type, size_t(n * nb), rng);
+    std::vector<uint8_t> packed(w.size());
+    pack_rows8(type, w.data(), n, k, packed.data());
+    for (int64_t o = 0; o < n; ++o) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* block = w.data() + o * row_bytes + b * block_bytes;
+        const uint8_t* group_block = packed.data() + (o / 8) * 8 * row_bytes + b * 8 * block_bytes;
+        const int64_t r = o % 8;
+        ASSERT_EQ(std::memcmp(group_block + 2 * r, block, 2), 0) << "row " << o << ", block " << b << ": scale";
+        for (int64_t i = 0; i < block_bytes - 2; ++i)
+          ASSERT_EQ(group_block[16 + 32 * (i / 4) + 4 * r + i % 4], block[2 + i])
+              << "row " << o << ", block " << b << ", code byte " << i;
       }
+      std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
+      unpack_row8(type, packed.data(), k, o, plain.data());
+      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0) << "row " << o;
     }
   }
 }
@@ -159,7 +216,7 @@ TEST_P(QuantMatmulTest, NonFiniteActivationsGiveNaN) {
   QuantizedActs acts;
   quantize_acts(x.data(), 2, k, k, quant_act_block(type), acts);
   float y[2] = {0.f, 0.f};
-  quant_matmul_tile(isa, type, w.data(), acts, 0, 2, 0, 1, y, 1);
+  quant_matmul_tile(isa, type, QuantLayout::kRows, w.data(), acts, 0, 2, 0, 1, y, 1);
   EXPECT_TRUE(std::isnan(y[0])) << y[0];
   EXPECT_TRUE(std::isnan(y[1])) << y[1];
 }
@@ -267,6 +324,7 @@ TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
         ASSERT_FLOAT_EQ(acts.d[size_t(r * (512 / block) + b)], amax / 127.f);
         if (block == 32) {
           ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
+          ASSERT_EQ(acts.minus_sum32[size_t(r * 16 + b)], -sum);
         }
       }
       for (int64_t i = 0; block == 32 && i < 512 / 4; ++i) {

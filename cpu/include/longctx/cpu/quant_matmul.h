@@ -55,6 +55,7 @@ struct QuantizedActs {
   std::vector<float> d;        // [rows, k / block] scales
   std::vector<float> dsum;     // block 32: [rows, k / 32] d * sum of the block's q
   std::vector<int32_t> minus_sum4;  // block 32: [rows, k / 4] minus the sums of 4 consecutive q
+  std::vector<int32_t> minus_sum32;  // block 32: [rows, k / 32] minus the sum of each block's q
   std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
 };
 
@@ -65,12 +66,38 @@ struct QuantizedActs {
 // read it are NaN as they would be in f32.
 void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t block, QuantizedActs& out);
 
+// How the weight rows lie in memory.
+//   kRows: GGML's, row o at w + o * ggml_bytes(type, k).
+//   kRows8 (Q4_0 and Q8_0, whose blocks hold 32 values): groups of 8 rows,
+//     group g at w + 8 g * ggml_bytes(type, k), the same bytes rearranged by
+//     pack_rows8. Block b of the group's 8 rows is 8 * block_bytes long:
+//     their 8 f16 scales, then the codes by 4-byte chunks, chunk c of row r
+//     at 16 + 32 c + 4 r (Q4_0: 4 chunks of 16 bytes of nibbles, Q8_0: 8 of
+//     32 codes). One 32-byte load then holds the same 4 (Q4_0: 8) values of
+//     8 rows, so an integer dot product leaves row r's sum in lane r: a
+//     block's scales are applied to 8 rows in one product, where row by row
+//     they cost as much as the dot itself (the layout of llama.cpp's Q4_0
+//     8x8 repacking, at 4-byte grain).
+enum class QuantLayout : uint8_t { kRows, kRows8 };
+
+// True where a weight of n rows of `type` is best kept as kRows8: Q4_0 or
+// Q8_0, n a multiple of 8, and a CPU whose best ISA has kernels for it (the
+// generic one unpacks every group first).
+bool prefers_rows8(GgmlType type, int64_t n);
+// n rows of k values in GGML's layout rearranged into kRows8 (n % 8 == 0,
+// type Q4_0 or Q8_0: the caller's to check); `packed` holds as many bytes.
+void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed);
+// Row `row` of a kRows8 weight copied out in GGML's layout into `plain`
+// (ggml_bytes(type, k) bytes).
+void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain);
+
 // y[r * ldy + o] = sum_i x[r, i] w[o, i] for r in [r_begin, r_end) and o in
-// [o_begin, o_end), where weight row o starts at w + o * ggml_bytes(type, k)
-// and x = acts (quantized with quant_act_block(type)). Runs on the calling
-// thread; callers split the rows across cores. Arguments are the caller's to
-// check: is_quant_matmul_type(type), k a multiple of the type's block.
-void quant_matmul_tile(QuantIsa isa, GgmlType type, const uint8_t* w, const QuantizedActs& acts, int64_t r_begin,
-                       int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy);
+// [o_begin, o_end), where the weight rows lie as `layout` says and x = acts
+// (quantized with quant_act_block(type)). Runs on the calling thread;
+// callers split the rows across cores. Arguments are the caller's to check:
+// is_quant_matmul_type(type), k a multiple of the type's block, and for
+// kRows8 o_begin and o_end multiples of 8.
+void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
+                       int64_t r_begin, int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy);
 
 }  // namespace longctx::cpu
