@@ -107,8 +107,10 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("features: %s\n", describe_cpu_features(cpu).c_str());
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
-  std::printf("int8:     quantized matmul on %s; prefill rows on %s\n", cpu::quant_isa_name(cpu::best_quant_isa()),
-              cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()));
+  const cpu::CpuBackend backend;
+  std::printf("int8:     quantized matmul on %s; prefill rows on %s (Q4_0/Q8_0 in groups of 8: %s)\n",
+              cpu::quant_isa_name(cpu::best_quant_isa()), cpu::quant_prefill_name(backend.quant_prefill()),
+              cpu::quant_prefill_name(backend.quant_prefill(cpu::QuantLayout::kRows8)));
   const cpu::PrefillKernel prefill = cpu::best_prefill_kernel();
   char prefill_why[128] = "";
   if (prefill == cpu::PrefillKernel::kF32 && cpu::prefill_kernel_unsupported_reason(cpu::PrefillKernel::kBf16).empty())

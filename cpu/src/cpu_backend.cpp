@@ -101,19 +101,21 @@ CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-  const QuantPrefill prefill = quant_prefill();
+  const QuantPrefill prefill = quant_prefill(), rows8 = quant_prefill(QuantLayout::kRows8);
+  const auto on_onednn = [](QuantPrefill p) {
+    return p == QuantPrefill::kInt8 ? "int8" : str_cat(quant_prefill_name(p), " on oneDNN");
+  };
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
-                 quant_isa_name(best_quant_isa()),
-                 prefill == QuantPrefill::kInt8 ? ""
-                                                : str_cat(" (prefill: ", quant_prefill_name(prefill), " on oneDNN)"),
-                 ", bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
+                 quant_isa_name(best_quant_isa()), " (prefill: ", on_onednn(prefill),
+                 rows8 == prefill ? "" : str_cat(", ", on_onednn(rows8), " for Q4_0/Q8_0 in groups of 8"),
+                 "), bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
 WeightStorage CpuBackend::weight_storage() const { return impl_->options.weights; }
 uint64_t CpuBackend::bytes_in_use() const { return impl_->account->used.load(); }
 uint64_t CpuBackend::memory_budget_bytes() const { return impl_->account->budget; }
 bool CpuBackend::bf16_native() const { return impl_->matmul->bf16_native(); }
-QuantPrefill CpuBackend::quant_prefill() const { return impl_->matmul->quant_prefill(); }
+QuantPrefill CpuBackend::quant_prefill(QuantLayout layout) const { return impl_->matmul->quant_prefill(layout); }
 
 const char* quant_prefill_name(QuantPrefill path) {
   switch (path) {

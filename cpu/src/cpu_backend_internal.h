@@ -57,7 +57,7 @@ class MatmulEngine {
   void run(const float* x, const void* w, GgmlType w_type, QuantLayout w_layout, float* y, int64_t m, int64_t k,
            int64_t n);
   bool bf16_native() const;
-  QuantPrefill quant_prefill() const;
+  QuantPrefill quant_prefill(QuantLayout layout) const;
 
  private:
   struct State;

@@ -206,7 +206,8 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
 // bf16 products outrun f32 ones (AMX tiles, or vdpbf16ps at kBf16MinOverFma
 // times the FMA rate: Zen 4), else f32 tiles where the CPU has AVX512-BF16
 // (a Xeon whose VM hides AMX), else the int8 kernels; bf16 weights multiply
-// natively on the same condition as bf16 tiles.
+// natively on the same condition as bf16 tiles. Weights in groups of 8 rows
+// keep their int8 kernels except on AMX; a forced path applies to both.
 TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   bool tiles_available = true;
   try {
@@ -222,6 +223,13 @@ TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
                                            << describe_cpu_features(cpu_features()) << "; vdpbf16ps at "
                                            << vdpbf16ps_over_fma() << "x the FMA rate";
   EXPECT_EQ(backend.bf16_native(), fast_bf16);
+  // Q4_0 / Q8_0 in groups of 8: their int8 kernels, unless bf16 runs on AMX tiles.
+  const QuantPrefill want8 = fast_bf16 && cpu_features().amx_bf16 ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
+  EXPECT_EQ(backend.quant_prefill(QuantLayout::kRows8), want8) << describe_cpu_features(cpu_features());
+  for (QuantPrefill forced : {QuantPrefill::kInt8, QuantPrefill::kF32Tiles}) {
+    const CpuBackend forced_backend(CpuBackendOptions{.quant_prefill = forced});
+    EXPECT_EQ(forced_backend.quant_prefill(QuantLayout::kRows8), forced);
+  }
   if (want != QuantPrefill::kInt8) {
     EXPECT_NE(backend.name().find(str_cat("prefill: ", quant_prefill_name(want))), std::string::npos) << backend.name();
   }

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "longctx/core/backend.h"
+#include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu {
 
@@ -58,7 +59,8 @@ enum class Bf16Matmul : uint8_t {
 enum class QuantPrefill : uint8_t {
   kAuto,       // kBf16Tiles where oneDNN has a bf16 kernel for this CPU and bf16 products outrun
                // f32 ones (AMX; vdpbf16ps on Zen 4), else kF32Tiles where the CPU has AVX512-BF16
-               // (slow there: a Xeon whose VM hides AMX), else kInt8
+               // (slow there: a Xeon whose VM hides AMX), else kInt8; for kRows8 weights
+               // (quant_matmul.h) kBf16Tiles on AMX and kInt8 elsewhere
   kInt8,       // the int8 kernels of quant_matmul.h
   kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
                // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)
@@ -110,8 +112,9 @@ class CpuBackend final : public Backend {
   uint64_t memory_budget_bytes() const;
   // True when bf16 matmuls run on oneDNN's bf16 kernels (false: dequantize path).
   bool bf16_native() const;
-  // How quantized matmuls of more than 4 rows compute here (never kAuto).
-  QuantPrefill quant_prefill() const;
+  // How quantized matmuls of more than 4 rows compute here on weights laid
+  // out as `layout` (never kAuto).
+  QuantPrefill quant_prefill(QuantLayout layout = QuantLayout::kRows) const;
 
   struct Impl;
 
