@@ -20,7 +20,8 @@
 //   block and multiplied on the quant_matmul.h kernels (best ISA of the CPU),
 //   split over weight rows with oneTBB, for any n; except that on a CPU with
 //   AMX or AVX512-BF16, more than 4 rows of x go to oneDNN's bf16 kernels
-//   (AMX tiles / vdpbf16ps) with tiles of w dequantized to bf16 (QuantPrefill). Dense w: up to 4 rows
+//   (AMX tiles / vdpbf16ps) with tiles of w dequantized to bf16, or f32 tiles
+//   (QuantPrefill; kRows8 weights only on AMX). Dense w: up to 4 rows
 //   (decode) go to a Highway kernel that streams w once (f32 x; f16 / bf16 w
 //   widened exactly). More rows go to oneDNN; bf16 weights there: where
 //   oneDNN has bf16 kernels for the CPU (AVX-512), x is rounded to bf16 and
