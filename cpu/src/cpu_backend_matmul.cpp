@@ -143,10 +143,11 @@ MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : stat
   // (Q4_0) the int8 kernels, which use 256-bit vectors, and 1.36-1.45x bf16
   // tiles. AVX-512 CPUs without BF16 (Skylake to Ice Lake; some have one
   // 512-bit FMA unit) keep the int8 kernels: f32 tiles were not measured there.
-  // kRows8 weights (Q4_0, Q8_0) have int8 kernels 3.5-4x faster than those
-  // (300-330 GFLOP/s on that Xeon, against 170-220 on f32 tiles and 115-125
-  // on bf16 tiles), so they keep them except where bf16 runs on AMX tiles
-  // (Q8_0 on bf16 tiles: 676 GFLOP/s on 2 cores of a Sapphire Rapids).
+  // kRows8 weights have faster int8 kernels (on that Xeon Q4_0 and Q8_0 at
+  // 290-330 GFLOP/s, 3.5-4x the row kernels, Q4_K at 230, against 155-220
+  // on f32 tiles and 110-125 on bf16 tiles), so they keep them except where
+  // bf16 runs on AMX tiles (Q8_0 on bf16 tiles: 676 GFLOP/s on 2 cores of a
+  // Sapphire Rapids).
   const bool amx = cpu_features().amx_bf16;
   if (quant_mode != QuantPrefill::kAuto) {
     state_->quant_prefill = state_->rows8_prefill = quant_mode;

@@ -33,7 +33,7 @@ struct ActRows {
   const float* d;        // [rows, k / block]
   const float* dsum;     // block 32: [rows, k / 32]
   const int32_t* minus_sum4;  // block 32: [rows, k / 4]
-  const int32_t* minus_sum32;  // block 32: [rows, k / 32]
+  const int32_t* minus_sum32;  // [rows, k / 32]
   const int16_t* sum16;  // block 256: [rows, k / 16]
   int64_t k;
   int64_t block;
@@ -54,7 +54,7 @@ QuantRowsFn quant_rows_generic(GgmlType type);
 QuantRowsFn quant_rows_avx2(GgmlType type);
 QuantRowsFn quant_rows_avx_vnni(GgmlType type);
 QuantRowsFn quant_rows_avx512_vnni(GgmlType type);
-// The kRows8 kernel of `type` (Q4_0, Q8_0) for each SIMD ISA, or null.
+// The kRows8 kernel of `type` (Q4_0, Q8_0, Q4_K) for each SIMD ISA, or null.
 QuantRows8Fn quant_rows8_avx2(GgmlType type);
 QuantRows8Fn quant_rows8_avx_vnni(GgmlType type);
 QuantRows8Fn quant_rows8_avx512_vnni(GgmlType type);

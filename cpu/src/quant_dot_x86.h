@@ -35,7 +35,7 @@ struct Rows {
   const float* d[kRows];
   const float* dsum[kRows];          // block 32; null for block 256
   const int32_t* minus_sum4[kRows];  // block 32; null for block 256
-  const int32_t* minus_sum32[kRows];  // block 32; null for block 256
+  const int32_t* minus_sum32[kRows];
   const int16_t* sum16[kRows];       // block 256; null for block 32
   Rows(const ActRows& a, int64_t r0) {
     for (int j = 0; j < kRows; ++j) {
@@ -44,7 +44,7 @@ struct Rows {
       d[j] = a.d + r * (a.k / a.block);
       dsum[j] = a.block == 32 ? a.dsum + r * (a.k / 32) : nullptr;
       minus_sum4[j] = a.block == 32 ? a.minus_sum4 + r * (a.k / 4) : nullptr;
-      minus_sum32[j] = a.block == 32 ? a.minus_sum32 + r * (a.k / 32) : nullptr;
+      minus_sum32[j] = a.minus_sum32 + r * (a.k / 32);
       sum16[j] = a.block == 256 ? a.sum16 + r * (a.k / 16) : nullptr;
     }
   }
@@ -260,6 +260,87 @@ void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
   }
 }
 
+// Q4_K in kRows8 groups. A group's block: d and dmin of the 8 rows (f16),
+// the three 4-byte words of their 6-bit scales and mins (word i of row r in
+// lane r), then the codes: chunk 8 p + t holds, as low nibbles, values
+// 64 p + 4 t.. of sub-block 2 p and, as high nibbles, values 64 p + 32 +
+// 4 t.. of sub-block 2 p + 1. Per sub-block the eight dots leave row r's sum
+// in lane r, and one multiply by the lane's scale adds it to the block's
+// int32 sum; the mins multiply the activation sub-block sums
+// (minus_sum32) likewise.
+template <int kRows>
+void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlockBytes = 8 * 144;
+  constexpr int kPairs = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  // Byte i of each lane as an int32 lane.
+  const auto byte_of = [](__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF)); };
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+    // unpack_k_scales on 8 rows at once.
+    const __m256i w0 = load256(blk + 32), w1 = load256(blk + 64), w2 = load256(blk + 96);
+    const __m256i six = _mm256_set1_epi8(0x3F), two = _mm256_set1_epi8(0x03);
+    const __m256i scales_lo = _mm256_and_si256(w0, six);
+    const __m256i mins_lo = _mm256_and_si256(w1, six);
+    const __m256i scales_hi = _mm256_or_si256(_mm256_and_si256(w2, low4),
+                                              _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), two), 4));
+    const __m256i mins_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), two), 4));
+    __m256i sum[kRows], mins[kRows];
+    for (int j = 0; j < kRows; ++j) sum[j] = mins[j] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i m = byte_of(s < 4 ? mins_lo : mins_hi, s % 4);
+      for (int j = 0; j < kRows; ++j)
+        mins[j] = _mm256_add_epi32(mins[j], _mm256_mullo_epi32(m, _mm256_set1_epi32(rows.minus_sum32[j][8 * b + s])));
+    }
+    const uint8_t* codes = blk + 128;
+    // kPairs pairs of sub-blocks at once: with one activation row, a pair's
+    // two chains of eight dependent dots would wait on their latency.
+    for (int p0 = 0; p0 < 4; p0 += kPairs) {
+      __m256i dot_lo[kPairs][kRows], dot_hi[kPairs][kRows];
+      for (int i = 0; i < kPairs; ++i)
+        for (int j = 0; j < kRows; ++j) dot_lo[i][j] = dot_hi[i][j] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {
+        for (int i = 0; i < kPairs; ++i) {
+          const int p = p0 + i;
+          const __m256i q = load256(codes + 32 * (8 * p + t));
+          const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+          for (int j = 0; j < kRows; ++j) {
+            const int8_t* a = rows.q[j] + 256 * b + 64 * p + 4 * t;
+            int32_t a_lo, a_hi;
+            std::memcpy(&a_lo, a, 4);
+            std::memcpy(&a_hi, a + 32, 4);
+            dot_lo[i][j] = add_dot_u8s8(dot_lo[i][j], lo, _mm256_set1_epi32(a_lo));
+            dot_hi[i][j] = add_dot_u8s8(dot_hi[i][j], hi, _mm256_set1_epi32(a_hi));
+          }
+        }
+      }
+      for (int i = 0; i < kPairs; ++i) {
+        const int p = p0 + i;
+        const __m256i scales = p < 2 ? scales_lo : scales_hi;
+        const __m256i sc_lo = byte_of(scales, 2 * (p % 2)), sc_hi = byte_of(scales, 2 * (p % 2) + 1);
+        for (int j = 0; j < kRows; ++j) {
+          sum[j] = _mm256_add_epi32(sum[j], _mm256_add_epi32(_mm256_mullo_epi32(dot_lo[i][j], sc_lo),
+                                                             _mm256_mullo_epi32(dot_hi[i][j], sc_hi)));
+        }
+      }
+    }
+    for (int j = 0; j < kRows; ++j) {
+      const __m256 da = _mm256_broadcast_ss(rows.d[j] + b);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[j]), _mm256_mul_ps(d, da), acc[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[j]), _mm256_mul_ps(dmin, da), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) _mm256_storeu_ps(y + j * ldy, acc[j]);
+}
+
 // ---- k-quants ------------------------------------------------------------------
 
 // The eight 6-bit scales and mins of a Q4_K / Q5_K block as bytes
@@ -425,6 +506,12 @@ struct Rows8Kernel {
   };
 };
 template <int kRows>
+struct Rows8Q4KKernel {
+  static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+    rows8_q4_k<kRows>(group, a, r0, y, ldy);
+  }
+};
+template <int kRows>
 struct Q6KKernel {
   static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
     rows_q6_k<kRows>(w, a, r0, y, ldy);
@@ -451,6 +538,7 @@ QuantRows8Fn LONGCTX_QDOT8_ENTRY(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return by_rows<Rows8Kernel<GgmlType::kQ4_0>::K>;
     case GgmlType::kQ8_0: return by_rows<Rows8Kernel<GgmlType::kQ8_0>::K>;
+    case GgmlType::kQ4_K: return by_rows<Rows8Q4KKernel>;
     default: return nullptr;
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "longctx/core/cpu_features.h"
 #include "longctx/core/error.h"
@@ -78,7 +79,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   out.d.resize(size_t(rows * (k / block)));
   out.dsum.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0.f);
   out.minus_sum4.resize(block == 32 ? size_t(rows * (k / 4)) : 0);
-  out.minus_sum32.assign(block == 32 ? size_t(rows * (k / 32)) : 0, 0);
+  out.minus_sum32.assign(size_t(rows * (k / 32)), 0);
   out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
   auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
@@ -94,12 +95,9 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
         if (block == 32) out.minus_sum4[size_t(r * (k / 4) + 4 * g + t)] = -sum4;
         sum += sum4;
       }
-      if (block == 256) {
-        out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
-      } else {
-        out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
-        out.minus_sum32[size_t(r * (k / 32) + g / 2)] -= sum;
-      }
+      if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
+      else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
+      out.minus_sum32[size_t(r * (k / 32) + g / 2)] -= sum;
     }
   };
   if (rows * k < (int64_t(1) << 16)) {  // decode: not worth a task
@@ -109,40 +107,66 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   }
 }
 
-bool prefers_rows8(GgmlType type, int64_t n) {
-  return (type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0) && n % 8 == 0 &&
-         rows8_fn(best_quant_isa(), type) != nullptr;
+namespace {
+
+// The fields of a block in a kRows8 group (quant_matmul.h): unit i of row r
+// at field_start + 8 unit i + unit r.
+struct Rows8Field {
+  int64_t unit, bytes;
+};
+
+std::span<const Rows8Field> rows8_fields(GgmlType type) {
+  static constexpr Rows8Field kQ4_0[] = {{2, 2}, {4, 16}};
+  static constexpr Rows8Field kQ8_0[] = {{2, 2}, {4, 32}};
+  static constexpr Rows8Field kQ4_K[] = {{2, 2}, {2, 2}, {4, 12}, {4, 128}};
+  switch (type) {
+    case GgmlType::kQ4_0: return kQ4_0;
+    case GgmlType::kQ8_0: return kQ8_0;
+    case GgmlType::kQ4_K: return kQ4_K;
+    default: return {};
+  }
 }
 
-// Row r of a kRows8 group in the group's block b (quant_matmul.h): its scale
-// at 2 r, chunk c of its codes (4 bytes) at 16 + 32 c + 4 r.
-void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
-  const int64_t block_bytes = ggml_type_info(type).block_bytes, nb = k / 32, row_bytes = nb * block_bytes;
-  for (int64_t o = 0; o < n; ++o) {
-    const int64_t r = o % 8;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* from = rows + o * row_bytes + b * block_bytes;
-      uint8_t* to = packed + (o / 8) * 8 * row_bytes + b * 8 * block_bytes;
-      std::memcpy(to + 2 * r, from, 2);
-      for (int64_t c = 0; c < (block_bytes - 2) / 4; ++c) std::memcpy(to + 16 + 32 * c + 4 * r, from + 2 + 4 * c, 4);
+// Row r's block (GGML's layout) to or from its place in a group's block.
+void move_row_block(GgmlType type, int64_t r, const uint8_t* from, uint8_t* to, bool into_group) {
+  int64_t at_row = 0, at_group = 0;
+  for (const Rows8Field& f : rows8_fields(type)) {
+    for (int64_t i = 0; i < f.bytes / f.unit; ++i) {
+      const int64_t row_off = at_row + f.unit * i, group_off = at_group + 8 * f.unit * i + f.unit * r;
+      if (into_group) std::memcpy(to + group_off, from + row_off, size_t(f.unit));
+      else std::memcpy(to + row_off, from + group_off, size_t(f.unit));
     }
+    at_row += f.bytes;
+    at_group += 8 * f.bytes;
   }
+}
+
+}  // namespace
+
+bool prefers_rows8(GgmlType type, int64_t n) {
+  return !rows8_fields(type).empty() && n % 8 == 0 && rows8_fn(best_quant_isa(), type) != nullptr;
+}
+
+void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
+  for (int64_t o = 0; o < n; ++o)
+    for (int64_t b = 0; b < nb; ++b)
+      move_row_block(type, o % 8, rows + o * row_bytes + b * info.block_bytes,
+                     packed + (o / 8) * 8 * row_bytes + b * 8 * info.block_bytes, true);
 }
 
 void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain) {
-  const int64_t block_bytes = ggml_type_info(type).block_bytes, nb = k / 32, row_bytes = nb * block_bytes;
-  const int64_t r = row % 8;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* from = packed + (row / 8) * 8 * row_bytes + b * 8 * block_bytes;
-    uint8_t* to = plain + b * block_bytes;
-    std::memcpy(to, from + 2 * r, 2);
-    for (int64_t c = 0; c < (block_bytes - 2) / 4; ++c) std::memcpy(to + 2 + 4 * c, from + 16 + 32 * c + 4 * r, 4);
-  }
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
+  for (int64_t b = 0; b < nb; ++b)
+    move_row_block(type, row % 8, packed + (row / 8) * 8 * row_bytes + b * 8 * info.block_bytes,
+                   plain + b * info.block_bytes, false);
 }
 
 void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
                        int64_t r_begin, int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
-  const detail::ActRows rows{acts.q.data(),         acts.d.data(),  acts.dsum.data(), acts.minus_sum4.data(),
+  const detail::ActRows rows{acts.q.data(),         acts.d.data(),     acts.dsum.data(), acts.minus_sum4.data(),
                              acts.minus_sum32.data(), acts.sum16.data(), acts.k,           acts.block};
   const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
   const detail::QuantRowsFn kernel = rows_fn(isa, type);

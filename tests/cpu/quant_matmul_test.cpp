@@ -4,7 +4,7 @@
 // - with the quantized activations (d_a * q_a): only fp32 rounding differs;
 // - with the original f32 activations: within the activation rounding bound
 //   sum_b (d_a,b / 2) sum_{i in b} |w_i| on top of that.
-// Q4_0 and Q8_0 also in groups of 8 rows (QuantLayout::kRows8).
+// Q4_0, Q8_0 and Q4_K also in groups of 8 rows (QuantLayout::kRows8).
 // ISAs the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/ggml_test_util.h"
@@ -154,13 +155,13 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
     std::vector<float> y(size_t(m * ldy), 12345.f);
     quant_matmul_tile(isa, type, QuantLayout::kRows, w.data(), acts, r0, r1, o0, o1, y.data(), ldy);
     expect_tile_matches_fp64(type, isa, w, wf, x, acts, r0, r1, o0, o1, y, ldy, "rows");
-    if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0) continue;
+    if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0 && type != GgmlType::kQ4_K) continue;
 
     // The same weights in groups of 8 rows (n rounded up with more random
     // rows), a tile of whole groups.
     const int64_t n8 = (n + 7) / 8 * 8;
     std::vector<uint8_t> w8 = w;
-    const std::vector<uint8_t> extra = random_blocks(type, size_t((n8 - n) * k / 32), rng);
+    const std::vector<uint8_t> extra = random_blocks(type, size_t((n8 - n) * k / info.block_elems), rng);
     w8.insert(w8.end(), extra.begin(), extra.end());
     std::vector<float> wf8(size_t(n8 * k));
     dequantize(type, w8, wf8);
@@ -174,14 +175,23 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
   }
 }
 
-// pack_rows8 puts row r's block b where quant_matmul.h says (scale at 2 r,
-// code chunk c at 16 + 32 c + 4 r of the group's block b), and unpack_row8
-// gives every row back byte for byte.
+// pack_rows8 puts each field of row r's block b where quant_matmul.h says
+// (unit i of a field of `unit`-byte units at field_start + 8 unit i + unit r
+// of the group's block b), and unpack_row8 gives every row back byte for byte.
 TEST(QuantMatmul, Rows8PacksAsDocumentedAndUnpacksEveryRow) {
+  struct Field {
+    int64_t unit, bytes;
+  };
+  const std::vector<std::pair<GgmlType, std::vector<Field>>> layouts = {
+      {GgmlType::kQ4_0, {{2, 2}, {4, 16}}},
+      {GgmlType::kQ8_0, {{2, 2}, {4, 32}}},
+      {GgmlType::kQ4_K, {{2, 2}, {2, 2}, {4, 12}, {4, 128}}},
+  };
   std::mt19937 rng(21);
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
-    const int64_t n = 24, k = 96, nb = k / 32;
-    const int64_t block_bytes = ggml_type_info(type).block_bytes, row_bytes = nb * block_bytes;
+  for (const auto& [type, fields] : layouts) {
+    const GgmlTypeInfo& info = ggml_type_info(type);
+    const int64_t n = 24, nb = 3, k = nb * info.block_elems;
+    const int64_t block_bytes = info.block_bytes, row_bytes = nb * block_bytes;
     const std::vector<uint8_t> w = random_blocks(type, size_t(n * nb), rng);
     std::vector<uint8_t> packed(w.size());
     pack_rows8(type, w.data(), n, k, packed.data());
@@ -189,15 +199,20 @@ TEST(QuantMatmul, Rows8PacksAsDocumentedAndUnpacksEveryRow) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* block = w.data() + o * row_bytes + b * block_bytes;
         const uint8_t* group_block = packed.data() + (o / 8) * 8 * row_bytes + b * 8 * block_bytes;
-        const int64_t r = o % 8;
-        ASSERT_EQ(std::memcmp(group_block + 2 * r, block, 2), 0) << "row " << o << ", block " << b << ": scale";
-        for (int64_t i = 0; i < block_bytes - 2; ++i)
-          ASSERT_EQ(group_block[16 + 32 * (i / 4) + 4 * r + i % 4], block[2 + i])
-              << "row " << o << ", block " << b << ", code byte " << i;
+        int64_t at_row = 0, at_group = 0;
+        for (const Field& f : fields) {
+          for (int64_t i = 0; i < f.bytes; ++i)
+            ASSERT_EQ(group_block[at_group + 8 * f.unit * (i / f.unit) + f.unit * (o % 8) + i % f.unit],
+                      block[at_row + i])
+                << info.name << " row " << o << ", block " << b << ", byte " << at_row + i;
+          at_row += f.bytes;
+          at_group += 8 * f.bytes;
+        }
+        ASSERT_EQ(at_row, block_bytes) << info.name;
       }
       std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
       unpack_row8(type, packed.data(), k, o, plain.data());
-      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0) << "row " << o;
+      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0) << info.name << " row " << o;
     }
   }
 }
@@ -324,13 +339,17 @@ TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
         ASSERT_FLOAT_EQ(acts.d[size_t(r * (512 / block) + b)], amax / 127.f);
         if (block == 32) {
           ASSERT_FLOAT_EQ(acts.dsum[size_t(r * 16 + b)], acts.d[size_t(r * 16 + b)] * float(sum));
-          ASSERT_EQ(acts.minus_sum32[size_t(r * 16 + b)], -sum);
         }
       }
       for (int64_t i = 0; block == 32 && i < 512 / 4; ++i) {
         int sum = 0;
         for (int64_t t = 4 * i; t < 4 * i + 4; ++t) sum += acts.q[size_t(r * 512 + t)];
         ASSERT_EQ(acts.minus_sum4[size_t(r * 128 + i)], -sum);
+      }
+      for (int64_t b = 0; b < 512 / 32; ++b) {
+        int sum = 0;
+        for (int64_t i = 32 * b; i < 32 * b + 32; ++i) sum += acts.q[size_t(r * 512 + i)];
+        ASSERT_EQ(acts.minus_sum32[size_t(r * 16 + b)], -sum) << "block " << block;
       }
       for (int64_t g = 0; block == 256 && g < 32; ++g) {
         int sum = 0;

@@ -7,9 +7,9 @@
 //   bf16, or the quantized blocks of quant_matmul.h: Q4_0, Q4_1, Q5_0, Q5_1,
 //   Q8_0, Q4_K, Q5_K, Q6_K) and stores vectors (norms, biases) as f32;
 //   kBF16 / kF32 convert everything (quantized blocks dequantized) once.
-//   Q4_0 and Q8_0 matrices whose row count is a multiple of 8 go in groups
-//   of 8 rows (QuantLayout::kRows8) where the CPU's int8 kernels read those
-//   (AVX2 and up), so the bytes behind data() are theirs rearranged.
+//   Q4_0, Q8_0 and Q4_K matrices whose row count is a multiple of 8 go in
+//   groups of 8 rows (QuantLayout::kRows8) where the CPU's int8 kernels read
+//   those (AVX2 and up), so the bytes behind data() are theirs rearranged.
 //   Weights of 4 MiB and more sit in 2 MiB-aligned memory marked for
 //   transparent huge pages (fewer TLB misses while streaming them).
 // - matmul: x f32 [n, ...] (in = product of the dims after the first),

@@ -55,7 +55,7 @@ struct QuantizedActs {
   std::vector<float> d;        // [rows, k / block] scales
   std::vector<float> dsum;     // block 32: [rows, k / 32] d * sum of the block's q
   std::vector<int32_t> minus_sum4;  // block 32: [rows, k / 4] minus the sums of 4 consecutive q
-  std::vector<int32_t> minus_sum32;  // block 32: [rows, k / 32] minus the sum of each block's q
+  std::vector<int32_t> minus_sum32;  // [rows, k / 32] minus the sums of 32 consecutive q
   std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
 };
 
@@ -68,24 +68,27 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 
 // How the weight rows lie in memory.
 //   kRows: GGML's, row o at w + o * ggml_bytes(type, k).
-//   kRows8 (Q4_0 and Q8_0, whose blocks hold 32 values): groups of 8 rows,
-//     group g at w + 8 g * ggml_bytes(type, k), the same bytes rearranged by
-//     pack_rows8. Block b of the group's 8 rows is 8 * block_bytes long:
-//     their 8 f16 scales, then the codes by 4-byte chunks, chunk c of row r
-//     at 16 + 32 c + 4 r (Q4_0: 4 chunks of 16 bytes of nibbles, Q8_0: 8 of
-//     32 codes). One 32-byte load then holds the same 4 (Q4_0: 8) values of
-//     8 rows, so an integer dot product leaves row r's sum in lane r: a
-//     block's scales are applied to 8 rows in one product, where row by row
-//     they cost as much as the dot itself (the layout of llama.cpp's Q4_0
-//     8x8 repacking, at 4-byte grain).
+//   kRows8 (Q4_0, Q8_0, Q4_K): groups of 8 rows, group g at
+//     w + 8 g * ggml_bytes(type, k), the same bytes rearranged by
+//     pack_rows8. Block b of a group is the 8 rows' block b field by field,
+//     each field's units interleaved by row: unit i of row r of a field of
+//     `unit`-byte units at field_start + 8 unit i + unit r, so the field
+//     takes 8 times its bytes. Fields (unit, bytes) in GGML's order:
+//       Q4_0  scale (2, 2), codes (4, 16)     Q8_0  scale (2, 2), codes (4, 32)
+//       Q4_K  d (2, 2), dmin (2, 2), 6-bit scales and mins (4, 12), codes (4, 128)
+//     One 32-byte load then holds the same 4 codes (or 8, as low and high
+//     nibbles) of 8 rows, so an integer dot product leaves row r's sum in
+//     lane r, and the 8 rows' scales apply in one vector op each, where row
+//     by row they cost as much as the dots (the idea of llama.cpp's Q4_0
+//     8x8 repacking, at 4-byte grain so that no shuffle is needed).
 enum class QuantLayout : uint8_t { kRows, kRows8 };
 
-// True where a weight of n rows of `type` is best kept as kRows8: Q4_0 or
-// Q8_0, n a multiple of 8, and a CPU whose best ISA has kernels for it (the
+// True where a weight of n rows of `type` is best kept as kRows8: a type
+// above, n a multiple of 8, and a CPU whose best ISA has kernels for it (the
 // generic one unpacks every group first).
 bool prefers_rows8(GgmlType type, int64_t n);
 // n rows of k values in GGML's layout rearranged into kRows8 (n % 8 == 0,
-// type Q4_0 or Q8_0: the caller's to check); `packed` holds as many bytes.
+// a type above: the caller's to check); `packed` holds as many bytes.
 void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed);
 // Row `row` of a kRows8 weight copied out in GGML's layout into `plain`
 // (ggml_bytes(type, k) bytes).
