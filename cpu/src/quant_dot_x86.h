@@ -192,6 +192,26 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, i
 
 // ---- kRows8 groups (quant_matmul.h) ----------------------------------------------
 
+// Runs of up to eight 4-value dots of nibble codes (<= 15) by int8
+// activations into one vector, lane i adding its four products each time.
+// With vpdpbusd a run sums in int32. vpmaddubsw's pair sums (<= 2 x 15 x 127)
+// instead add up in int16, exact over a run (8 x 3810 < 2^15), and widen
+// once at its end: a vpmaddwd and an add fewer per dot.
+inline __m256i add_nibble_dot(__m256i run, __m256i u, __m256i s) {
+  if constexpr (kExactByteDots) return add_dot_u8s8(run, u, s);
+  else return _mm256_add_epi16(run, _mm256_maddubs_epi16(u, s));
+}
+// The int32 sums of two runs of at most eight dots in all.
+inline __m256i nibble_runs_sum(__m256i a, __m256i b) {
+  if constexpr (kExactByteDots) return _mm256_add_epi32(a, b);
+  else return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
+}
+// A run's int32 sums times `scale` (int32 lanes below 2^15).
+inline __m256i nibble_run_times(__m256i run, __m256i scale) {
+  if constexpr (kExactByteDots) return _mm256_mullo_epi32(run, scale);
+  else return _mm256_madd_epi16(run, _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16)));
+}
+
 // 8 weight rows of Q4_0 or Q8_0 against kRows activation rows, lane i of
 // each vector being weight row i. A block's codes are 8 groups of four values
 // (Q4_0: chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c
@@ -232,19 +252,24 @@ void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
       const int8_t* a = rows.q[j] + 32 * b;
       // Two chains: eight dependent dot products would wait on each other.
       __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      if constexpr (kOffsetLog2<kType> >= 0) dot[0] = _mm256_set1_epi32(rows.minus_sum32[j][b] << kOffsetLog2<kType>);
       for (int t = 0; t < 8; ++t) {
         int32_t four;
         std::memcpy(&four, a + 4 * t, 4);
         const __m256i s = _mm256_set1_epi32(four);
         if constexpr (kSignTrick<kType>) {
           dot[t & 1] = add_dot_u8s8(dot[t & 1], _mm256_sign_epi8(codes[t], codes[t]), _mm256_sign_epi8(s, codes[t]));
+        } else if constexpr (kType == GgmlType::kQ4_0) {
+          dot[t & 1] = add_nibble_dot(dot[t & 1], codes[t], s);
         } else {
           dot[t & 1] = add_dot_u8s8(dot[t & 1], codes[t], s);
         }
       }
+      __m256i sum = kType == GgmlType::kQ4_0 ? nibble_runs_sum(dot[0], dot[1]) : _mm256_add_epi32(dot[0], dot[1]);
+      if constexpr (kOffsetLog2<kType> >= 0) {
+        sum = _mm256_add_epi32(sum, _mm256_set1_epi32(rows.minus_sum32[j][b] << kOffsetLog2<kType>));
+      }
       const __m256 ds = _mm256_mul_ps(d_w, _mm256_broadcast_ss(rows.d[j] + b));
-      acc[c][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[0], dot[1])), ds, acc[c][j]);
+      acc[c][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, acc[c][j]);
     }
   };
   int64_t b = 0;
@@ -265,8 +290,8 @@ void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
 // lane r), then the codes: chunk 8 p + t holds, as low nibbles, values
 // 64 p + 4 t.. of sub-block 2 p and, as high nibbles, values 64 p + 32 +
 // 4 t.. of sub-block 2 p + 1. Per sub-block the eight dots leave row r's sum
-// in lane r, and one multiply by the lane's scale adds it to the block's
-// int32 sum; the mins multiply the activation sub-block sums
+// in lane r, and one multiply by the lane's scale (nibble_run_times) adds it
+// to the block's int32 sum; the mins multiply the activation sub-block sums
 // (minus_sum32) likewise.
 template <int kRows>
 void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
@@ -317,8 +342,8 @@ void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
             int32_t a_lo, a_hi;
             std::memcpy(&a_lo, a, 4);
             std::memcpy(&a_hi, a + 32, 4);
-            dot_lo[i][j] = add_dot_u8s8(dot_lo[i][j], lo, _mm256_set1_epi32(a_lo));
-            dot_hi[i][j] = add_dot_u8s8(dot_hi[i][j], hi, _mm256_set1_epi32(a_hi));
+            dot_lo[i][j] = add_nibble_dot(dot_lo[i][j], lo, _mm256_set1_epi32(a_lo));
+            dot_hi[i][j] = add_nibble_dot(dot_hi[i][j], hi, _mm256_set1_epi32(a_hi));
           }
         }
       }
@@ -327,8 +352,8 @@ void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
         const __m256i scales = p < 2 ? scales_lo : scales_hi;
         const __m256i sc_lo = byte_of(scales, 2 * (p % 2)), sc_hi = byte_of(scales, 2 * (p % 2) + 1);
         for (int j = 0; j < kRows; ++j) {
-          sum[j] = _mm256_add_epi32(sum[j], _mm256_add_epi32(_mm256_mullo_epi32(dot_lo[i][j], sc_lo),
-                                                             _mm256_mullo_epi32(dot_hi[i][j], sc_hi)));
+          sum[j] = _mm256_add_epi32(sum[j], _mm256_add_epi32(nibble_run_times(dot_lo[i][j], sc_lo),
+                                                             nibble_run_times(dot_hi[i][j], sc_hi)));
         }
       }
     }
