@@ -127,15 +127,12 @@ std::span<const Rows8Field> rows8_fields(GgmlType type) {
   }
 }
 
-// Row r's block (GGML's layout) to or from its place in a group's block.
-void move_row_block(GgmlType type, int64_t r, const uint8_t* from, uint8_t* to, bool into_group) {
+// Row r's block copied out of a group's block (GGML's layout).
+void unpack_row_block(GgmlType type, int64_t r, const uint8_t* group_block, uint8_t* block) {
   int64_t at_row = 0, at_group = 0;
   for (const Rows8Field& f : rows8_fields(type)) {
-    for (int64_t i = 0; i < f.bytes / f.unit; ++i) {
-      const int64_t row_off = at_row + f.unit * i, group_off = at_group + 8 * f.unit * i + f.unit * r;
-      if (into_group) std::memcpy(to + group_off, from + row_off, size_t(f.unit));
-      else std::memcpy(to + row_off, from + group_off, size_t(f.unit));
-    }
+    for (int64_t i = 0; i < f.bytes / f.unit; ++i)
+      std::memcpy(block + at_row + f.unit * i, group_block + at_group + 8 * f.unit * i + f.unit * r, size_t(f.unit));
     at_row += f.bytes;
     at_group += 8 * f.bytes;
   }
@@ -150,18 +147,32 @@ bool prefers_rows8(GgmlType type, int64_t n) {
 void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
   const GgmlTypeInfo& info = ggml_type_info(type);
   const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
-  for (int64_t o = 0; o < n; ++o)
-    for (int64_t b = 0; b < nb; ++b)
-      move_row_block(type, o % 8, rows + o * row_bytes + b * info.block_bytes,
-                     packed + (o / 8) * 8 * row_bytes + b * 8 * info.block_bytes, true);
+  // At load, a model's weights: the groups split over the cores, each
+  // written in order (its 8 rows read side by side).
+  tbb::parallel_for(int64_t{0}, n / 8, [&](int64_t g) {
+    uint8_t* to = packed + g * 8 * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* block = rows + 8 * g * row_bytes + b * info.block_bytes;  // row 0's
+      int64_t at_row = 0;
+      for (const Rows8Field& f : rows8_fields(type)) {
+        for (int64_t i = at_row; i < at_row + f.bytes; i += f.unit) {
+          for (int64_t r = 0; r < 8; ++r, to += f.unit) {
+            if (f.unit == 2) std::memcpy(to, block + r * row_bytes + i, 2);
+            else std::memcpy(to, block + r * row_bytes + i, 4);
+          }
+        }
+        at_row += f.bytes;
+      }
+    }
+  });
 }
 
 void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain) {
   const GgmlTypeInfo& info = ggml_type_info(type);
   const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
   for (int64_t b = 0; b < nb; ++b)
-    move_row_block(type, row % 8, packed + (row / 8) * 8 * row_bytes + b * 8 * info.block_bytes,
-                   plain + b * info.block_bytes, false);
+    unpack_row_block(type, row % 8, packed + (row / 8) * 8 * row_bytes + b * 8 * info.block_bytes,
+                     plain + b * info.block_bytes);
 }
 
 void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
