@@ -3,12 +3,13 @@
 // - quantized weights: x quantized per block (quant_matmul.h), then the
 //   integer kernels of the CPU's best ISA on panels of weight rows split over
 //   the cores with oneTBB (whole groups of 8 for kRows8 weights); each panel
-//   meets every row of x while it sits in the core's cache. With QuantPrefill::kBf16Tiles (the default where
-//   bf16 products outrun f32 ones: AMX tiles, vdpbf16ps on Zen 4) and more
+//   meets every row of x while it sits in the core's cache. With
+//   QuantPrefill::kBf16Tiles (the default where bf16 products outrun f32
+//   ones: AMX tiles, vdpbf16ps on Zen 4; for kRows8 weights AMX only) and more
 //   than kGemvMaxM rows: tiles of w dequantized to bf16, x rounded to bf16,
-//   oneDNN bf16; with kF32Tiles (the default on CPUs with AVX512-BF16 whose
-//   bf16 products are slow, where oneDNN's f32 kernels outrun the int8
-//   kernels on 256-bit vectors): tiles of w dequantized to f32, oneDNN f32.
+//   oneDNN bf16; with kF32Tiles (the default for kRows weights on CPUs with
+//   AVX512-BF16 whose bf16 products are slow, where oneDNN's f32 kernels
+//   outrun their int8 kernels): tiles of w dequantized to f32, oneDNN f32.
 // - m <= kGemvMaxM (decode): the gemv kernel (cpu_backend_gemv_hwy.cpp)
 //   streams the weight rows once, f32, f16 or bf16, split over rows with oneTBB.
 // - f32 weights: oneDNN f32 x f32 -> f32.
@@ -74,8 +75,8 @@ constexpr int64_t kQuantGemvGrainRows = 16;
 
 struct MatmulEngine::State {
   bool native_bf16 = false;
-  QuantPrefill quant_prefill = QuantPrefill::kInt8;        // kRows weights
-  QuantPrefill rows8_prefill = QuantPrefill::kInt8;        // kRows8 weights
+  QuantPrefill quant_prefill = QuantPrefill::kInt8;  // kRows weights
+  QuantPrefill rows8_prefill = QuantPrefill::kInt8;  // kRows8 weights
   QuantIsa quant_isa = best_quant_isa();
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};

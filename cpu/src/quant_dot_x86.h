@@ -303,7 +303,9 @@ void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   __m256 acc[kRows];
   for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
   // Byte i of each lane as an int32 lane.
-  const auto byte_of = [](__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF)); };
+  const auto byte_of = [](__m256i v, int i) {
+    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF));
+  };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
