@@ -107,7 +107,7 @@ std::string CpuBackend::name() const {
   };
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
                  quant_isa_name(best_quant_isa()), " (prefill: ", on_onednn(prefill),
-                 rows8 == prefill ? "" : str_cat(", ", on_onednn(rows8), " for Q4_0/Q8_0/Q4_K in groups of 8"),
+                 rows8 == prefill ? "" : str_cat(", ", on_onednn(rows8), " for weights in groups of 8 rows"),
                  "), bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
@@ -164,7 +164,7 @@ std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
   const GgmlType type = *stored;
   const int64_t numel = host.numel();
   const size_t bytes = size_t(*ggml_bytes(type, numel));
-  // Q4_0 / Q8_0 / Q4_K matrices go in groups of 8 rows where this CPU's kernels
+  // Q4_0, Q8_0 and Q4_K matrices go in groups of 8 rows where the kernels
   // read those faster (quant_matmul.h, QuantLayout::kRows8).
   const bool rows8 = type == host.type && host.shape.size() == 2 && prefers_rows8(type, host.shape[0]);
   auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight",

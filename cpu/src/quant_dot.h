@@ -54,7 +54,7 @@ QuantRowsFn quant_rows_generic(GgmlType type);
 QuantRowsFn quant_rows_avx2(GgmlType type);
 QuantRowsFn quant_rows_avx_vnni(GgmlType type);
 QuantRowsFn quant_rows_avx512_vnni(GgmlType type);
-// The kRows8 kernel of `type` (Q4_0, Q8_0, Q4_K) for each SIMD ISA, or null.
+// The kRows8 kernel of `type` (a type quant_matmul.h lists there) for each SIMD ISA, or null.
 QuantRows8Fn quant_rows8_avx2(GgmlType type);
 QuantRows8Fn quant_rows8_avx_vnni(GgmlType type);
 QuantRows8Fn quant_rows8_avx512_vnni(GgmlType type);

@@ -143,11 +143,12 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
   EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kInt8);
   const int64_t k = 512;
-  // 296 rows: Q4_0, Q8_0 and Q4_K go in groups of 8 (kRows8) where the CPU's
-  // kernels read those; 300 keeps GGML's layout.
-  for (auto [type, n] : {std::pair{GgmlType::kQ4_0, int64_t{300}}, std::pair{GgmlType::kQ4_0, int64_t{296}},
-                         std::pair{GgmlType::kQ8_0, int64_t{296}}, std::pair{GgmlType::kQ5_1, int64_t{300}},
-                         std::pair{GgmlType::kQ4_K, int64_t{296}}, std::pair{GgmlType::kQ6_K, int64_t{296}}}) {
+  // 296 rows: Q4_0, Q8_0 and Q4_K (not Q5_K, Q6_K) go in groups of 8
+  // (kRows8) where the CPU's kernels read those; 300 keeps GGML's layout.
+  using P = std::pair<GgmlType, int64_t>;
+  for (auto [type, n] : {P{GgmlType::kQ4_0, 300}, P{GgmlType::kQ4_0, 296}, P{GgmlType::kQ8_0, 296},
+                         P{GgmlType::kQ5_1, 300}, P{GgmlType::kQ4_K, 296}, P{GgmlType::kQ5_K, 296},
+                         P{GgmlType::kQ6_K, 296}}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
     const QuantLayout layout = prefers_rows8(type, n) ? QuantLayout::kRows8 : QuantLayout::kRows;
@@ -223,7 +224,7 @@ TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
                                            << describe_cpu_features(cpu_features()) << "; vdpbf16ps at "
                                            << vdpbf16ps_over_fma() << "x the FMA rate";
   EXPECT_EQ(backend.bf16_native(), fast_bf16);
-  // Q4_0 / Q8_0 / Q4_K in groups of 8: their int8 kernels, unless bf16 runs on AMX tiles.
+  // Weights in groups of 8: their int8 kernels, unless bf16 runs on AMX tiles.
   const QuantPrefill want8 = fast_bf16 && cpu_features().amx_bf16 ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
   EXPECT_EQ(backend.quant_prefill(QuantLayout::kRows8), want8) << describe_cpu_features(cpu_features());
   for (QuantPrefill forced : {QuantPrefill::kInt8, QuantPrefill::kF32Tiles}) {
