@@ -176,7 +176,7 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, QuantLayo
     return;
   }
   const std::optional<DType> dense = dtype_of(w_type);
-  const QuantPrefill prefill = w_layout == QuantLayout::kRows8 ? s.rows8_prefill : s.quant_prefill;
+  const QuantPrefill prefill = quant_prefill(w_layout);
   if (!dense && m > kGemvMaxM && prefill != QuantPrefill::kInt8) {
     // Tiles of weight rows dequantized to f32 for oneDNN, or rounded on to
     // bf16 (x too) for its bf16 kernels.

@@ -216,9 +216,10 @@ inline __m256i nibble_run_times(__m256i run, __m256i scale) {
 // each vector being weight row i. A block's codes are 8 groups of four values
 // (Q4_0: chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c
 // on; Q8_0: chunk c is values 4c..4c+3), each multiplied with the same four
-// activation codes broadcast to every lane; they go in unsigned with the
-// offset out of the int32 start as above (minus_sum32: the block's sum),
-// or under the sign trick. Then one product applies the 8 rows' scales.
+// activation codes broadcast to every lane; they go in unsigned as above,
+// the offset times the block's activation sum (minus_sum32) added back after
+// the dots, or under the sign trick. Then one product applies the 8 rows'
+// scales.
 template <GgmlType kType, int kRows>
 void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   static_assert(kType == GgmlType::kQ4_0 || kType == GgmlType::kQ8_0);
