@@ -108,7 +108,7 @@ void print_system(const kvstore::NumaTopology& topology) {
   std::printf("simd:     %s (Highway runtime dispatch)%s\n", highway_target_name().c_str(),
               cpu.avx512f ? "" : "; no AVX-512 on this CPU");
   const cpu::CpuBackend backend;
-  std::printf("int8:     quantized matmul on %s; prefill rows on %s (weights in groups of 8 rows: %s)\n",
+  std::printf("int8:     quantized matmul on %s; prefill rows on %s (weights in groups of rows: %s)\n",
               cpu::quant_isa_name(cpu::best_quant_isa()), cpu::quant_prefill_name(backend.quant_prefill()),
               cpu::quant_prefill_name(backend.quant_prefill(cpu::QuantLayout::kRows8)));
   const cpu::PrefillKernel prefill = cpu::best_prefill_kernel();

@@ -172,7 +172,7 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, cons
   Record r;
   r.set("bench", "prefill").set("model", m.name()).set("weights", weight_storage_name(a.weights));
   r.set("quant_prefill", cpu::quant_prefill_name(m.cpu.quant_prefill()));
-  r.set("quant_prefill_rows8", cpu::quant_prefill_name(m.cpu.quant_prefill(cpu::QuantLayout::kRows8)));
+  r.set("quant_prefill_groups", cpu::quant_prefill_name(m.cpu.quant_prefill(cpu::QuantLayout::kRows8)));
   r.set("tokens", n_tokens).set("attention", "dense").set("kv_type", dtype_name(a.kv_type));
   r.set("chunk_size", config.chunk_size).set("seconds", seconds).set("tokens_per_s", double(n_tokens) / seconds);
   const double gflops = mm.flops / mm.seconds / 1e9;

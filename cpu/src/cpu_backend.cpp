@@ -101,13 +101,13 @@ CpuBackend::CpuBackend(CpuBackendOptions options) : impl_(std::make_unique<Impl>
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-  const QuantPrefill prefill = quant_prefill(), rows8 = quant_prefill(QuantLayout::kRows8);
+  const QuantPrefill prefill = quant_prefill(), grouped = quant_prefill(QuantLayout::kRows8);
   const auto on_onednn = [](QuantPrefill p) {
     return p == QuantPrefill::kInt8 ? "int8" : str_cat(quant_prefill_name(p), " on oneDNN");
   };
   return str_cat("cpu (", weight_storage_name(impl_->options.weights), " weights, quantized matmul on ",
                  quant_isa_name(best_quant_isa()), " (prefill: ", on_onednn(prefill),
-                 rows8 == prefill ? "" : str_cat(", ", on_onednn(rows8), " for weights in groups of 8 rows"),
+                 grouped == prefill ? "" : str_cat(", ", on_onednn(grouped), " for weights in groups of rows"),
                  "), bf16 matmul ", bf16_native() ? "on oneDNN bf16" : "widened to f32", ")");
 }
 
@@ -164,13 +164,14 @@ std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
   const GgmlType type = *stored;
   const int64_t numel = host.numel();
   const size_t bytes = size_t(*ggml_bytes(type, numel));
-  // Q4_0, Q8_0 and Q4_K matrices go in groups of 8 rows where the kernels
-  // read those faster (quant_matmul.h, QuantLayout::kRows8).
-  const bool rows8 = type == host.type && host.shape.size() == 2 && prefers_rows8(type, host.shape[0]);
-  auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight",
-                                            rows8 ? QuantLayout::kRows8 : QuantLayout::kRows);
-  if (rows8) {
-    pack_rows8(type, host.bytes.data(), host.shape[0], host.shape[1], static_cast<uint8_t*>(tensor->data()));
+  // Q4_0, Q8_0 and Q4_K matrices go in groups of 8 or 16 rows where the
+  // kernels read those faster (quant_matmul.h, QuantLayout).
+  const QuantLayout layout = type == host.type && host.shape.size() == 2
+                                 ? preferred_quant_layout(type, host.shape[0])
+                                 : QuantLayout::kRows;
+  auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight", layout);
+  if (layout != QuantLayout::kRows) {
+    pack_groups(type, layout, host.bytes.data(), host.shape[0], host.shape[1], static_cast<uint8_t*>(tensor->data()));
     return tensor;
   }
   if (type == host.type) {

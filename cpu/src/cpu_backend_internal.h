@@ -36,7 +36,7 @@ class CpuTensor final : public BackendTensor {
   void* data() override { return data_; }
   const void* data() const override { return data_; }
   size_t bytes() const { return bytes_; }
-  // How the rows of a quantized weight lie (load_weight packs some as kRows8).
+  // How the rows of a quantized weight lie (load_weight packs some in groups).
   QuantLayout layout() const { return layout_; }
 
  private:
@@ -88,7 +88,7 @@ void swiglu_elems(const float* gate, const float* up, float* out, int64_t count)
 void add_elems(const float* a, const float* b, float* out, int64_t count);
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n);
 // Row o of a weight of k values per row in GGML's layout: in place for
-// kRows, unpacked into `scratch` for kRows8.
+// kRows, unpacked into `scratch` for groups.
 std::span<const uint8_t> weight_row(const void* w, GgmlType type, QuantLayout layout, int64_t k, int64_t o,
                                     std::vector<uint8_t>& scratch);
 void embed_rows(const void* table, GgmlType table_type, QuantLayout table_layout, int64_t d,

@@ -2,10 +2,10 @@
 // Paths, best first:
 // - quantized weights: x quantized per block (quant_matmul.h), then the
 //   integer kernels of the CPU's best ISA on panels of weight rows split over
-//   the cores with oneTBB (whole groups of 8 for kRows8 weights); each panel
+//   the cores with oneTBB (whole groups for weights in groups); each panel
 //   meets every row of x while it sits in the core's cache. With
 //   QuantPrefill::kBf16Tiles (the default where bf16 products outrun f32
-//   ones: AMX tiles, vdpbf16ps on Zen 4; for kRows8 weights AMX only) and more
+//   ones: AMX tiles, vdpbf16ps on Zen 4; for weights in groups AMX only) and more
 //   than kGemvMaxM rows: tiles of w dequantized to bf16, x rounded to bf16,
 //   oneDNN bf16; with kF32Tiles (the default for kRows weights on CPUs with
 //   AVX512-BF16 whose bf16 products are slow, where oneDNN's f32 kernels
@@ -76,7 +76,7 @@ constexpr int64_t kQuantGemvGrainRows = 16;
 struct MatmulEngine::State {
   bool native_bf16 = false;
   QuantPrefill quant_prefill = QuantPrefill::kInt8;  // kRows weights
-  QuantPrefill rows8_prefill = QuantPrefill::kInt8;  // kRows8 weights
+  QuantPrefill grouped_prefill = QuantPrefill::kInt8;  // kRows8 and kRows16 weights
   QuantIsa quant_isa = best_quant_isa();
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -144,19 +144,20 @@ MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : stat
   // (Q4_0) the int8 kernels, which use 256-bit vectors, and 1.36-1.45x bf16
   // tiles. AVX-512 CPUs without BF16 (Skylake to Ice Lake; some have one
   // 512-bit FMA unit) keep the int8 kernels: f32 tiles were not measured there.
-  // kRows8 weights have faster int8 kernels (on that Xeon Q4_0 and Q8_0 at
-  // 290-330 GFLOP/s, 3.5-4x the row kernels, Q4_K at 230, against 155-220
-  // on f32 tiles and 110-125 on bf16 tiles), so they keep them except where
-  // bf16 runs on AMX tiles (Q8_0 on bf16 tiles: 676 GFLOP/s on 2 cores of a
-  // Sapphire Rapids).
+  // Weights in groups have faster int8 kernels (on that Xeon, in groups of 8
+  // on 256-bit vectors, Q4_0 and Q8_0 at 290-330 GFLOP/s, 3.5-4x the row
+  // kernels, Q4_K at 230, against 155-220 on f32 tiles and 110-125 on bf16
+  // tiles; in groups of 16 on 512-bit vectors 1.2-1.6x that), so they keep
+  // them except where bf16 runs on AMX tiles (Q8_0 on bf16 tiles: 676
+  // GFLOP/s on 2 cores of a Sapphire Rapids).
   const bool amx = cpu_features().amx_bf16;
   if (quant_mode != QuantPrefill::kAuto) {
-    state_->quant_prefill = state_->rows8_prefill = quant_mode;
+    state_->quant_prefill = state_->grouped_prefill = quant_mode;
   } else {
     if (fast_bf16) state_->quant_prefill = QuantPrefill::kBf16Tiles;
     else if (cpu_features().avx512bf16) state_->quant_prefill = QuantPrefill::kF32Tiles;
     else state_->quant_prefill = QuantPrefill::kInt8;
-    state_->rows8_prefill = fast_bf16 && amx ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
+    state_->grouped_prefill = fast_bf16 && amx ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
   }
 }
 
@@ -164,7 +165,7 @@ MatmulEngine::~MatmulEngine() = default;
 
 bool MatmulEngine::bf16_native() const { return state_->native_bf16; }
 QuantPrefill MatmulEngine::quant_prefill(QuantLayout layout) const {
-  return layout == QuantLayout::kRows8 ? state_->rows8_prefill : state_->quant_prefill;
+  return layout == QuantLayout::kRows ? state_->quant_prefill : state_->grouped_prefill;
 }
 
 void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, QuantLayout w_layout, float* y, int64_t m,
@@ -209,8 +210,8 @@ void MatmulEngine::run(const float* x, const void* w, GgmlType w_type, QuantLayo
   } else if (!dense) {
     quantize_acts(x, m, k, k, quant_act_block(w_type), s.acts);
     const auto* wq = static_cast<const uint8_t*>(w);
-    // Tasks take whole kRows8 groups.
-    const int64_t unit = w_layout == QuantLayout::kRows8 ? 8 : 1;
+    // Tasks take whole groups.
+    const int64_t unit = quant_group_rows(w_layout);
     const int64_t grain_rows =
         m <= kGemvMaxM ? kQuantGemvGrainRows : std::max<int64_t>(1, kQuantPanelBytes / int64_t(*ggml_bytes(w_type, k)));
     const int64_t grain = std::max<int64_t>(1, grain_rows / unit);

@@ -107,7 +107,7 @@ std::span<const uint8_t> weight_row(const void* w, GgmlType type, QuantLayout la
   const size_t row_bytes = size_t(*ggml_bytes(type, k));
   if (layout == QuantLayout::kRows) return {static_cast<const uint8_t*>(w) + size_t(o) * row_bytes, row_bytes};
   scratch.resize(row_bytes);
-  unpack_row8(type, static_cast<const uint8_t*>(w), k, o, scratch.data());
+  unpack_group_row(type, layout, static_cast<const uint8_t*>(w), k, o, scratch.data());
   return scratch;
 }
 

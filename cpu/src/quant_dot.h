@@ -44,9 +44,10 @@ struct ActRows {
 using QuantRowsFn = void (*)(const uint8_t* w_row, const ActRows& acts, int64_t r0, int n_rows, float* y,
                              int64_t ldy);
 
-// y[j * ldy + i] = dot(weight row i of the kRows8 group at `group`,
-// activation row r0 + j) for i < 8 and j < n_rows (1..kQuantMaxRows).
-using QuantRows8Fn = void (*)(const uint8_t* group, const ActRows& acts, int64_t r0, int n_rows, float* y,
+// y[j * ldy + i] = dot(weight row i of the group at `group` (kRows8 or
+// kRows16), activation row r0 + j) for i < the group's rows and j < n_rows
+// (1..kQuantMaxRows).
+using QuantGroupFn = void (*)(const uint8_t* group, const ActRows& acts, int64_t r0, int n_rows, float* y,
                               int64_t ldy);
 
 // The kernel of `type` for each ISA, or null for a type the ISA lacks.
@@ -54,9 +55,11 @@ QuantRowsFn quant_rows_generic(GgmlType type);
 QuantRowsFn quant_rows_avx2(GgmlType type);
 QuantRowsFn quant_rows_avx_vnni(GgmlType type);
 QuantRowsFn quant_rows_avx512_vnni(GgmlType type);
-// The kRows8 kernel of `type` (a type quant_matmul.h lists there) for each SIMD ISA, or null.
-QuantRows8Fn quant_rows8_avx2(GgmlType type);
-QuantRows8Fn quant_rows8_avx_vnni(GgmlType type);
-QuantRows8Fn quant_rows8_avx512_vnni(GgmlType type);
+// The group kernel of `type` (a type quant_matmul.h lists for groups) for
+// each SIMD ISA and group size, or null.
+QuantGroupFn quant_rows8_avx2(GgmlType type);
+QuantGroupFn quant_rows8_avx_vnni(GgmlType type);
+QuantGroupFn quant_rows8_avx512_vnni(GgmlType type);
+QuantGroupFn quant_rows16_avx512_vnni(GgmlType type);
 
 }  // namespace longctx::cpu::detail

@@ -1,5 +1,11 @@
 // quant_dot_x86.h for AVX-512 VNNI (with AVX512-VL): the EVEX-encoded vpdpbusd
-// on ymm registers (AMD Zen 4/5 have it and no AVX-VNNI).
+// on ymm registers (AMD Zen 4/5 have it and no AVX-VNNI), and on zmm
+// registers for weights in groups of 16 rows.
+//
+// GCC 12's _mm512_undefined_*() (x = x), behind the unmasked shifts and
+// f16 conversions, trips -Wmaybe-uninitialized once they are inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 namespace longctx::cpu::detail {
@@ -11,4 +17,5 @@ constexpr bool kExactByteDots = true;
 
 #define LONGCTX_QDOT_ENTRY quant_rows_avx512_vnni
 #define LONGCTX_QDOT8_ENTRY quant_rows8_avx512_vnni
+#define LONGCTX_QDOT16_ENTRY quant_rows16_avx512_vnni
 #include "quant_dot_x86.h"

@@ -1,7 +1,8 @@
-// x86 SIMD kernels of quant_matmul.h on 256-bit vectors, compiled once per
-// ISA (with that ISA's compiler flags): the including file defines
-// LONGCTX_QDOT_ENTRY and LONGCTX_QDOT8_ENTRY (the names of its table
-// functions in quant_dot.h, for kRows and kRows8 weights) and,
+// x86 SIMD kernels of quant_matmul.h, compiled once per ISA (with that ISA's
+// compiler flags): the including file defines LONGCTX_QDOT_ENTRY and
+// LONGCTX_QDOT8_ENTRY (the names of its table functions in quant_dot.h, for
+// kRows and kRows8 weights, on 256-bit vectors), LONGCTX_QDOT16_ENTRY where
+// it has AVX-512 VNNI (kRows16 weights, on 512-bit vectors) and,
 // before including this file, in namespace longctx::cpu::detail { namespace {
 //   __m256i add_dot_u8s8(__m256i acc, __m256i u, __m256i s): lane i = acc[i] +
 //   the sum of u[4i + t] * s[4i + t] (t < 4), for unsigned bytes u and signed
@@ -190,87 +191,151 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, i
   }
 }
 
-// ---- kRows8 groups (quant_matmul.h) ----------------------------------------------
+// ---- groups of rows (quant_matmul.h: kRows8, kRows16) ----------------------------
 
+// The vector a group kernel works on: lane r (int32 or float) is row r of
+// the group, so a group has as many rows as a vector has lanes. V256 is 8
+// rows on every x86 ISA here; V512 is 16 rows on AVX-512 VNNI.
+//
 // Runs of up to eight 4-value dots of nibble codes (<= 15) by int8
-// activations into one vector, lane i adding its four products each time.
-// With vpdpbusd a run sums in int32. vpmaddubsw's pair sums (<= 2 x 15 x 127)
-// instead add up in int16, exact over a run (8 x 3810 < 2^15), and widen
-// once at its end: a vpmaddwd and an add fewer per dot.
-inline __m256i add_nibble_dot(__m256i run, __m256i u, __m256i s) {
-  if constexpr (kExactByteDots) return add_dot_u8s8(run, u, s);
-  else return _mm256_add_epi16(run, _mm256_maddubs_epi16(u, s));
-}
-// The int32 sums of two runs of at most eight dots in all.
-inline __m256i nibble_runs_sum(__m256i a, __m256i b) {
-  if constexpr (kExactByteDots) return _mm256_add_epi32(a, b);
-  else return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
-}
-// A run's int32 sums times `scale` (int32 lanes below 2^15).
-inline __m256i nibble_run_times(__m256i run, __m256i scale) {
-  if constexpr (kExactByteDots) return _mm256_mullo_epi32(run, scale);
-  else return _mm256_madd_epi16(run, _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16)));
-}
+// activations go into one vector, lane i adding its four products each time
+// (nibble_dot). With vpdpbusd a run sums in int32. vpmaddubsw's pair sums
+// (<= 2 x 15 x 127) instead add up in int16, exact over a run (8 x 3810 <
+// 2^15), and widen once at its end (runs_sum, run_times): a vpmaddwd and an
+// add fewer per dot.
+struct V256 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static I load(const void* p) { return load256(p); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set1_8(int8_t v) { return _mm256_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I srli16(I a, int n) { return _mm256_srli_epi16(a, n); }
+  static I srli32(I a, int n) { return _mm256_srli_epi32(a, n); }
+  static I slli32(I a, int n) { return _mm256_slli_epi32(a, n); }
+  static I sign(I a, I b) { return _mm256_sign_epi8(a, b); }
+  static I dot(I acc, I u, I s) { return add_dot_u8s8(acc, u, s); }
+  static I nibble_dot(I run, I u, I s) {
+    if constexpr (kExactByteDots) return add_dot_u8s8(run, u, s);
+    else return _mm256_add_epi16(run, _mm256_maddubs_epi16(u, s));
+  }
+  static I runs_sum(I a, I b) {
+    if constexpr (kExactByteDots) return _mm256_add_epi32(a, b);
+    else return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
+  }
+  // A run's int32 sums times `scale` (int32 lanes below 2^15).
+  static I run_times(I run, I scale) {
+    if constexpr (kExactByteDots) return _mm256_mullo_epi32(run, scale);
+    else return _mm256_madd_epi16(run, _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16)));
+  }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static F f16s(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F zero_ps() { return _mm256_setzero_ps(); }
+  static F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F add_ps(F a, F b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
+};
 
-// 8 weight rows of Q4_0 or Q8_0 against kRows activation rows, lane i of
-// each vector being weight row i. A block's codes are 8 groups of four values
-// (Q4_0: chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c
-// on; Q8_0: chunk c is values 4c..4c+3), each multiplied with the same four
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+struct V512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static I load(const void* p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I set1_8(int8_t v) { return _mm512_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I srli16(I a, int n) { return _mm512_srli_epi16(a, unsigned(n)); }
+  static I srli32(I a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
+  static I slli32(I a, int n) { return _mm512_slli_epi32(a, unsigned(n)); }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I nibble_dot(I run, I u, I s) { return _mm512_dpbusd_epi32(run, u, s); }
+  static I runs_sum(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I run_times(I run, I scale) { return _mm512_mullo_epi32(run, scale); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static F f16s(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
+  static F zero_ps() { return _mm512_setzero_ps(); }
+  static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F add_ps(F a, F b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+};
+#endif
+
+// A group of V::kLanes weight rows of Q4_0 or Q8_0 (G rows below) against
+// kRows activation rows. A block's codes are 8 chunks of four values (Q4_0:
+// chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c on;
+// Q8_0: chunk c is values 4c..4c+3), each multiplied with the same four
 // activation codes broadcast to every lane; they go in unsigned as above,
 // the offset times the block's activation sum (minus_sum32) added back after
-// the dots, or under the sign trick. Then one product applies the 8 rows'
-// scales.
-template <GgmlType kType, int kRows>
-void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+// the dots, or under the sign trick (V256 without VNNI only). Then one
+// product applies the G rows' scales.
+template <class V, GgmlType kType, int kRows>
+void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   static_assert(kType == GgmlType::kQ4_0 || kType == GgmlType::kQ8_0);
-  constexpr int kChunks = kType == GgmlType::kQ4_0 ? 4 : 8;  // 32-byte loads of codes per block
-  constexpr int64_t kBlockBytes = 16 + 32 * kChunks;         // 8 scales, then the codes
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kG = V::kLanes;
+  constexpr int kChunks = kType == GgmlType::kQ4_0 ? 4 : 8;  // vector loads of codes per block
+  constexpr int64_t kBlockBytes = kG * (2 + 4 * kChunks);    // G scales, then the codes
   constexpr int kChains = kRows == 1 ? 2 : 1;
   const int64_t nb = acts.k / 32;
   const Rows<kRows> rows(acts, r0);
-  __m256 acc[kChains][kRows];
+  F acc[kChains][kRows];
   for (int c = 0; c < kChains; ++c)
-    for (int j = 0; j < kRows; ++j) acc[c][j] = _mm256_setzero_ps();
+    for (int j = 0; j < kRows; ++j) acc[c][j] = V::zero_ps();
   const auto add_block = [&](int64_t b, int c) {
     const uint8_t* blk = group + b * kBlockBytes;
     for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
-    __m256i codes[8];  // group t: values 4t..4t+3 of the 8 rows
+    const uint8_t* code_bytes = blk + 2 * kG;
+    I codes[8];  // chunk t: values 4t..4t+3 of the G rows
     if constexpr (kType == GgmlType::kQ4_0) {
-      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      const I low4 = V::set1_8(0x0F);
       for (int t = 0; t < 4; ++t) {
-        const __m256i both = load256(blk + 16 + 32 * t);
-        codes[t] = _mm256_and_si256(both, low4);
-        codes[t + 4] = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+        const I both = V::load(code_bytes + 4 * kG * t);
+        codes[t] = V::and_(both, low4);
+        codes[t + 4] = V::and_(V::srli16(both, 4), low4);
       }
     } else {
       for (int t = 0; t < 8; ++t) {
-        const __m256i q = load256(blk + 16 + 32 * t);
-        codes[t] = kSignTrick<kType> ? q : _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
+        const I q = V::load(code_bytes + 4 * kG * t);
+        codes[t] = kSignTrick<kType> ? q : V::xor_(q, V::set1_8(static_cast<int8_t>(0x80)));
       }
     }
-    const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const F d_w = V::f16s(blk);
     for (int j = 0; j < kRows; ++j) {
       const int8_t* a = rows.q[j] + 32 * b;
       // Two chains: eight dependent dot products would wait on each other.
-      __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      I dot[2] = {V::zero(), V::zero()};
       for (int t = 0; t < 8; ++t) {
         int32_t four;
         std::memcpy(&four, a + 4 * t, 4);
-        const __m256i s = _mm256_set1_epi32(four);
+        const I s = V::set1(four);
         if constexpr (kSignTrick<kType>) {
-          dot[t & 1] = add_dot_u8s8(dot[t & 1], _mm256_sign_epi8(codes[t], codes[t]), _mm256_sign_epi8(s, codes[t]));
+          dot[t & 1] = V::dot(dot[t & 1], V::sign(codes[t], codes[t]), V::sign(s, codes[t]));
         } else if constexpr (kType == GgmlType::kQ4_0) {
-          dot[t & 1] = add_nibble_dot(dot[t & 1], codes[t], s);
+          dot[t & 1] = V::nibble_dot(dot[t & 1], codes[t], s);
         } else {
-          dot[t & 1] = add_dot_u8s8(dot[t & 1], codes[t], s);
+          dot[t & 1] = V::dot(dot[t & 1], codes[t], s);
         }
       }
-      __m256i sum = kType == GgmlType::kQ4_0 ? nibble_runs_sum(dot[0], dot[1]) : _mm256_add_epi32(dot[0], dot[1]);
-      if constexpr (kOffsetLog2<kType> >= 0) {
-        sum = _mm256_add_epi32(sum, _mm256_set1_epi32(rows.minus_sum32[j][b] << kOffsetLog2<kType>));
-      }
-      const __m256 ds = _mm256_mul_ps(d_w, _mm256_broadcast_ss(rows.d[j] + b));
-      acc[c][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, acc[c][j]);
+      I sum = kType == GgmlType::kQ4_0 ? V::runs_sum(dot[0], dot[1]) : V::add(dot[0], dot[1]);
+      if constexpr (kOffsetLog2<kType> >= 0) sum = V::add(sum, V::set1(rows.minus_sum32[j][b] << kOffsetLog2<kType>));
+      acc[c][j] = V::fma(V::cvt(sum), V::mul(d_w, V::bcast(rows.d[j] + b)), acc[c][j]);
     }
   };
   int64_t b = 0;
@@ -280,93 +345,89 @@ void rows8_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
   }
   if (b < nb) add_block(b, 0);
   for (int j = 0; j < kRows; ++j) {
-    __m256 sum = acc[0][j];
-    for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c][j]);
-    _mm256_storeu_ps(y + j * ldy, sum);
+    F sum = acc[0][j];
+    for (int c = 1; c < kChains; ++c) sum = V::add_ps(sum, acc[c][j]);
+    V::store(y + j * ldy, sum);
   }
 }
 
-// Q4_K in kRows8 groups. A group's block: d and dmin of the 8 rows (f16),
-// the three 4-byte words of their 6-bit scales and mins (word i of row r in
-// lane r), then the codes: chunk 8 p + t holds, as low nibbles, values
-// 64 p + 4 t.. of sub-block 2 p and, as high nibbles, values 64 p + 32 +
-// 4 t.. of sub-block 2 p + 1. Per sub-block the eight dots leave row r's sum
-// in lane r, and one multiply by the lane's scale (nibble_run_times) adds it
-// to the block's int32 sum; the mins multiply the activation sub-block sums
-// (minus_sum32) likewise.
-template <int kRows>
-void rows8_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
-  constexpr int64_t kBlockBytes = 8 * 144;
+// Q4_K in a group of G = V::kLanes rows. A group's block: d and dmin of the
+// G rows (f16), the three 4-byte words of their 6-bit scales and mins (word
+// i of row r in lane r), then the codes: chunk 8 p + t holds, as low
+// nibbles, values 64 p + 4 t.. of sub-block 2 p and, as high nibbles, values
+// 64 p + 32 + 4 t.. of sub-block 2 p + 1. Per sub-block the eight dots leave
+// row r's sum in lane r, and one multiply by the lane's scale (run_times)
+// adds it to the block's int32 sum; the mins multiply the activation
+// sub-block sums (minus_sum32) likewise.
+template <class V, int kRows>
+void group_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kG = V::kLanes;
+  constexpr int64_t kBlockBytes = kG * 144;
   constexpr int kPairs = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[kRows];
-  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  const I low4 = V::set1_8(0x0F);
+  F acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
   // Byte i of each lane as an int32 lane.
-  const auto byte_of = [](__m256i v, int i) {
-    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF));
-  };
+  const auto byte_of = [](I v, int i) { return V::and_(V::srli32(v, 8 * i), V::set1(0xFF)); };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
-    // unpack_k_scales on 8 rows at once.
-    const __m256i w0 = load256(blk + 32), w1 = load256(blk + 64), w2 = load256(blk + 96);
-    const __m256i six = _mm256_set1_epi8(0x3F), two = _mm256_set1_epi8(0x03);
-    const __m256i scales_lo = _mm256_and_si256(w0, six);
-    const __m256i mins_lo = _mm256_and_si256(w1, six);
-    const __m256i scales_hi = _mm256_or_si256(_mm256_and_si256(w2, low4),
-                                              _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), two), 4));
-    const __m256i mins_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
-                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), two), 4));
-    __m256i sum[kRows], mins[kRows];
-    for (int j = 0; j < kRows; ++j) sum[j] = mins[j] = _mm256_setzero_si256();
+    const F d = V::f16s(blk);
+    const F dmin = V::f16s(blk + 2 * kG);
+    // unpack_k_scales on G rows at once.
+    const I w0 = V::load(blk + 4 * kG), w1 = V::load(blk + 8 * kG), w2 = V::load(blk + 12 * kG);
+    const I six = V::set1_8(0x3F), two = V::set1_8(0x03);
+    const I scales_lo = V::and_(w0, six);
+    const I mins_lo = V::and_(w1, six);
+    const I scales_hi = V::or_(V::and_(w2, low4), V::slli32(V::and_(V::srli32(w0, 6), two), 4));
+    const I mins_hi = V::or_(V::and_(V::srli32(w2, 4), low4), V::slli32(V::and_(V::srli32(w1, 6), two), 4));
+    I sum[kRows], mins[kRows];
+    for (int j = 0; j < kRows; ++j) sum[j] = mins[j] = V::zero();
     for (int s = 0; s < 8; ++s) {
-      const __m256i m = byte_of(s < 4 ? mins_lo : mins_hi, s % 4);
-      for (int j = 0; j < kRows; ++j)
-        mins[j] = _mm256_add_epi32(mins[j], _mm256_mullo_epi32(m, _mm256_set1_epi32(rows.minus_sum32[j][8 * b + s])));
+      const I m = byte_of(s < 4 ? mins_lo : mins_hi, s % 4);
+      for (int j = 0; j < kRows; ++j) mins[j] = V::add(mins[j], V::mullo(m, V::set1(rows.minus_sum32[j][8 * b + s])));
     }
-    const uint8_t* codes = blk + 128;
+    const uint8_t* codes = blk + 16 * kG;
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's
     // two chains of eight dependent dots would wait on their latency.
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
-      __m256i dot_lo[kPairs][kRows], dot_hi[kPairs][kRows];
+      I dot_lo[kPairs][kRows], dot_hi[kPairs][kRows];
       for (int i = 0; i < kPairs; ++i)
-        for (int j = 0; j < kRows; ++j) dot_lo[i][j] = dot_hi[i][j] = _mm256_setzero_si256();
+        for (int j = 0; j < kRows; ++j) dot_lo[i][j] = dot_hi[i][j] = V::zero();
       for (int t = 0; t < 8; ++t) {
         for (int i = 0; i < kPairs; ++i) {
           const int p = p0 + i;
-          const __m256i q = load256(codes + 32 * (8 * p + t));
-          const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+          const I q = V::load(codes + 4 * kG * (8 * p + t));
+          const I lo = V::and_(q, low4), hi = V::and_(V::srli16(q, 4), low4);
           for (int j = 0; j < kRows; ++j) {
             const int8_t* a = rows.q[j] + 256 * b + 64 * p + 4 * t;
             int32_t a_lo, a_hi;
             std::memcpy(&a_lo, a, 4);
             std::memcpy(&a_hi, a + 32, 4);
-            dot_lo[i][j] = add_nibble_dot(dot_lo[i][j], lo, _mm256_set1_epi32(a_lo));
-            dot_hi[i][j] = add_nibble_dot(dot_hi[i][j], hi, _mm256_set1_epi32(a_hi));
+            dot_lo[i][j] = V::nibble_dot(dot_lo[i][j], lo, V::set1(a_lo));
+            dot_hi[i][j] = V::nibble_dot(dot_hi[i][j], hi, V::set1(a_hi));
           }
         }
       }
       for (int i = 0; i < kPairs; ++i) {
         const int p = p0 + i;
-        const __m256i scales = p < 2 ? scales_lo : scales_hi;
-        const __m256i sc_lo = byte_of(scales, 2 * (p % 2)), sc_hi = byte_of(scales, 2 * (p % 2) + 1);
-        for (int j = 0; j < kRows; ++j) {
-          sum[j] = _mm256_add_epi32(sum[j], _mm256_add_epi32(nibble_run_times(dot_lo[i][j], sc_lo),
-                                                             nibble_run_times(dot_hi[i][j], sc_hi)));
-        }
+        const I scales = p < 2 ? scales_lo : scales_hi;
+        const I sc_lo = byte_of(scales, 2 * (p % 2)), sc_hi = byte_of(scales, 2 * (p % 2) + 1);
+        for (int j = 0; j < kRows; ++j)
+          sum[j] = V::add(sum[j], V::add(V::run_times(dot_lo[i][j], sc_lo), V::run_times(dot_hi[i][j], sc_hi)));
       }
     }
     for (int j = 0; j < kRows; ++j) {
-      const __m256 da = _mm256_broadcast_ss(rows.d[j] + b);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[j]), _mm256_mul_ps(d, da), acc[j]);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[j]), _mm256_mul_ps(dmin, da), acc[j]);
+      const F da = V::bcast(rows.d[j] + b);
+      acc[j] = V::fma(V::cvt(sum[j]), V::mul(d, da), acc[j]);
+      acc[j] = V::fma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
     }
   }
-  for (int j = 0; j < kRows; ++j) _mm256_storeu_ps(y + j * ldy, acc[j]);
+  for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
 }
 
 // ---- k-quants ------------------------------------------------------------------
@@ -524,20 +585,23 @@ struct QK45Kernel {
     }
   };
 };
-template <GgmlType kType>
-struct Rows8Kernel {
+template <class V, GgmlType kType>
+struct GroupBlock32Kernel {
   template <int kRows>
   struct K {
     static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-      rows8_block32<kType, kRows>(group, a, r0, y, ldy);
+      group_block32<V, kType, kRows>(group, a, r0, y, ldy);
     }
   };
 };
-template <int kRows>
-struct Rows8Q4KKernel {
-  static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-    rows8_q4_k<kRows>(group, a, r0, y, ldy);
-  }
+template <class V>
+struct GroupQ4KKernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      group_q4_k<V, kRows>(group, a, r0, y, ldy);
+    }
+  };
 };
 template <int kRows>
 struct Q6KKernel {
@@ -562,13 +626,19 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
   }
 }
 
-QuantRows8Fn LONGCTX_QDOT8_ENTRY(GgmlType type) {
+template <class V>
+QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return by_rows<Rows8Kernel<GgmlType::kQ4_0>::K>;
-    case GgmlType::kQ8_0: return by_rows<Rows8Kernel<GgmlType::kQ8_0>::K>;
-    case GgmlType::kQ4_K: return by_rows<Rows8Q4KKernel>;
+    case GgmlType::kQ4_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K>;
+    case GgmlType::kQ8_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ8_0>::template K>;
+    case GgmlType::kQ4_K: return by_rows<GroupQ4KKernel<V>::template K>;
     default: return nullptr;
   }
 }
+
+QuantGroupFn LONGCTX_QDOT8_ENTRY(GgmlType type) { return group_kernel<V256>(type); }
+#ifdef LONGCTX_QDOT16_ENTRY
+QuantGroupFn LONGCTX_QDOT16_ENTRY(GgmlType type) { return group_kernel<V512>(type); }
+#endif
 
 }  // namespace longctx::cpu::detail

@@ -16,7 +16,11 @@
 namespace longctx::cpu {
 namespace {
 
-detail::QuantRows8Fn rows8_fn(QuantIsa isa, GgmlType type) {
+// The group kernel of `isa` for `layout`, or null where it has none.
+detail::QuantGroupFn group_fn(QuantIsa isa, QuantLayout layout, GgmlType type) {
+  if (layout == QuantLayout::kRows16)
+    return isa == QuantIsa::kAvx512Vnni ? detail::quant_rows16_avx512_vnni(type) : nullptr;
+  if (layout != QuantLayout::kRows8) return nullptr;
   switch (isa) {
     case QuantIsa::kAvx2: return detail::quant_rows8_avx2(type);
     case QuantIsa::kAvxVnni: return detail::quant_rows8_avx_vnni(type);
@@ -109,16 +113,16 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 
 namespace {
 
-// The fields of a block in a kRows8 group (quant_matmul.h): unit i of row r
-// at field_start + 8 unit i + unit r.
-struct Rows8Field {
+// The fields of a block in a group (quant_matmul.h): unit i of row r at
+// field_start + G unit i + unit r for groups of G rows.
+struct GroupField {
   int64_t unit, bytes;
 };
 
-std::span<const Rows8Field> rows8_fields(GgmlType type) {
-  static constexpr Rows8Field kQ4_0[] = {{2, 2}, {4, 16}};
-  static constexpr Rows8Field kQ8_0[] = {{2, 2}, {4, 32}};
-  static constexpr Rows8Field kQ4_K[] = {{2, 2}, {2, 2}, {4, 12}, {4, 128}};
+std::span<const GroupField> group_fields(GgmlType type) {
+  static constexpr GroupField kQ4_0[] = {{2, 2}, {4, 16}};
+  static constexpr GroupField kQ8_0[] = {{2, 2}, {4, 32}};
+  static constexpr GroupField kQ4_K[] = {{2, 2}, {2, 2}, {4, 12}, {4, 128}};
   switch (type) {
     case GgmlType::kQ4_0: return kQ4_0;
     case GgmlType::kQ8_0: return kQ8_0;
@@ -127,36 +131,48 @@ std::span<const Rows8Field> rows8_fields(GgmlType type) {
   }
 }
 
-// Row r's block copied out of a group's block (GGML's layout).
-void unpack_row_block(GgmlType type, int64_t r, const uint8_t* group_block, uint8_t* block) {
+// Row r's block copied out of the block of a group of g rows (GGML's layout).
+void unpack_row_block(GgmlType type, int64_t g, int64_t r, const uint8_t* group_block, uint8_t* block) {
   int64_t at_row = 0, at_group = 0;
-  for (const Rows8Field& f : rows8_fields(type)) {
+  for (const GroupField& f : group_fields(type)) {
     for (int64_t i = 0; i < f.bytes / f.unit; ++i)
-      std::memcpy(block + at_row + f.unit * i, group_block + at_group + 8 * f.unit * i + f.unit * r, size_t(f.unit));
+      std::memcpy(block + at_row + f.unit * i, group_block + at_group + g * f.unit * i + f.unit * r, size_t(f.unit));
     at_row += f.bytes;
-    at_group += 8 * f.bytes;
+    at_group += g * f.bytes;
   }
 }
 
 }  // namespace
 
-bool prefers_rows8(GgmlType type, int64_t n) {
-  return !rows8_fields(type).empty() && n % 8 == 0 && rows8_fn(best_quant_isa(), type) != nullptr;
+int64_t quant_group_rows(QuantLayout layout) {
+  switch (layout) {
+    case QuantLayout::kRows8: return 8;
+    case QuantLayout::kRows16: return 16;
+    case QuantLayout::kRows: break;
+  }
+  return 1;
 }
 
-void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
+QuantLayout preferred_quant_layout(GgmlType type, int64_t n) {
+  if (group_fields(type).empty()) return QuantLayout::kRows;
+  for (QuantLayout layout : {QuantLayout::kRows16, QuantLayout::kRows8})
+    if (n % quant_group_rows(layout) == 0 && group_fn(best_quant_isa(), layout, type) != nullptr) return layout;
+  return QuantLayout::kRows;
+}
+
+void pack_groups(GgmlType type, QuantLayout layout, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed) {
   const GgmlTypeInfo& info = ggml_type_info(type);
-  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
+  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes, g_rows = quant_group_rows(layout);
   // At load, a model's weights: the groups split over the cores, each
-  // written in order (its 8 rows read side by side).
-  tbb::parallel_for(int64_t{0}, n / 8, [&](int64_t g) {
-    uint8_t* to = packed + g * 8 * row_bytes;
+  // written in order (its rows read side by side).
+  tbb::parallel_for(int64_t{0}, n / g_rows, [&](int64_t g) {
+    uint8_t* to = packed + g * g_rows * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* block = rows + 8 * g * row_bytes + b * info.block_bytes;  // row 0's
+      const uint8_t* block = rows + g * g_rows * row_bytes + b * info.block_bytes;  // row 0's
       int64_t at_row = 0;
-      for (const Rows8Field& f : rows8_fields(type)) {
+      for (const GroupField& f : group_fields(type)) {
         for (int64_t i = at_row; i < at_row + f.bytes; i += f.unit) {
-          for (int64_t r = 0; r < 8; ++r, to += f.unit) {
+          for (int64_t r = 0; r < g_rows; ++r, to += f.unit) {
             if (f.unit == 2) std::memcpy(to, block + r * row_bytes + i, 2);
             else std::memcpy(to, block + r * row_bytes + i, 4);
           }
@@ -167,11 +183,12 @@ void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_
   });
 }
 
-void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain) {
+void unpack_group_row(GgmlType type, QuantLayout layout, const uint8_t* packed, int64_t k, int64_t row,
+                      uint8_t* plain) {
   const GgmlTypeInfo& info = ggml_type_info(type);
-  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes;
+  const int64_t nb = k / info.block_elems, row_bytes = nb * info.block_bytes, g = quant_group_rows(layout);
   for (int64_t b = 0; b < nb; ++b)
-    unpack_row_block(type, row % 8, packed + (row / 8) * 8 * row_bytes + b * 8 * info.block_bytes,
+    unpack_row_block(type, g, row % g, packed + (row / g) * g * row_bytes + b * g * info.block_bytes,
                      plain + b * info.block_bytes);
 }
 
@@ -181,13 +198,14 @@ void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const ui
                              acts.minus_sum32.data(), acts.sum16.data(), acts.k,           acts.block};
   const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
   const detail::QuantRowsFn kernel = rows_fn(isa, type);
-  const detail::QuantRows8Fn kernel8 = layout == QuantLayout::kRows8 ? rows8_fn(isa, type) : nullptr;
-  if (layout == QuantLayout::kRows8 && kernel8 == nullptr) {
-    // An ISA without kRows8 kernels: each group's rows unpacked, then the row kernel.
-    std::vector<uint8_t> plain(size_t(8 * row_bytes));
-    for (int64_t o = o_begin; o < o_end; o += 8) {
-      for (int i = 0; i < 8; ++i) unpack_row8(type, w, acts.k, o + i, plain.data() + i * row_bytes);
-      quant_matmul_tile(isa, type, QuantLayout::kRows, plain.data(), acts, r_begin, r_end, 0, 8, y + o, ldy);
+  const int64_t g = quant_group_rows(layout);
+  const detail::QuantGroupFn group_kernel = group_fn(isa, layout, type);
+  if (layout != QuantLayout::kRows && group_kernel == nullptr) {
+    // An ISA without kernels for these groups: each group's rows unpacked, then the row kernel.
+    std::vector<uint8_t> plain(size_t(g * row_bytes));
+    for (int64_t o = o_begin; o < o_end; o += g) {
+      for (int64_t i = 0; i < g; ++i) unpack_group_row(type, layout, w, acts.k, o + i, plain.data() + i * row_bytes);
+      quant_matmul_tile(isa, type, QuantLayout::kRows, plain.data(), acts, r_begin, r_end, 0, g, y + o, ldy);
     }
     return;
   }
@@ -195,8 +213,9 @@ void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const ui
   // tile's weight rows stream past it.
   for (int64_t r = r_begin; r < r_end; r += detail::kQuantMaxRows) {
     const int n_rows = int(std::min<int64_t>(detail::kQuantMaxRows, r_end - r));
-    if (kernel8 != nullptr) {
-      for (int64_t o = o_begin; o < o_end; o += 8) kernel8(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
+    if (group_kernel != nullptr) {
+      for (int64_t o = o_begin; o < o_end; o += g)
+        group_kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
     } else {
       for (int64_t o = o_begin; o < o_end; ++o) kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
     }

@@ -143,17 +143,24 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
   EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kInt8);
   const int64_t k = 512;
-  // 296 rows: Q4_0, Q8_0 and Q4_K (not Q5_K, Q6_K) go in groups of 8
-  // (kRows8) where the CPU's kernels read those; 300 keeps GGML's layout.
+  // Q4_0, Q8_0 and Q4_K (not Q5_K, Q6_K) go in groups where the CPU's
+  // kernels read those: 304 rows in groups of 16 on AVX-512 VNNI, else of 8;
+  // 296 rows in groups of 8; 300 keeps GGML's layout.
   using P = std::pair<GgmlType, int64_t>;
-  for (auto [type, n] : {P{GgmlType::kQ4_0, 300}, P{GgmlType::kQ4_0, 296}, P{GgmlType::kQ8_0, 296},
-                         P{GgmlType::kQ5_1, 300}, P{GgmlType::kQ4_K, 296}, P{GgmlType::kQ5_K, 296},
-                         P{GgmlType::kQ6_K, 296}}) {
+  for (auto [type, n] : {P{GgmlType::kQ4_0, 300}, P{GgmlType::kQ4_0, 296}, P{GgmlType::kQ4_0, 304},
+                         P{GgmlType::kQ8_0, 296}, P{GgmlType::kQ8_0, 304}, P{GgmlType::kQ5_1, 300},
+                         P{GgmlType::kQ4_K, 296}, P{GgmlType::kQ4_K, 304}, P{GgmlType::kQ5_K, 296},
+                         P{GgmlType::kQ6_K, 304}}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
-    const QuantLayout layout = prefers_rows8(type, n) ? QuantLayout::kRows8 : QuantLayout::kRows;
+    const QuantLayout layout = preferred_quant_layout(type, n);
+    const bool groups = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+    const QuantIsa isa = best_quant_isa();
+    if (!groups || n % 8 != 0 || isa == QuantIsa::kGeneric) EXPECT_EQ(layout, QuantLayout::kRows);
+    else if (n % 16 == 0 && isa == QuantIsa::kAvx512Vnni) EXPECT_EQ(layout, QuantLayout::kRows16);
+    else EXPECT_EQ(layout, QuantLayout::kRows8);
     std::vector<uint8_t> laid_out = bytes;
-    if (layout == QuantLayout::kRows8) pack_rows8(type, bytes.data(), n, k, laid_out.data());
+    if (layout != QuantLayout::kRows) pack_groups(type, layout, bytes.data(), n, k, laid_out.data());
     EXPECT_EQ(std::memcmp(w->data(), laid_out.data(), bytes.size()), 0) << ggml_type_info(type).name << " n " << n;
     std::normal_distribution<float> normal;
     std::vector<float> bias(static_cast<size_t>(n));
@@ -207,7 +214,7 @@ TEST(CpuBackendQuant, F16WeightsMatchFp64) {
 // bf16 products outrun f32 ones (AMX tiles, or vdpbf16ps at kBf16MinOverFma
 // times the FMA rate: Zen 4), else f32 tiles where the CPU has AVX512-BF16
 // (a Xeon whose VM hides AMX), else the int8 kernels; bf16 weights multiply
-// natively on the same condition as bf16 tiles. Weights in groups of 8 rows
+// natively on the same condition as bf16 tiles. Weights in groups of rows
 // keep their int8 kernels except on AMX; a forced path applies to both.
 TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
   bool tiles_available = true;
@@ -224,12 +231,14 @@ TEST(CpuBackendQuant, AutoPicksThePrefillPathByTheCpusProducts) {
                                            << describe_cpu_features(cpu_features()) << "; vdpbf16ps at "
                                            << vdpbf16ps_over_fma() << "x the FMA rate";
   EXPECT_EQ(backend.bf16_native(), fast_bf16);
-  // Weights in groups of 8: their int8 kernels, unless bf16 runs on AMX tiles.
-  const QuantPrefill want8 = fast_bf16 && cpu_features().amx_bf16 ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
-  EXPECT_EQ(backend.quant_prefill(QuantLayout::kRows8), want8) << describe_cpu_features(cpu_features());
+  // Weights in groups: their int8 kernels, unless bf16 runs on AMX tiles.
+  const QuantPrefill want_groups =
+      fast_bf16 && cpu_features().amx_bf16 ? QuantPrefill::kBf16Tiles : QuantPrefill::kInt8;
+  for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16})
+    EXPECT_EQ(backend.quant_prefill(layout), want_groups) << describe_cpu_features(cpu_features());
   for (QuantPrefill forced : {QuantPrefill::kInt8, QuantPrefill::kF32Tiles}) {
     const CpuBackend forced_backend(CpuBackendOptions{.quant_prefill = forced});
-    EXPECT_EQ(forced_backend.quant_prefill(QuantLayout::kRows8), forced);
+    EXPECT_EQ(forced_backend.quant_prefill(QuantLayout::kRows16), forced);
   }
   if (want != QuantPrefill::kInt8) {
     EXPECT_NE(backend.name().find(str_cat("prefill: ", quant_prefill_name(want))), std::string::npos) << backend.name();

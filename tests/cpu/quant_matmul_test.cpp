@@ -4,7 +4,8 @@
 // - with the quantized activations (d_a * q_a): only fp32 rounding differs;
 // - with the original f32 activations: within the activation rounding bound
 //   sum_b (d_a,b / 2) sum_{i in b} |w_i| on top of that.
-// Q4_0, Q8_0 and Q4_K also in groups of 8 rows (QuantLayout::kRows8).
+// Q4_0, Q8_0 and Q4_K also in groups of 8 and 16 rows (QuantLayout::kRows8,
+// kRows16).
 // ISAs the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
 
@@ -157,28 +158,33 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
     expect_tile_matches_fp64(type, isa, w, wf, x, acts, r0, r1, o0, o1, y, ldy, "rows");
     if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0 && type != GgmlType::kQ4_K) continue;
 
-    // The same weights in groups of 8 rows (n rounded up with more random
-    // rows), a tile of whole groups.
-    const int64_t n8 = (n + 7) / 8 * 8;
-    std::vector<uint8_t> w8 = w;
-    const std::vector<uint8_t> extra = random_blocks(type, size_t((n8 - n) * k / info.block_elems), rng);
-    w8.insert(w8.end(), extra.begin(), extra.end());
-    std::vector<float> wf8(size_t(n8 * k));
-    dequantize(type, w8, wf8);
-    std::vector<uint8_t> packed(w8.size());
-    pack_rows8(type, w8.data(), n8, k, packed.data());
-    const int64_t g0 = int64_t(rng() % (n8 / 8)), g1 = g0 + 1 + int64_t(rng() % (n8 / 8 - g0));
-    const int64_t ldy8 = n8 + 5;
-    std::vector<float> y8(size_t(m * ldy8), 12345.f);
-    quant_matmul_tile(isa, type, QuantLayout::kRows8, packed.data(), acts, r0, r1, 8 * g0, 8 * g1, y8.data(), ldy8);
-    expect_tile_matches_fp64(type, isa, w8, wf8, x, acts, r0, r1, 8 * g0, 8 * g1, y8, ldy8, "rows8");
+    // The same weights in groups of 8 and of 16 rows (n rounded up with more
+    // random rows), a tile of whole groups; every ISA runs both (those
+    // without kernels for a group size unpack the groups first).
+    for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16}) {
+      const int64_t g = quant_group_rows(layout), ng = (n + g - 1) / g * g;
+      std::vector<uint8_t> wg = w;
+      const std::vector<uint8_t> extra = random_blocks(type, size_t((ng - n) * k / info.block_elems), rng);
+      wg.insert(wg.end(), extra.begin(), extra.end());
+      std::vector<float> wfg(size_t(ng * k));
+      dequantize(type, wg, wfg);
+      std::vector<uint8_t> packed(wg.size());
+      pack_groups(type, layout, wg.data(), ng, k, packed.data());
+      const int64_t g0 = int64_t(rng() % (ng / g)), g1 = g0 + 1 + int64_t(rng() % (ng / g - g0));
+      const int64_t ldyg = ng + 5;
+      std::vector<float> yg(size_t(m * ldyg), 12345.f);
+      quant_matmul_tile(isa, type, layout, packed.data(), acts, r0, r1, g * g0, g * g1, yg.data(), ldyg);
+      expect_tile_matches_fp64(type, isa, wg, wfg, x, acts, r0, r1, g * g0, g * g1, yg, ldyg,
+                               g == 8 ? "rows8" : "rows16");
+    }
   }
 }
 
-// pack_rows8 puts each field of row r's block b where quant_matmul.h says
-// (unit i of a field of `unit`-byte units at field_start + 8 unit i + unit r
-// of the group's block b), and unpack_row8 gives every row back byte for byte.
-TEST(QuantMatmul, Rows8PacksAsDocumentedAndUnpacksEveryRow) {
+// pack_groups puts each field of row r's block b where quant_matmul.h says
+// (unit i of a field of `unit`-byte units at field_start + G unit i + unit r
+// of the block b of row r's group of G rows), and unpack_group_row gives
+// every row back byte for byte.
+TEST(QuantMatmul, GroupsPackAsDocumentedAndUnpackEveryRow) {
   struct Field {
     int64_t unit, bytes;
   };
@@ -189,31 +195,34 @@ TEST(QuantMatmul, Rows8PacksAsDocumentedAndUnpacksEveryRow) {
   };
   std::mt19937 rng(21);
   for (const auto& [type, fields] : layouts) {
+   for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16}) {
     const GgmlTypeInfo& info = ggml_type_info(type);
-    const int64_t n = 24, nb = 3, k = nb * info.block_elems;
+    const int64_t g = quant_group_rows(layout), n = 3 * g, nb = 3, k = nb * info.block_elems;
     const int64_t block_bytes = info.block_bytes, row_bytes = nb * block_bytes;
     const std::vector<uint8_t> w = random_blocks(type, size_t(n * nb), rng);
     std::vector<uint8_t> packed(w.size());
-    pack_rows8(type, w.data(), n, k, packed.data());
+    pack_groups(type, layout, w.data(), n, k, packed.data());
     for (int64_t o = 0; o < n; ++o) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* block = w.data() + o * row_bytes + b * block_bytes;
-        const uint8_t* group_block = packed.data() + (o / 8) * 8 * row_bytes + b * 8 * block_bytes;
+        const uint8_t* group_block = packed.data() + (o / g) * g * row_bytes + b * g * block_bytes;
         int64_t at_row = 0, at_group = 0;
         for (const Field& f : fields) {
           for (int64_t i = 0; i < f.bytes; ++i)
-            ASSERT_EQ(group_block[at_group + 8 * f.unit * (i / f.unit) + f.unit * (o % 8) + i % f.unit],
+            ASSERT_EQ(group_block[at_group + g * f.unit * (i / f.unit) + f.unit * (o % g) + i % f.unit],
                       block[at_row + i])
-                << info.name << " row " << o << ", block " << b << ", byte " << at_row + i;
+                << info.name << " groups of " << g << ", row " << o << ", block " << b << ", byte " << at_row + i;
           at_row += f.bytes;
-          at_group += 8 * f.bytes;
+          at_group += g * f.bytes;
         }
         ASSERT_EQ(at_row, block_bytes) << info.name;
       }
       std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
-      unpack_row8(type, packed.data(), k, o, plain.data());
-      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0) << info.name << " row " << o;
+      unpack_group_row(type, layout, packed.data(), k, o, plain.data());
+      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0)
+          << info.name << " groups of " << g << ", row " << o;
     }
+   }
   }
 }
 

@@ -7,9 +7,10 @@
 //   bf16, or the quantized blocks of quant_matmul.h: Q4_0, Q4_1, Q5_0, Q5_1,
 //   Q8_0, Q4_K, Q5_K, Q6_K) and stores vectors (norms, biases) as f32;
 //   kBF16 / kF32 convert everything (quantized blocks dequantized) once.
-//   Q4_0, Q8_0 and Q4_K matrices whose row count is a multiple of 8 go in
-//   groups of 8 rows (QuantLayout::kRows8) where the CPU's int8 kernels read
-//   those (AVX2 and up), so the bytes behind data() are theirs rearranged.
+//   Q4_0, Q8_0 and Q4_K matrices go in groups of rows where the CPU's int8
+//   kernels read those (preferred_quant_layout: 16 rows on AVX-512 VNNI, 8
+//   on AVX2 and AVX-VNNI, row count a multiple of the group's), so the bytes
+//   behind data() are theirs rearranged.
 //   Weights of 4 MiB and more sit in 2 MiB-aligned memory marked for
 //   transparent huge pages (fewer TLB misses while streaming them).
 // - matmul: x f32 [n, ...] (in = product of the dims after the first),
@@ -21,7 +22,7 @@
 //   split over weight rows with oneTBB, for any n; except that on a CPU with
 //   AMX or AVX512-BF16, more than 4 rows of x go to oneDNN's bf16 kernels
 //   (AMX tiles / vdpbf16ps) with tiles of w dequantized to bf16, or f32 tiles
-//   (QuantPrefill; kRows8 weights only on AMX). Dense w: up to 4 rows
+//   (QuantPrefill; weights in groups only on AMX). Dense w: up to 4 rows
 //   (decode) go to a Highway kernel that streams w once (f32 x; f16 / bf16 w
 //   widened exactly). More rows go to oneDNN; bf16 weights there: where
 //   oneDNN has bf16 kernels for the CPU (AVX-512), x is rounded to bf16 and
@@ -60,8 +61,8 @@ enum class Bf16Matmul : uint8_t {
 enum class QuantPrefill : uint8_t {
   kAuto,       // kBf16Tiles where oneDNN has a bf16 kernel for this CPU and bf16 products outrun
                // f32 ones (AMX; vdpbf16ps on Zen 4), else kF32Tiles where the CPU has AVX512-BF16
-               // (slow there: a Xeon whose VM hides AMX), else kInt8; for kRows8 weights
-               // (quant_matmul.h) kBf16Tiles on AMX and kInt8 elsewhere
+               // (slow there: a Xeon whose VM hides AMX), else kInt8; for weights in groups
+               // (kRows8, kRows16: quant_matmul.h) kBf16Tiles on AMX and kInt8 elsewhere
   kInt8,       // the int8 kernels of quant_matmul.h
   kBf16Tiles,  // tiles of w dequantized to bf16, x rounded to bf16, oneDNN bf16 x bf16 -> f32
                // (Error(kUnsupported) at construction when oneDNN has no optimized bf16 kernel here)

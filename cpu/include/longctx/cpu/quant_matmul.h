@@ -68,38 +68,46 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 
 // How the weight rows lie in memory.
 //   kRows: GGML's, row o at w + o * ggml_bytes(type, k).
-//   kRows8 (Q4_0, Q8_0, Q4_K): groups of 8 rows, group g at
-//     w + 8 g * ggml_bytes(type, k), the same bytes rearranged by
-//     pack_rows8. Block b of a group is the 8 rows' block b field by field,
+//   kRows8, kRows16 (Q4_0, Q8_0, Q4_K): groups of G = 8 or 16 rows, group g
+//     at w + G g * ggml_bytes(type, k), the same bytes rearranged by
+//     pack_groups. Block b of a group is the G rows' block b field by field,
 //     each field's units interleaved by row: unit i of row r of a field of
-//     `unit`-byte units at field_start + 8 unit i + unit r, so the field
-//     takes 8 times its bytes. Fields (unit, bytes) in GGML's order:
+//     `unit`-byte units at field_start + G unit i + unit r, so the field
+//     takes G times its bytes. Fields (unit, bytes) in GGML's order:
 //       Q4_0  scale (2, 2), codes (4, 16)     Q8_0  scale (2, 2), codes (4, 32)
 //       Q4_K  d (2, 2), dmin (2, 2), 6-bit scales and mins (4, 12), codes (4, 128)
-//     One 32-byte load then holds the same 4 codes (or 8, as low and high
-//     nibbles) of 8 rows, so an integer dot product leaves row r's sum in
-//     lane r, and the 8 rows' scales apply in one vector op each, where row
-//     by row they cost as much as the dots (the idea of llama.cpp's Q4_0
-//     8x8 repacking, at 4-byte grain so that no shuffle is needed).
-enum class QuantLayout : uint8_t { kRows, kRows8 };
+//     One vector load (32 bytes for 8 rows, 64 for 16) then holds the same 4
+//     codes (or 8, as low and high nibbles) of G rows, so an integer dot
+//     product leaves row r's sum in lane r, and the G rows' scales apply in
+//     one vector op each, where row by row they cost as much as the dots
+//     (the idea of llama.cpp's Q4_0 8x8 repacking, at 4-byte grain so that
+//     no shuffle is needed). kRows16 fills AVX-512's 512-bit vectors: on a
+//     Xeon (Emerald Rapids) one 512-bit vpdpbusd did 1.5x the products per
+//     second of 256-bit ones.
+enum class QuantLayout : uint8_t { kRows, kRows8, kRows16 };
 
-// True where a weight of n rows of `type` is best kept as kRows8: a type
-// above, n a multiple of 8, and a CPU whose best ISA has kernels for it (the
-// generic one unpacks every group first).
-bool prefers_rows8(GgmlType type, int64_t n);
-// n rows of k values in GGML's layout rearranged into kRows8 (n % 8 == 0,
-// a type above: the caller's to check); `packed` holds as many bytes.
-void pack_rows8(GgmlType type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed);
-// Row `row` of a kRows8 weight copied out in GGML's layout into `plain`
-// (ggml_bytes(type, k) bytes).
-void unpack_row8(GgmlType type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* plain);
+// Rows per group of `layout`: 8, 16, or 1 for kRows.
+int64_t quant_group_rows(QuantLayout layout);
+// The layout a weight of n rows of `type` is best kept in: groups where the
+// type is one above, n a multiple of the group's rows and the CPU's best ISA
+// has kernels for them (kRows16 on AVX-512 VNNI, else kRows8; the generic
+// ISA would unpack every group first), else kRows.
+QuantLayout preferred_quant_layout(GgmlType type, int64_t n);
+// n rows of k values in GGML's layout rearranged into the groups of
+// `layout` (kRows8 or kRows16; n a multiple of its rows, a type above: the
+// caller's to check); `packed` holds as many bytes.
+void pack_groups(GgmlType type, QuantLayout layout, const uint8_t* rows, int64_t n, int64_t k, uint8_t* packed);
+// Row `row` of a weight in groups of `layout` copied out in GGML's layout
+// into `plain` (ggml_bytes(type, k) bytes).
+void unpack_group_row(GgmlType type, QuantLayout layout, const uint8_t* packed, int64_t k, int64_t row,
+                      uint8_t* plain);
 
 // y[r * ldy + o] = sum_i x[r, i] w[o, i] for r in [r_begin, r_end) and o in
 // [o_begin, o_end), where the weight rows lie as `layout` says and x = acts
 // (quantized with quant_act_block(type)). Runs on the calling thread;
 // callers split the rows across cores. Arguments are the caller's to check:
-// is_quant_matmul_type(type), k a multiple of the type's block, and for
-// kRows8 o_begin and o_end multiples of 8.
+// is_quant_matmul_type(type), k a multiple of the type's block, and o_begin
+// and o_end multiples of the layout's group rows.
 void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
                        int64_t r_begin, int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy);
 
