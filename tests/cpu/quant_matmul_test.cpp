@@ -195,34 +195,34 @@ TEST(QuantMatmul, GroupsPackAsDocumentedAndUnpackEveryRow) {
   };
   std::mt19937 rng(21);
   for (const auto& [type, fields] : layouts) {
-   for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16}) {
-    const GgmlTypeInfo& info = ggml_type_info(type);
-    const int64_t g = quant_group_rows(layout), n = 3 * g, nb = 3, k = nb * info.block_elems;
-    const int64_t block_bytes = info.block_bytes, row_bytes = nb * block_bytes;
-    const std::vector<uint8_t> w = random_blocks(type, size_t(n * nb), rng);
-    std::vector<uint8_t> packed(w.size());
-    pack_groups(type, layout, w.data(), n, k, packed.data());
-    for (int64_t o = 0; o < n; ++o) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* block = w.data() + o * row_bytes + b * block_bytes;
-        const uint8_t* group_block = packed.data() + (o / g) * g * row_bytes + b * g * block_bytes;
-        int64_t at_row = 0, at_group = 0;
-        for (const Field& f : fields) {
-          for (int64_t i = 0; i < f.bytes; ++i)
-            ASSERT_EQ(group_block[at_group + g * f.unit * (i / f.unit) + f.unit * (o % g) + i % f.unit],
-                      block[at_row + i])
-                << info.name << " groups of " << g << ", row " << o << ", block " << b << ", byte " << at_row + i;
-          at_row += f.bytes;
-          at_group += g * f.bytes;
+    for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16}) {
+      const GgmlTypeInfo& info = ggml_type_info(type);
+      const int64_t g = quant_group_rows(layout), n = 3 * g, nb = 3, k = nb * info.block_elems;
+      const int64_t block_bytes = info.block_bytes, row_bytes = nb * block_bytes;
+      const std::vector<uint8_t> w = random_blocks(type, size_t(n * nb), rng);
+      std::vector<uint8_t> packed(w.size());
+      pack_groups(type, layout, w.data(), n, k, packed.data());
+      for (int64_t o = 0; o < n; ++o) {
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* block = w.data() + o * row_bytes + b * block_bytes;
+          const uint8_t* group_block = packed.data() + (o / g) * g * row_bytes + b * g * block_bytes;
+          int64_t at_row = 0, at_group = 0;
+          for (const Field& f : fields) {
+            for (int64_t i = 0; i < f.bytes; ++i)
+              ASSERT_EQ(group_block[at_group + g * f.unit * (i / f.unit) + f.unit * (o % g) + i % f.unit],
+                        block[at_row + i])
+                  << info.name << " groups of " << g << ", row " << o << ", block " << b << ", byte " << at_row + i;
+            at_row += f.bytes;
+            at_group += g * f.bytes;
+          }
+          ASSERT_EQ(at_row, block_bytes) << info.name;
         }
-        ASSERT_EQ(at_row, block_bytes) << info.name;
+        std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
+        unpack_group_row(type, layout, packed.data(), k, o, plain.data());
+        ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0)
+            << info.name << " groups of " << g << ", row " << o;
       }
-      std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
-      unpack_group_row(type, layout, packed.data(), k, o, plain.data());
-      ASSERT_EQ(std::memcmp(plain.data(), w.data() + o * row_bytes, size_t(row_bytes)), 0)
-          << info.name << " groups of " << g << ", row " << o;
     }
-   }
   }
 }
 
