@@ -147,9 +147,10 @@ MatmulEngine::MatmulEngine(Bf16Matmul bf16_mode, QuantPrefill quant_mode) : stat
   // Weights in groups have faster int8 kernels (on that Xeon, in groups of 8
   // on 256-bit vectors, Q4_0 and Q8_0 at 290-330 GFLOP/s, 3.5-4x the row
   // kernels, Q4_K at 230, against 155-220 on f32 tiles and 110-125 on bf16
-  // tiles; in groups of 16 on 512-bit vectors 1.2-1.6x that), so they keep
-  // them except where bf16 runs on AMX tiles (Q8_0 on bf16 tiles: 676
-  // GFLOP/s on 2 cores of a Sapphire Rapids).
+  // tiles; in groups of 16 on 512-bit vectors 1.2-1.6x that, and Q5_K and
+  // Q6_K at 350-410 and 255-350 against 170-220 and 145-235 on f32 tiles),
+  // so they keep them except where bf16 runs on AMX tiles (Q8_0 on bf16
+  // tiles: 676 GFLOP/s on 2 cores of a Sapphire Rapids).
   const bool amx = cpu_features().amx_bf16;
   if (quant_mode != QuantPrefill::kAuto) {
     state_->quant_prefill = state_->grouped_prefill = quant_mode;

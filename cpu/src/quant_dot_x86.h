@@ -258,8 +258,16 @@ struct V512 {
   static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I srli16(I a, int n) { return _mm512_srli_epi16(a, unsigned(n)); }
+  static I slli16(I a, int n) { return _mm512_slli_epi16(a, unsigned(n)); }
   static I srli32(I a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
   static I slli32(I a, int n) { return _mm512_slli_epi32(a, unsigned(n)); }
+  static I srai32(I a, int n) { return _mm512_srai_epi32(a, unsigned(n)); }
+  // a | (b & c) in one vpternlogd.
+  static I or_and(I a, I b, I c) { return _mm512_ternarylogic_epi32(a, b, c, 0xF8); }
+  // codes + 0x10 in the bytes where bits & mask is not 0 (a fifth code bit).
+  static I add_0x10_where(I codes, I bits, I mask) {
+    return _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(bits, mask), codes, _mm512_set1_epi8(0x10));
+  }
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I nibble_dot(I run, I u, I s) { return _mm512_dpbusd_epi32(run, u, s); }
   static I runs_sum(I a, I b) { return _mm512_add_epi32(a, b); }
@@ -351,20 +359,22 @@ void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
   }
 }
 
-// Q4_K in a group of G = V::kLanes rows. A group's block: d and dmin of the
-// G rows (f16), the three 4-byte words of their 6-bit scales and mins (word
-// i of row r in lane r), then the codes: chunk 8 p + t holds, as low
-// nibbles, values 64 p + 4 t.. of sub-block 2 p and, as high nibbles, values
-// 64 p + 32 + 4 t.. of sub-block 2 p + 1. Per sub-block the eight dots leave
-// row r's sum in lane r, and one multiply by the lane's scale (run_times)
-// adds it to the block's int32 sum; the mins multiply the activation
-// sub-block sums (minus_sum32) likewise.
-template <class V, int kRows>
-void group_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+// Q4_K or Q5_K (kFiveBit; V512 only) in a group of G = V::kLanes rows. A
+// group's block: d and dmin of the G rows (f16), the three 4-byte words of
+// their 6-bit scales and mins (word i of row r in lane r), Q5_K's fifth bits
+// (word t holds, in bit s of each byte, those of values 4 t.. of sub-block
+// s), then the codes: chunk 8 p + t holds, as low nibbles, values 64 p + 4
+// t.. of sub-block 2 p and, as high nibbles, values 64 p + 32 + 4 t.. of
+// sub-block 2 p + 1. Per sub-block the eight dots leave row r's sum in lane
+// r, and one multiply by the lane's scale (run_times) adds it to the
+// block's int32 sum; the mins multiply the activation sub-block sums
+// (minus_sum32) likewise.
+template <class V, bool kFiveBit, int kRows>
+void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t kG = V::kLanes;
-  constexpr int64_t kBlockBytes = kG * 144;
+  constexpr int64_t kBlockBytes = kG * (kFiveBit ? 176 : 144);
   constexpr int kPairs = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
@@ -391,7 +401,8 @@ void group_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
       const I m = byte_of(s < 4 ? mins_lo : mins_hi, s % 4);
       for (int j = 0; j < kRows; ++j) mins[j] = V::add(mins[j], V::mullo(m, V::set1(rows.minus_sum32[j][8 * b + s])));
     }
-    const uint8_t* codes = blk + 16 * kG;
+    const uint8_t* high_bits = blk + 16 * kG;  // Q5_K
+    const uint8_t* codes = blk + (kFiveBit ? 48 : 16) * kG;
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's
     // two chains of eight dependent dots would wait on their latency.
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
@@ -402,7 +413,12 @@ void group_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
         for (int i = 0; i < kPairs; ++i) {
           const int p = p0 + i;
           const I q = V::load(codes + 4 * kG * (8 * p + t));
-          const I lo = V::and_(q, low4), hi = V::and_(V::srli16(q, 4), low4);
+          I lo = V::and_(q, low4), hi = V::and_(V::srli16(q, 4), low4);
+          if constexpr (kFiveBit) {
+            const I bits = V::load(high_bits + 4 * kG * t);
+            lo = V::add_0x10_where(lo, bits, V::set1_8(static_cast<int8_t>(1 << (2 * p))));
+            hi = V::add_0x10_where(hi, bits, V::set1_8(static_cast<int8_t>(2 << (2 * p))));
+          }
           for (int j = 0; j < kRows; ++j) {
             const int8_t* a = rows.q[j] + 256 * b + 64 * p + 4 * t;
             int32_t a_lo, a_hi;
@@ -426,6 +442,78 @@ void group_q4_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
       acc[j] = V::fma(V::cvt(sum[j]), V::mul(d, da), acc[j]);
       acc[j] = V::fma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
     }
+  }
+  for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
+}
+
+// Q6_K in a group of G = V::kLanes rows (V512 only). A group's block: the
+// low nibbles (word u of row r in lane r: row bytes 4 u..), the high bit
+// pairs, the 16 int8 scales (word w: scales 4 w..), then d (f16). Half h
+// of the block takes words 16 h + t and 16 h + 8 + t of the nibbles and 8 h
+// + t of the bit pairs (t < 8) for values 128 h + 32 c + 4 t.. (c < 4),
+// whose scale is 8 h + 2 c + t / 4, so a run of four chunks t covers one
+// scale's 16 values for each c. The codes are q + 32: each run's sum starts
+// at -32 times the activation run's sum (sum16), then one multiply by the
+// lane's scale (run_times) adds it to the block's int32 sum.
+template <class V, int kRows>
+void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kG = V::kLanes;
+  constexpr int64_t kBlockBytes = kG * 210;
+  // Runs of both halves of a scale's chunks at once for one or two
+  // activation rows: four chains of four dependent dots would wait on their latency.
+  constexpr int kRuns = kRows <= 2 ? 2 : 1;
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const I low4 = V::set1_8(0x0F), bits45 = V::set1_8(0x30);
+  F acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    const uint8_t* nibbles = blk;
+    const uint8_t* pairs = blk + 128 * kG;
+    const uint8_t* scales = blk + 192 * kG;
+    I sum[kRows];
+    for (int j = 0; j < kRows; ++j) sum[j] = V::zero();
+    for (int h = 0; h < 2; ++h) {
+      for (int run0 = 0; run0 < 2; run0 += kRuns) {
+        I dot[kRuns][4][kRows];
+        for (int i = 0; i < kRuns; ++i)
+          for (int c = 0; c < 4; ++c)
+            for (int j = 0; j < kRows; ++j)
+              dot[i][c][j] = V::set1(-32 * rows.sum16[j][16 * b + 8 * h + 2 * c + run0 + i]);
+        for (int t4 = 0; t4 < 4; ++t4) {
+          for (int i = 0; i < kRuns; ++i) {
+            const int t = 4 * (run0 + i) + t4;
+            const I q0 = V::load(nibbles + 4 * kG * (16 * h + t));
+            const I q1 = V::load(nibbles + 4 * kG * (16 * h + 8 + t));
+            const I hb = V::load(pairs + 4 * kG * (8 * h + t));
+            const I u[4] = {V::or_and(V::and_(q0, low4), V::slli16(hb, 4), bits45),
+                            V::or_and(V::and_(q1, low4), V::slli16(hb, 2), bits45),
+                            V::or_and(V::and_(V::srli16(q0, 4), low4), hb, bits45),
+                            V::or_and(V::and_(V::srli16(q1, 4), low4), V::srli16(hb, 2), bits45)};
+            for (int c = 0; c < 4; ++c) {
+              for (int j = 0; j < kRows; ++j) {
+                int32_t four;
+                std::memcpy(&four, rows.q[j] + 256 * b + 128 * h + 32 * c + 4 * t, 4);
+                dot[i][c][j] = V::dot(dot[i][c][j], u[c], V::set1(four));
+              }
+            }
+          }
+        }
+        for (int i = 0; i < kRuns; ++i) {
+          for (int c = 0; c < 4; ++c) {
+            const int g = 8 * h + 2 * c + run0 + i;  // the scale of the run
+            const I scale = V::srai32(V::slli32(V::load(scales + 4 * kG * (g / 4)), 24 - 8 * (g % 4)), 24);
+            for (int j = 0; j < kRows; ++j) sum[j] = V::add(sum[j], V::run_times(dot[i][c][j], scale));
+          }
+        }
+      }
+    }
+    const F d = V::f16s(blk + 208 * kG);
+    for (int j = 0; j < kRows; ++j) acc[j] = V::fma(V::cvt(sum[j]), V::mul(d, V::bcast(rows.d[j] + b)), acc[j]);
   }
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
 }
@@ -594,12 +682,21 @@ struct GroupBlock32Kernel {
     }
   };
 };
-template <class V>
-struct GroupQ4KKernel {
+template <class V, bool kFiveBit>
+struct GroupQK45Kernel {
   template <int kRows>
   struct K {
     static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-      group_q4_k<V, kRows>(group, a, r0, y, ldy);
+      group_qk_4_5<V, kFiveBit, kRows>(group, a, r0, y, ldy);
+    }
+  };
+};
+template <class V>
+struct GroupQ6KKernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      group_q6_k<V, kRows>(group, a, r0, y, ldy);
     }
   };
 };
@@ -626,14 +723,22 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
   }
 }
 
+// Q5_K and Q6_K only in groups of 16: in groups of 8 on 256-bit vectors
+// their 512-row products did not outrun oneDNN's f32 tiles (Xeon EMR), and
+// on AVX2 alone their codes (up to 63) overflow the int16 runs of nibble_dot.
 template <class V>
 QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K>;
     case GgmlType::kQ8_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ8_0>::template K>;
-    case GgmlType::kQ4_K: return by_rows<GroupQ4KKernel<V>::template K>;
-    default: return nullptr;
+    case GgmlType::kQ4_K: return by_rows<GroupQK45Kernel<V, false>::template K>;
+    default: break;
   }
+  if constexpr (V::kLanes == 16) {
+    if (type == GgmlType::kQ5_K) return by_rows<GroupQK45Kernel<V, true>::template K>;
+    if (type == GgmlType::kQ6_K) return by_rows<GroupQ6KKernel<V>::template K>;
+  }
+  return nullptr;
 }
 
 QuantGroupFn LONGCTX_QDOT8_ENTRY(GgmlType type) { return group_kernel<V256>(type); }

@@ -143,22 +143,24 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   CpuBackend backend(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
   EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kInt8);
   const int64_t k = 512;
-  // Q4_0, Q8_0 and Q4_K (not Q5_K, Q6_K) go in groups where the CPU's
-  // kernels read those: 304 rows in groups of 16 on AVX-512 VNNI, else of 8;
-  // 296 rows in groups of 8; 300 keeps GGML's layout.
+  // Q4_0, Q8_0 and Q4_K go in groups where the CPU's kernels read those:
+  // 304 rows in groups of 16 on AVX-512 VNNI, else of 8; 296 rows in groups
+  // of 8; 300 keeps GGML's layout. Q5_K and Q6_K go only in groups of 16.
+  // Q5_1 never.
   using P = std::pair<GgmlType, int64_t>;
   for (auto [type, n] : {P{GgmlType::kQ4_0, 300}, P{GgmlType::kQ4_0, 296}, P{GgmlType::kQ4_0, 304},
                          P{GgmlType::kQ8_0, 296}, P{GgmlType::kQ8_0, 304}, P{GgmlType::kQ5_1, 300},
                          P{GgmlType::kQ4_K, 296}, P{GgmlType::kQ4_K, 304}, P{GgmlType::kQ5_K, 296},
-                         P{GgmlType::kQ6_K, 304}}) {
+                         P{GgmlType::kQ5_K, 304}, P{GgmlType::kQ6_K, 296}, P{GgmlType::kQ6_K, 304}}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
     const QuantLayout layout = preferred_quant_layout(type, n);
-    const bool groups = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+    const bool groups8 = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+    const bool groups16 = groups8 || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
     const QuantIsa isa = best_quant_isa();
-    if (!groups || n % 8 != 0 || isa == QuantIsa::kGeneric) EXPECT_EQ(layout, QuantLayout::kRows);
-    else if (n % 16 == 0 && isa == QuantIsa::kAvx512Vnni) EXPECT_EQ(layout, QuantLayout::kRows16);
-    else EXPECT_EQ(layout, QuantLayout::kRows8);
+    if (groups16 && n % 16 == 0 && isa == QuantIsa::kAvx512Vnni) EXPECT_EQ(layout, QuantLayout::kRows16);
+    else if (groups8 && n % 8 == 0 && isa != QuantIsa::kGeneric) EXPECT_EQ(layout, QuantLayout::kRows8);
+    else EXPECT_EQ(layout, QuantLayout::kRows);
     std::vector<uint8_t> laid_out = bytes;
     if (layout != QuantLayout::kRows) pack_groups(type, layout, bytes.data(), n, k, laid_out.data());
     EXPECT_EQ(std::memcmp(w->data(), laid_out.data(), bytes.size()), 0) << ggml_type_info(type).name << " n " << n;
@@ -290,13 +292,15 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   }
 }
 
-// Tables of 16 rows: Q4_0, Q8_0 and Q4_K in groups of 8 where the CPU's kernels
-// read those (a tied output weight is the same tensor); 7 rows stay as given.
+// Tables of 16 rows: Q4_0, Q8_0 and Q4_K in groups of 8 or 16, Q5_K and Q6_K
+// in groups of 16, where the CPU's kernels read those (a tied output weight is
+// the same tensor); 7 rows stay as given.
 TEST(CpuBackendQuant, EmbedDequantizesRows) {
   std::mt19937 rng(4);
   CpuBackend backend;
   const int64_t d = 256;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                        GgmlType::kF16}) {
     for (int64_t vocab : {7, 16}) {
       const std::vector<uint8_t> bytes = random_blocks(type, size_t(vocab * d / ggml_type_info(type).block_elems), rng);
       auto table = backend.load_weight(HostWeight(type, {vocab, d}, bytes, "token_embd.weight"));
