@@ -35,6 +35,7 @@ struct ActRows {
   const int32_t* minus_sum4;  // block 32: [rows, k / 4]
   const int32_t* minus_sum32;  // [rows, k / 32]
   const int16_t* sum16;  // block 256: [rows, k / 16]
+  const int32_t* minus_sum32_pairs;  // block 256: [rows, k / 256, 4]
   int64_t k;
   int64_t block;
 };

@@ -38,6 +38,7 @@ struct Rows {
   const int32_t* minus_sum4[kRows];  // block 32; null for block 256
   const int32_t* minus_sum32[kRows];
   const int16_t* sum16[kRows];       // block 256; null for block 32
+  const int32_t* minus_sum32_pairs[kRows];  // block 256; null for block 32
   Rows(const ActRows& a, int64_t r0) {
     for (int j = 0; j < kRows; ++j) {
       const int64_t r = r0 + j;
@@ -47,6 +48,7 @@ struct Rows {
       minus_sum4[j] = a.block == 32 ? a.minus_sum4 + r * (a.k / 4) : nullptr;
       minus_sum32[j] = a.minus_sum32 + r * (a.k / 32);
       sum16[j] = a.block == 256 ? a.sum16 + r * (a.k / 16) : nullptr;
+      minus_sum32_pairs[j] = a.block == 256 ? a.minus_sum32_pairs + r * (a.k / 256) * 4 : nullptr;
     }
   }
 };
@@ -233,7 +235,8 @@ struct V256 {
     if constexpr (kExactByteDots) return _mm256_mullo_epi32(run, scale);
     else return _mm256_madd_epi16(run, _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16)));
   }
-  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  // acc + the products of the int16 pairs of a and b, summed per lane.
+  static I pair_dot(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
   static F f16s(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static F zero_ps() { return _mm256_setzero_ps(); }
   static F bcast(const float* p) { return _mm256_broadcast_ss(p); }
@@ -272,7 +275,7 @@ struct V512 {
   static I nibble_dot(I run, I u, I s) { return _mm512_dpbusd_epi32(run, u, s); }
   static I runs_sum(I a, I b) { return _mm512_add_epi32(a, b); }
   static I run_times(I run, I scale) { return _mm512_mullo_epi32(run, scale); }
-  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I pair_dot(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
   static F f16s(const uint8_t* p) { return _mm512_cvtph_ps(load256(p)); }
   static F zero_ps() { return _mm512_setzero_ps(); }
   static F bcast(const float* p) { return _mm512_set1_ps(*p); }
@@ -368,7 +371,7 @@ void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
 // sub-block 2 p + 1. Per sub-block the eight dots leave row r's sum in lane
 // r, and one multiply by the lane's scale (run_times) adds it to the
 // block's int32 sum; the mins multiply the activation sub-block sums
-// (minus_sum32) likewise.
+// (minus_sum32_pairs) two sub-blocks at a time.
 template <class V, bool kFiveBit, int kRows>
 void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   using I = typename V::I;
@@ -397,10 +400,15 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
     const I mins_hi = V::or_(V::and_(V::srli32(w2, 4), low4), V::slli32(V::and_(V::srli32(w1, 6), two), 4));
     I sum[kRows], mins[kRows];
     for (int j = 0; j < kRows; ++j) sum[j] = mins[j] = V::zero();
-    for (int s = 0; s < 8; ++s) {
-      const I m = byte_of(s < 4 ? mins_lo : mins_hi, s % 4);
-      for (int j = 0; j < kRows; ++j) mins[j] = V::add(mins[j], V::mullo(m, V::set1(rows.minus_sum32[j][8 * b + s])));
-    }
+    // The mins of sub-blocks 0 and 2, 1 and 3, 4 and 6, 5 and 7 as int16
+    // pairs against the activations' (minus_sum32_pairs): a vpmaddwd per two
+    // sub-blocks, where a vpmulld took one each.
+    const I low_bytes = V::set1(0x00FF00FF);
+    const I min_pairs[4] = {V::and_(mins_lo, low_bytes), V::srli16(mins_lo, 8), V::and_(mins_hi, low_bytes),
+                            V::srli16(mins_hi, 8)};
+    for (int w = 0; w < 4; ++w)
+      for (int j = 0; j < kRows; ++j)
+        mins[j] = V::pair_dot(mins[j], min_pairs[w], V::set1(rows.minus_sum32_pairs[j][4 * b + w]));
     const uint8_t* high_bits = blk + 16 * kG;  // Q5_K
     const uint8_t* codes = blk + (kFiveBit ? 48 : 16) * kG;
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's

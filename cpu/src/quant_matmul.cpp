@@ -85,6 +85,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
   out.minus_sum4.resize(block == 32 ? size_t(rows * (k / 4)) : 0);
   out.minus_sum32.assign(size_t(rows * (k / 32)), 0);
   out.sum16.assign(block == 256 ? size_t(rows * (k / 16)) : 0, 0);
+  out.minus_sum32_pairs.resize(block == 256 ? size_t(rows * (k / 256) * 4) : 0);
   auto quantize_row = [&](int64_t r) {
     int8_t* q = out.q.data() + r * k;
     float* d = out.d.data() + r * (k / block);
@@ -102,6 +103,14 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
       if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
       else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
       out.minus_sum32[size_t(r * (k / 32) + g / 2)] -= sum;
+    }
+    for (int64_t b = 0; block == 256 && b < k / 256; ++b) {
+      const int32_t* sub = out.minus_sum32.data() + r * (k / 32) + 8 * b;  // |sum| <= 32 * 127: int16
+      for (int w = 0; w < 4; ++w) {
+        const int first = w % 2 + 4 * (w / 2);  // sub-blocks 0, 1, 4, 5, each paired with the one two on
+        out.minus_sum32_pairs[size_t((r * (k / 256) + b) * 4 + w)] =
+            int32_t(uint32_t(uint16_t(sub[first])) | uint32_t(uint16_t(sub[first + 2])) << 16);
+      }
     }
   };
   if (rows * k < (int64_t(1) << 16)) {  // decode: not worth a task
@@ -198,8 +207,9 @@ void unpack_group_row(GgmlType type, QuantLayout layout, const uint8_t* packed, 
 
 void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const uint8_t* w, const QuantizedActs& acts,
                        int64_t r_begin, int64_t r_end, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
-  const detail::ActRows rows{acts.q.data(),         acts.d.data(),     acts.dsum.data(), acts.minus_sum4.data(),
-                             acts.minus_sum32.data(), acts.sum16.data(), acts.k,           acts.block};
+  const detail::ActRows rows{acts.q.data(),     acts.d.data(),           acts.dsum.data(),
+                             acts.minus_sum4.data(), acts.minus_sum32.data(), acts.sum16.data(),
+                             acts.minus_sum32_pairs.data(), acts.k, acts.block};
   const int64_t row_bytes = int64_t(*ggml_bytes(type, acts.k));
   const detail::QuantRowsFn kernel = rows_fn(isa, type);
   const int64_t g = quant_group_rows(layout);

@@ -369,6 +369,15 @@ TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
         for (int64_t i = 16 * g; i < 16 * g + 16; ++i) sum += acts.q[size_t(r * 512 + i)];
         ASSERT_EQ(acts.sum16[size_t(r * 32 + g)], sum);
       }
+      // block 256: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) as int16 pairs.
+      for (int64_t b = 0; block == 256 && b < 2; ++b) {
+        const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+        for (int w = 0; w < 4; ++w) {
+          const int32_t word = acts.minus_sum32_pairs[size_t((r * 2 + b) * 4 + w)];
+          ASSERT_EQ(int16_t(word & 0xFFFF), acts.minus_sum32[size_t(r * 16 + 8 * b + pairs[w][0])]) << w;
+          ASSERT_EQ(int16_t(uint32_t(word) >> 16), acts.minus_sum32[size_t(r * 16 + 8 * b + pairs[w][1])]) << w;
+        }
+      }
     }
   }
 }

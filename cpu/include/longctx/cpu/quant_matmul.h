@@ -57,6 +57,9 @@ struct QuantizedActs {
   std::vector<int32_t> minus_sum4;  // block 32: [rows, k / 4] minus the sums of 4 consecutive q
   std::vector<int32_t> minus_sum32;  // [rows, k / 32] minus the sums of 32 consecutive q
   std::vector<int16_t> sum16;  // block 256: [rows, k / 16] sums of 16 consecutive q
+  // block 256: [rows, k / 256, 4] the block's minus_sum32 of sub-blocks (0, 2),
+  // (1, 3), (4, 6), (5, 7) as int16 pairs (low, high), for pair products (vpmaddwd)
+  std::vector<int32_t> minus_sum32_pairs;
 };
 
 // Quantizes x[r * ldx + i] (r < rows, i < k) into out, reusing its buffers;
