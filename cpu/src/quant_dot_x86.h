@@ -377,6 +377,8 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t kG = V::kLanes;
+  // Five-bit codes would overflow the int16 runs of V256's nibble_dot on AVX2.
+  static_assert(!kFiveBit || V::kLanes == 16);
   constexpr int64_t kBlockBytes = kG * (kFiveBit ? 176 : 144);
   constexpr int kPairs = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
   const int64_t nb = acts.k / 256;
