@@ -11,6 +11,8 @@
 namespace longctx::cpu::detail {
 
 constexpr int kQuantMaxRows = 4;
+// Group kernels (QuantGroupFn) take up to this many activation rows.
+constexpr int kQuantGroupMaxRows = 8;
 
 // A decode step finds the weights in DRAM. With the hardware prefetchers
 // alone the GEMV kernels read them at 0.4-0.7 of the read bandwidth (Xeon
@@ -47,7 +49,7 @@ using QuantRowsFn = void (*)(const uint8_t* w_row, const ActRows& acts, int64_t 
 
 // y[j * ldy + i] = dot(weight row i of the group at `group` (kRows8 or
 // kRows16), activation row r0 + j) for i < the group's rows and j < n_rows
-// (1..kQuantMaxRows).
+// (1..kQuantGroupMaxRows).
 using QuantGroupFn = void (*)(const uint8_t* group, const ActRows& acts, int64_t r0, int n_rows, float* y,
                               int64_t ldy);
 

@@ -17,9 +17,11 @@
 // in int32 by vpmaddwd, so one conversion to fp32 per block is all the
 // floating point there is.
 //
-// Up to kQuantMaxRows activation rows share each unpacked weight block.
+// Up to kQuantMaxRows activation rows (a group kernel: kQuantGroupMaxRows)
+// share each unpacked weight block.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "quant_dot.h"
@@ -381,6 +383,9 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
   static_assert(!kFiveBit || V::kLanes == 16);
   constexpr int64_t kBlockBytes = kG * (kFiveBit ? 176 : 144);
   constexpr int kPairs = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
+  // Past four activation rows, a pass takes one sub-block of a pair: the
+  // runs of both for every row would not fit in the 32 registers.
+  constexpr int kNibs = kRows > 4 ? 1 : 2;
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
   const I low4 = V::set1_8(0x0F);
@@ -391,66 +396,68 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
-    const F d = V::f16s(blk);
-    const F dmin = V::f16s(blk + 2 * kG);
     // unpack_k_scales on G rows at once.
-    const I w0 = V::load(blk + 4 * kG), w1 = V::load(blk + 8 * kG), w2 = V::load(blk + 12 * kG);
+    const I w0 = V::load(blk + 4 * kG), w2 = V::load(blk + 12 * kG);
     const I six = V::set1_8(0x3F), two = V::set1_8(0x03);
     const I scales_lo = V::and_(w0, six);
-    const I mins_lo = V::and_(w1, six);
     const I scales_hi = V::or_(V::and_(w2, low4), V::slli32(V::and_(V::srli32(w0, 6), two), 4));
-    const I mins_hi = V::or_(V::and_(V::srli32(w2, 4), low4), V::slli32(V::and_(V::srli32(w1, 6), two), 4));
-    I sum[kRows], mins[kRows];
-    for (int j = 0; j < kRows; ++j) sum[j] = mins[j] = V::zero();
-    // The mins of sub-blocks 0 and 2, 1 and 3, 4 and 6, 5 and 7 as int16
-    // pairs against the activations' (minus_sum32_pairs): a vpmaddwd per two
-    // sub-blocks, where a vpmulld took one each.
-    const I low_bytes = V::set1(0x00FF00FF);
-    const I min_pairs[4] = {V::and_(mins_lo, low_bytes), V::srli16(mins_lo, 8), V::and_(mins_hi, low_bytes),
-                            V::srli16(mins_hi, 8)};
-    for (int w = 0; w < 4; ++w)
-      for (int j = 0; j < kRows; ++j)
-        mins[j] = V::pair_dot(mins[j], min_pairs[w], V::set1(rows.minus_sum32_pairs[j][4 * b + w]));
+    I sum[kRows];
+    for (int j = 0; j < kRows; ++j) sum[j] = V::zero();
     const uint8_t* high_bits = blk + 16 * kG;  // Q5_K
     const uint8_t* codes = blk + (kFiveBit ? 48 : 16) * kG;
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's
     // two chains of eight dependent dots would wait on their latency.
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
-      I dot_lo[kPairs][kRows], dot_hi[kPairs][kRows];
-      for (int i = 0; i < kPairs; ++i)
-        for (int j = 0; j < kRows; ++j) dot_lo[i][j] = dot_hi[i][j] = V::zero();
-      for (int t = 0; t < 8; ++t) {
+      for (int n0 = 0; n0 < 2; n0 += kNibs) {
+        I dot[kPairs][kNibs][kRows];
+        for (int i = 0; i < kPairs; ++i)
+          for (int n = 0; n < kNibs; ++n)
+            for (int j = 0; j < kRows; ++j) dot[i][n][j] = V::zero();
+        for (int t = 0; t < 8; ++t) {
+          for (int i = 0; i < kPairs; ++i) {
+            const int p = p0 + i;
+            const I q = V::load(codes + 4 * kG * (8 * p + t));
+            for (int n = 0; n < kNibs; ++n) {
+              const int nib = n0 + n;  // 0: sub-block 2 p (low nibbles), 1: 2 p + 1
+              I u = V::and_(nib == 0 ? q : V::srli16(q, 4), low4);
+              if constexpr (kFiveBit)
+                u = V::add_0x10_where(u, V::load(high_bits + 4 * kG * t),
+                                      V::set1_8(static_cast<int8_t>((1 + nib) << (2 * p))));
+              for (int j = 0; j < kRows; ++j) {
+                int32_t four;
+                std::memcpy(&four, rows.q[j] + 256 * b + 64 * p + 32 * nib + 4 * t, 4);
+                dot[i][n][j] = V::nibble_dot(dot[i][n][j], u, V::set1(four));
+              }
+            }
+          }
+        }
         for (int i = 0; i < kPairs; ++i) {
           const int p = p0 + i;
-          const I q = V::load(codes + 4 * kG * (8 * p + t));
-          I lo = V::and_(q, low4), hi = V::and_(V::srli16(q, 4), low4);
-          if constexpr (kFiveBit) {
-            const I bits = V::load(high_bits + 4 * kG * t);
-            lo = V::add_0x10_where(lo, bits, V::set1_8(static_cast<int8_t>(1 << (2 * p))));
-            hi = V::add_0x10_where(hi, bits, V::set1_8(static_cast<int8_t>(2 << (2 * p))));
-          }
-          for (int j = 0; j < kRows; ++j) {
-            const int8_t* a = rows.q[j] + 256 * b + 64 * p + 4 * t;
-            int32_t a_lo, a_hi;
-            std::memcpy(&a_lo, a, 4);
-            std::memcpy(&a_hi, a + 32, 4);
-            dot_lo[i][j] = V::nibble_dot(dot_lo[i][j], lo, V::set1(a_lo));
-            dot_hi[i][j] = V::nibble_dot(dot_hi[i][j], hi, V::set1(a_hi));
+          const I scales = p < 2 ? scales_lo : scales_hi;
+          for (int n = 0; n < kNibs; ++n) {
+            const I sc = byte_of(scales, 2 * (p % 2) + n0 + n);
+            for (int j = 0; j < kRows; ++j) sum[j] = V::add(sum[j], V::run_times(dot[i][n][j], sc));
           }
         }
       }
-      for (int i = 0; i < kPairs; ++i) {
-        const int p = p0 + i;
-        const I scales = p < 2 ? scales_lo : scales_hi;
-        const I sc_lo = byte_of(scales, 2 * (p % 2)), sc_hi = byte_of(scales, 2 * (p % 2) + 1);
-        for (int j = 0; j < kRows; ++j)
-          sum[j] = V::add(sum[j], V::add(V::run_times(dot_lo[i][j], sc_lo), V::run_times(dot_hi[i][j], sc_hi)));
-      }
     }
+    const F d = V::f16s(blk);
+    for (int j = 0; j < kRows; ++j) acc[j] = V::fma(V::cvt(sum[j]), V::mul(d, V::bcast(rows.d[j] + b)), acc[j]);
+    // The mins of sub-blocks 0 and 2, 1 and 3, 4 and 6, 5 and 7 as int16
+    // pairs against the activations' (minus_sum32_pairs): a vpmaddwd per two
+    // sub-blocks, where a vpmulld took one each.
+    const I w1 = V::load(blk + 8 * kG);
+    const I mins_lo = V::and_(w1, six);
+    const I mins_hi = V::or_(V::and_(V::srli32(w2, 4), low4), V::slli32(V::and_(V::srli32(w1, 6), two), 4));
+    const I low_bytes = V::set1(0x00FF00FF);
+    const I min_pairs[4] = {V::and_(mins_lo, low_bytes), V::srli16(mins_lo, 8), V::and_(mins_hi, low_bytes),
+                            V::srli16(mins_hi, 8)};
+    const F dmin = V::f16s(blk + 2 * kG);
     for (int j = 0; j < kRows; ++j) {
-      const F da = V::bcast(rows.d[j] + b);
-      acc[j] = V::fma(V::cvt(sum[j]), V::mul(d, da), acc[j]);
-      acc[j] = V::fma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
+      I mins = V::zero();
+      for (int w = 0; w < 4; ++w)
+        mins = V::pair_dot(mins, min_pairs[w], V::set1(rows.minus_sum32_pairs[j][4 * b + w]));
+      acc[j] = V::fma(V::cvt(mins), V::mul(dmin, V::bcast(rows.d[j] + b)), acc[j]);
     }
   }
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
@@ -474,9 +481,21 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   // Runs of both halves of a scale's chunks at once for one or two
   // activation rows: four chains of four dependent dots would wait on their latency.
   constexpr int kRuns = kRows <= 2 ? 2 : 1;
+  // Past four activation rows, a pass takes the runs of one chunk position
+  // c: the runs of all four for every row would not fit in the 32 registers.
+  constexpr int kCs = kRows > 4 ? 1 : 4;
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
   const I low4 = V::set1_8(0x0F), bits45 = V::set1_8(0x30);
+  // The codes of chunk position c: a nibble of q0 (c 0, 2) or q1 (1, 3) and a bit pair of hb.
+  const auto codes_of = [&](I q0, I q1, I hb, int c) {
+    switch (c) {
+      case 0: return V::or_and(V::and_(q0, low4), V::slli16(hb, 4), bits45);
+      case 1: return V::or_and(V::and_(q1, low4), V::slli16(hb, 2), bits45);
+      case 2: return V::or_and(V::and_(V::srli16(q0, 4), low4), hb, bits45);
+      default: return V::or_and(V::and_(V::srli16(q1, 4), low4), V::srli16(hb, 2), bits45);
+    }
+  };
   F acc[kRows];
   for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -489,35 +508,35 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
     for (int j = 0; j < kRows; ++j) sum[j] = V::zero();
     for (int h = 0; h < 2; ++h) {
       for (int run0 = 0; run0 < 2; run0 += kRuns) {
-        I dot[kRuns][4][kRows];
-        for (int i = 0; i < kRuns; ++i)
-          for (int c = 0; c < 4; ++c)
-            for (int j = 0; j < kRows; ++j)
-              dot[i][c][j] = V::set1(-32 * rows.sum16[j][16 * b + 8 * h + 2 * c + run0 + i]);
-        for (int t4 = 0; t4 < 4; ++t4) {
-          for (int i = 0; i < kRuns; ++i) {
-            const int t = 4 * (run0 + i) + t4;
-            const I q0 = V::load(nibbles + 4 * kG * (16 * h + t));
-            const I q1 = V::load(nibbles + 4 * kG * (16 * h + 8 + t));
-            const I hb = V::load(pairs + 4 * kG * (8 * h + t));
-            const I u[4] = {V::or_and(V::and_(q0, low4), V::slli16(hb, 4), bits45),
-                            V::or_and(V::and_(q1, low4), V::slli16(hb, 2), bits45),
-                            V::or_and(V::and_(V::srli16(q0, 4), low4), hb, bits45),
-                            V::or_and(V::and_(V::srli16(q1, 4), low4), V::srli16(hb, 2), bits45)};
-            for (int c = 0; c < 4; ++c) {
-              for (int j = 0; j < kRows; ++j) {
-                int32_t four;
-                std::memcpy(&four, rows.q[j] + 256 * b + 128 * h + 32 * c + 4 * t, 4);
-                dot[i][c][j] = V::dot(dot[i][c][j], u[c], V::set1(four));
+        #pragma GCC unroll 4
+        for (int c0 = 0; c0 < 4; c0 += kCs) {
+          I dot[kRuns][kCs][kRows];
+          for (int i = 0; i < kRuns; ++i)
+            for (int c = 0; c < kCs; ++c)
+              for (int j = 0; j < kRows; ++j)
+                dot[i][c][j] = V::set1(-32 * rows.sum16[j][16 * b + 8 * h + 2 * (c0 + c) + run0 + i]);
+          for (int t4 = 0; t4 < 4; ++t4) {
+            for (int i = 0; i < kRuns; ++i) {
+              const int t = 4 * (run0 + i) + t4;
+              const I q0 = V::load(nibbles + 4 * kG * (16 * h + t));
+              const I q1 = V::load(nibbles + 4 * kG * (16 * h + 8 + t));
+              const I hb = V::load(pairs + 4 * kG * (8 * h + t));
+              for (int c = 0; c < kCs; ++c) {
+                const I u = codes_of(q0, q1, hb, c0 + c);
+                for (int j = 0; j < kRows; ++j) {
+                  int32_t four;
+                  std::memcpy(&four, rows.q[j] + 256 * b + 128 * h + 32 * (c0 + c) + 4 * t, 4);
+                  dot[i][c][j] = V::dot(dot[i][c][j], u, V::set1(four));
+                }
               }
             }
           }
-        }
-        for (int i = 0; i < kRuns; ++i) {
-          for (int c = 0; c < 4; ++c) {
-            const int g = 8 * h + 2 * c + run0 + i;  // the scale of the run
-            const I scale = V::srai32(V::slli32(V::load(scales + 4 * kG * (g / 4)), 24 - 8 * (g % 4)), 24);
-            for (int j = 0; j < kRows; ++j) sum[j] = V::add(sum[j], V::run_times(dot[i][c][j], scale));
+          for (int i = 0; i < kRuns; ++i) {
+            for (int c = 0; c < kCs; ++c) {
+              const int g = 8 * h + 2 * (c0 + c) + run0 + i;  // the scale of the run
+              const I scale = V::srai32(V::slli32(V::load(scales + 4 * kG * (g / 4)), 24 - 8 * (g % 4)), 24);
+              for (int j = 0; j < kRows; ++j) sum[j] = V::add(sum[j], V::run_times(dot[i][c][j], scale));
+            }
           }
         }
       }
@@ -665,6 +684,27 @@ void by_rows(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, floa
   }
 }
 
+// A group kernel taking up to kMaxRows activation rows at once (4 or
+// kQuantGroupMaxRows), n_rows of them in calls of that many and the rest.
+template <template <int> class K, int kMaxRows>
+void by_group_rows(const uint8_t* group, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+  static_assert(kMaxRows == kQuantMaxRows || kMaxRows == kQuantGroupMaxRows);
+  if constexpr (kMaxRows == kQuantGroupMaxRows) {
+    if (n_rows == kQuantGroupMaxRows) return K<kQuantGroupMaxRows>::run(group, acts, r0, y, ldy);
+  }
+  for (int j = 0; j < n_rows; j += kQuantMaxRows)
+    by_rows<K>(group, acts, r0 + j, std::min(kQuantMaxRows, n_rows - j), y + j * ldy, ldy);
+}
+
+// The k-quant group kernels take eight activation rows at once on 512-bit
+// vectors, whose 32 registers hold their runs: one unpacking of the codes
+// then serves twice the dots (one thread, hot, Xeon EMR: Q4_K 1.09x, Q5_K
+// 1.23-1.29x, Q6_K 1.15-1.21x four rows). On 256-bit vectors (AVX2: 16 registers),
+// and for Q4_0 and Q8_0, whose per-row scale work is as large as the
+// unpacking (0.9-1.0x), four.
+template <class V>
+constexpr int kKQuantRowsAtOnce = V::kLanes == 16 ? kQuantGroupMaxRows : kQuantMaxRows;
+
 template <GgmlType kType, int64_t kBytes>
 struct Block32Kernel {
   template <int kRows>
@@ -739,14 +779,14 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
 template <class V>
 QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K>;
-    case GgmlType::kQ8_0: return by_rows<GroupBlock32Kernel<V, GgmlType::kQ8_0>::template K>;
-    case GgmlType::kQ4_K: return by_rows<GroupQK45Kernel<V, false>::template K>;
+    case GgmlType::kQ4_0: return by_group_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K, kQuantMaxRows>;
+    case GgmlType::kQ8_0: return by_group_rows<GroupBlock32Kernel<V, GgmlType::kQ8_0>::template K, kQuantMaxRows>;
+    case GgmlType::kQ4_K: return by_group_rows<GroupQK45Kernel<V, false>::template K, kKQuantRowsAtOnce<V>>;
     default: break;
   }
   if constexpr (V::kLanes == 16) {
-    if (type == GgmlType::kQ5_K) return by_rows<GroupQK45Kernel<V, true>::template K>;
-    if (type == GgmlType::kQ6_K) return by_rows<GroupQ6KKernel<V>::template K>;
+    if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kKQuantRowsAtOnce<V>>;
+    if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kKQuantRowsAtOnce<V>>;
   }
   return nullptr;
 }

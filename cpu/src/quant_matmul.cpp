@@ -223,10 +223,11 @@ void quant_matmul_tile(QuantIsa isa, GgmlType type, QuantLayout layout, const ui
     }
     return;
   }
-  // Activation rows outside: a group of up to four stays in L1 while the
-  // tile's weight rows stream past it.
-  for (int64_t r = r_begin; r < r_end; r += detail::kQuantMaxRows) {
-    const int n_rows = int(std::min<int64_t>(detail::kQuantMaxRows, r_end - r));
+  // Activation rows outside: a few (four; eight for the k-quant group
+  // kernels on AVX-512) stay in cache while the tile's weight rows stream past.
+  const int64_t max_rows = group_kernel != nullptr ? detail::kQuantGroupMaxRows : detail::kQuantMaxRows;
+  for (int64_t r = r_begin; r < r_end; r += max_rows) {
+    const int n_rows = int(std::min<int64_t>(max_rows, r_end - r));
     if (group_kernel != nullptr) {
       for (int64_t o = o_begin; o < o_end; o += g)
         group_kernel(w + o * row_bytes, rows, r, n_rows, y + r * ldy + o, ldy);
