@@ -408,11 +408,13 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's
     // two chains of eight dependent dots would wait on their latency.
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
+#pragma GCC unroll 2
       for (int n0 = 0; n0 < 2; n0 += kNibs) {
         I dot[kPairs][kNibs][kRows];
         for (int i = 0; i < kPairs; ++i)
           for (int n = 0; n < kNibs; ++n)
             for (int j = 0; j < kRows; ++j) dot[i][n][j] = V::zero();
+#pragma GCC unroll 8
         for (int t = 0; t < 8; ++t) {
           for (int i = 0; i < kPairs; ++i) {
             const int p = p0 + i;
