@@ -408,7 +408,7 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
     // kPairs pairs of sub-blocks at once: with one activation row, a pair's
     // two chains of eight dependent dots would wait on their latency.
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
-#pragma GCC unroll 2
+#pragma GCC unroll 2  // GCC left these two loops rolled once the passes split: 0.93x on four rows
       for (int n0 = 0; n0 < 2; n0 += kNibs) {
         I dot[kPairs][kNibs][kRows];
         for (int i = 0; i < kPairs; ++i)
@@ -513,7 +513,7 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
     for (int j = 0; j < kRows; ++j) block_sum[j] = V::zero_ps();
     for (int h = 0; h < 2; ++h) {
       for (int run0 = 0; run0 < 2; run0 += kRuns) {
-        #pragma GCC unroll 4
+#pragma GCC unroll 4  // the runs of each chunk position c in registers, not on the stack
         for (int c0 = 0; c0 < 4; c0 += kCs) {
           I dot[kRuns][kCs][kRows];
           for (int i = 0; i < kRuns; ++i)
