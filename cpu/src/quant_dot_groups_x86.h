@@ -383,8 +383,8 @@ void by_group_rows(const uint8_t* group, const ActRows& acts, int64_t r0, int n_
 
 // The k-quant group kernels take eight activation rows at once on 512-bit
 // vectors, whose 32 registers hold their runs: one unpacking of the codes
-// then serves twice the dots (one thread, hot, Xeon EMR: Q4_K 1.09x, Q5_K
-// 1.23-1.29x, Q6_K 1.15-1.21x four rows). On 256-bit vectors (AVX2: 16 registers),
+// then serves twice the dots (one thread, hot, Xeon EMR: Q4_K 1.18x, Q5_K
+// 1.29x, Q6_K 1.28x four rows). On 256-bit vectors (AVX2: 16 registers),
 // and for Q4_0 and Q8_0, whose per-row scale work is as large as the
 // unpacking (0.9-1.0x), four.
 template <class V>
