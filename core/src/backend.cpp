@@ -1,8 +1,10 @@
 // BackendTensor helpers and the one RoPE frequency definition (backend.h).
 #include "longctx/core/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "longctx/core/error.h"
 
@@ -115,6 +117,20 @@ void check_rope_params(const RopeParams& p) {
       fail(ErrorCode::kInvalidArgument, "rope: llama3 original_context must be positive, got ", p.original_context);
     }
   }
+  if (p.scaling == RopeScaling::kYarn) {
+    if (!(p.factor >= 1.0f)) fail(ErrorCode::kInvalidArgument, "rope: yarn factor must be >= 1, got ", p.factor);
+    if (!(p.theta > 1.0f)) fail(ErrorCode::kInvalidArgument, "rope: yarn needs theta > 1, got ", p.theta);
+    if (p.original_context <= 0) {
+      fail(ErrorCode::kInvalidArgument, "rope: yarn original_context must be positive, got ", p.original_context);
+    }
+    if (!positive_finite(p.beta_slow) || !positive_finite(p.beta_fast) || !(p.beta_fast > p.beta_slow)) {
+      fail(ErrorCode::kInvalidArgument, "rope: yarn needs 0 < beta_slow < beta_fast, got ", p.beta_slow, " and ",
+           p.beta_fast);
+    }
+    if (!positive_finite(p.attn_factor)) {
+      fail(ErrorCode::kInvalidArgument, "rope: yarn attn_factor must be positive, got ", p.attn_factor);
+    }
+  }
   if (!p.freq_factors.empty()) {
     if (p.scaling != RopeScaling::kNone) {
       fail(ErrorCode::kInvalidArgument, "rope: freq_factors and a scaling type cannot be combined");
@@ -131,6 +147,23 @@ void check_rope_params(const RopeParams& p) {
   }
 }
 
+// YaRN's correction range: the pair indices [low, high] between which the
+// frequencies blend, from the pair that turns beta_fast times over the
+// original context (below: kept) to the one that turns beta_slow times
+// (above: divided by factor). Pair i turns original_context * theta^(-2i/n_rot)
+// / (2 pi) times, so the pair turning beta times is n_rot ln(original_context /
+// (2 pi beta)) / (2 ln theta). Rounded outwards and clamped as llama.cpp's
+// ggml_rope_yarn_corr_dims and transformers' find_correction_range do.
+std::pair<double, double> yarn_correction_range(const RopeParams& p) {
+  const auto pair_turning = [&](double beta) {
+    return p.n_rot * std::log(double(p.original_context) / (2.0 * std::numbers::pi * beta)) /
+           (2.0 * std::log(double(p.theta)));
+  };
+  const double low = std::max(0.0, std::floor(pair_turning(p.beta_fast)));
+  const double high = std::min(double(p.n_rot - 1), std::ceil(pair_turning(p.beta_slow)));
+  return {low, high};
+}
+
 }  // namespace
 
 // Computed in fp64 and rounded once, so every backend starts from the same floats.
@@ -138,6 +171,7 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
   check_rope_params(p);
   const int half = p.n_rot / 2;
   std::vector<float> result(static_cast<size_t>(half));
+  const auto [yarn_low, yarn_high] = p.scaling == RopeScaling::kYarn ? yarn_correction_range(p) : std::pair{0.0, 0.0};
   for (int i = 0; i < half; ++i) {
     double inv = std::pow(double(p.theta), -2.0 * i / p.n_rot);
     if (p.scaling == RopeScaling::kLinear) {
@@ -154,11 +188,31 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
             (context / wavelen - p.low_freq_factor) / (double(p.high_freq_factor) - double(p.low_freq_factor));
         inv = (1.0 - smooth) * inv / p.factor + smooth * inv;
       }
+    } else if (p.scaling == RopeScaling::kYarn) {
+      // 0 up to low (fast pairs keep inv), 1 from high (slow pairs take inv / factor).
+      const double ramp = std::clamp((i - yarn_low) / std::max(0.001, yarn_high - yarn_low), 0.0, 1.0);
+      inv = ramp * inv / p.factor + (1.0 - ramp) * inv;
     }
     if (!p.freq_factors.empty()) inv /= p.freq_factors[static_cast<size_t>(i)];
     result[static_cast<size_t>(i)] = static_cast<float>(inv);
   }
   return result;
+}
+
+const char* rope_scaling_name(RopeScaling scaling) {
+  switch (scaling) {
+    case RopeScaling::kNone: return "none";
+    case RopeScaling::kLinear: return "linear";
+    case RopeScaling::kLlama3: return "llama3";
+    case RopeScaling::kYarn: return "yarn";
+  }
+  return "?";
+}
+
+float rope_magnitude(const RopeParams& p) {
+  check_rope_params(p);
+  if (p.scaling != RopeScaling::kYarn) return 1.0f;
+  return static_cast<float>(double(p.attn_factor) * (1.0 + 0.1 * std::log(double(p.factor))));
 }
 
 }  // namespace longctx

@@ -210,7 +210,7 @@ void CpuBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& par
   check_rope_args(x, first_pos, params);
   const std::vector<float> inv_freq = rope_inv_freq(params);  // validates params
   detail::rope_rows(static_cast<float*>(xt.data()), x.shape()[0], x.shape()[1], x.shape()[2], first_pos, inv_freq,
-                    params.style);
+                    rope_magnitude(params), params.style);
 }
 
 void CpuBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) {

@@ -82,8 +82,9 @@ void gemv(const GemvRun& run);
 // Arguments are already checked by CpuBackend.
 void rms_norm_rows(const float* x, const void* weight, DType weight_dtype, float eps, float* y, int64_t rows,
                    int64_t d);
+// rope_rows multiplies each rotated pair by magnitude (rope_magnitude).
 void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t first_pos,
-               const std::vector<float>& inv_freq, RopeStyle style);
+               const std::vector<float>& inv_freq, float magnitude, RopeStyle style);
 void swiglu_elems(const float* gate, const float* up, float* out, int64_t count);
 void add_elems(const float* a, const float* b, float* out, int64_t count);
 void add_bias_rows(float* y, const void* bias, DType bias_dtype, int64_t rows, int64_t n);

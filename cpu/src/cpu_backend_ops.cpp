@@ -53,17 +53,18 @@ void rms_norm_rows(const float* x, const void* weight, DType weight_dtype, float
 }
 
 void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t first_pos,
-               const std::vector<float>& inv_freq, RopeStyle style) {
+               const std::vector<float>& inv_freq, float magnitude, RopeStyle style) {
   const int64_t half = int64_t(inv_freq.size());
   parallel_rows(n, n_heads * head_dim, [&](int64_t t) {
     // One angle table per token, shared by its heads; the angle is formed in
-    // fp64 so that large positions do not lose the fraction.
+    // fp64 so that large positions do not lose the fraction, and its cosine
+    // and sine take the magnitude before they round.
     std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
     const double pos = double(first_pos + t);
     for (int64_t i = 0; i < half; ++i) {
       const double angle = pos * double(inv_freq[size_t(i)]);
-      cos_t[size_t(i)] = float(std::cos(angle));
-      sin_t[size_t(i)] = float(std::sin(angle));
+      cos_t[size_t(i)] = float(std::cos(angle) * magnitude);
+      sin_t[size_t(i)] = float(std::sin(angle) * magnitude);
     }
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;

@@ -308,7 +308,7 @@ void CudaBackend::rope(BackendTensor& x, int64_t first_pos, const RopeParams& pa
   if (n == 0 || n_heads == 0) return;
   activate(context_);
   rope_rows(static_cast<float*>(xt.data()), n, n_heads, head_dim, first_pos, inv_freq_on_device(inv_freq),
-            int64_t(inv_freq.size()), params.style == RopeStyle::kNeox, compute_.stream);
+            int64_t(inv_freq.size()), rope_magnitude(params), params.style == RopeStyle::kNeox, compute_.stream);
 }
 
 void CudaBackend::swiglu(const BackendTensor& gate, const BackendTensor& up, BackendTensor& out) {

@@ -104,13 +104,13 @@ __global__ void rms_norm_kernel(const float* x, const T* w, float eps, float* y,
 
 // One thread per (row, pair): its angle once, applied to every head.
 __global__ void rope_kernel(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t first_pos,
-                            const float* inv_freq, int64_t half, bool neox) {
+                            const float* inv_freq, int64_t half, float magnitude, bool neox) {
   const int64_t count = n * half;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / half, i = e % half;
     double s = 0.0, c = 1.0;
     sincos(double(first_pos + t) * double(inv_freq[i]), &s, &c);
-    const float sf = float(s), cf = float(c);
+    const float sf = float(s * magnitude), cf = float(c * magnitude);
     const int64_t lo = neox ? i : 2 * i;
     const int64_t hi = neox ? i + half : 2 * i + 1;
     float* row = x + t * n_heads * head_dim;
@@ -183,9 +183,10 @@ void rms_norm_rows(const float* x, const void* weight, DType weight_dtype, float
 }
 
 void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t first_pos, const float* inv_freq,
-               int64_t half, bool neox, cudaStream_t stream) {
+               int64_t half, float magnitude, bool neox, cudaStream_t stream) {
   if (n == 0 || half == 0 || n_heads == 0) return;
-  rope_kernel<<<blocks_for(n * half), kThreads, 0, stream>>>(x, n, n_heads, head_dim, first_pos, inv_freq, half, neox);
+  rope_kernel<<<blocks_for(n * half), kThreads, 0, stream>>>(x, n, n_heads, head_dim, first_pos, inv_freq, half,
+                                                             magnitude, neox);
   check_launch("rope launch");
 }
 

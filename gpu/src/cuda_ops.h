@@ -31,10 +31,11 @@ void rms_norm_rows(const float* x, const void* weight, DType weight_dtype, float
                    int64_t d, cudaStream_t stream);
 // In place on x[n, n_heads, head_dim]: pair i of every head of row t turns by
 // (first_pos + t) * inv_freq[i], the angle formed and its sine/cosine taken in
-// fp64 (as CpuBackend does), then rounded to f32. half = n_rot / 2; pairs
-// are (2i, 2i + 1) (RopeStyle::kNormal) or (i, i + half) when neox.
+// fp64 and multiplied by magnitude (as CpuBackend does), then rounded to
+// f32. half = n_rot / 2; pairs are (2i, 2i + 1) (RopeStyle::kNormal) or
+// (i, i + half) when neox.
 void rope_rows(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t first_pos, const float* inv_freq,
-               int64_t half, bool neox, cudaStream_t stream);
+               int64_t half, float magnitude, bool neox, cudaStream_t stream);
 // out = silu(gate) * up; out may alias gate or up.
 void swiglu_elems(const float* gate, const float* up, float* out, int64_t count, cudaStream_t stream);
 // out = a + b; out may alias a or b.

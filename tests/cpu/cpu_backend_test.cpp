@@ -262,9 +262,18 @@ TEST(CpuBackendElementwise, EmbedCopiesRowsExactly) {
 // The frequencies written from the formulas, in fp64: theta^(-2i/n_rot);
 // linear divides by factor; llama3 (as in Hugging Face's
 // _compute_llama3_parameters): low-frequency band (wavelength above
-// context/low) divided by factor, high band kept, between a blend of the two.
+// context/low) divided by factor, high band kept, between a blend of the two;
+// yarn (as its _compute_yarn_parameters): dimension index d of a frequency
+// that turns r times over the original context L solves L / (2 pi theta^(d /
+// n_rot)) = r; frequencies below the floor of d(beta_fast) are kept, those
+// above the ceiling of d(beta_slow) divided by factor, a linear ramp in the
+// pair index between.
 std::vector<double> reference_inv_freq(const RopeParams& p) {
   std::vector<double> out;
+  const auto yarn_dim = [&](double turns) {
+    return p.n_rot * std::log(double(p.original_context) / (2 * std::numbers::pi * turns)) /
+           (2 * std::log(double(p.theta)));
+  };
   for (int i = 0; i < p.n_rot / 2; ++i) {
     const double base = 1.0 / std::pow(double(p.theta), double(2 * i) / p.n_rot);
     double f = base;
@@ -278,6 +287,13 @@ std::vector<double> reference_inv_freq(const RopeParams& p) {
           (double(p.original_context) / wavelen - p.low_freq_factor) / (double(p.high_freq_factor) - p.low_freq_factor);
       const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
       f = medium ? (1 - smooth) * scaled / p.factor + smooth * scaled : scaled;
+    }
+    if (p.scaling == RopeScaling::kYarn) {
+      const double low = std::max(0.0, std::floor(yarn_dim(p.beta_fast)));
+      const double high = std::min(double(p.n_rot - 1), std::ceil(yarn_dim(p.beta_slow)));
+      const double ramp = std::clamp((i - low) / std::max(high - low, 0.001), 0.0, 1.0);
+      const double extrapolation = 1 - ramp;  // the share of the original frequency
+      f = base / p.factor * (1 - extrapolation) + base * extrapolation;
     }
     if (!p.freq_factors.empty()) f /= p.freq_factors[size_t(i)];
     out.push_back(f);
@@ -301,6 +317,12 @@ std::vector<RopeParams> rope_param_cases(int n_rot, RopeStyle style, std::mt1993
   p.low_freq_factor = 1.f;
   p.high_freq_factor = 4.f;
   p.original_context = 8192;
+  cases.push_back(p);
+  p.scaling = RopeScaling::kYarn;  // Qwen2.5's 128K setting, and an attn_factor
+  p.theta = 1000000.f;
+  p.factor = 4.f;
+  p.original_context = 32768;
+  p.attn_factor = 0.8f;
   cases.push_back(p);
   p.scaling = RopeScaling::kNone;
   p.theta = 1000000.f;
@@ -336,6 +358,31 @@ TEST(CpuBackendRope, InvFreqMatchesFormulas) {
   EXPECT_GT(blended, 0);
 }
 
+// YaRN for Qwen2.5 (theta 1e6, 128 channels, x4 from 32768): pair 23.6
+// turns 32 times over 32768 tokens and pair 39.6 once, so pairs up to 23
+// (the floor) keep their frequency, pairs from 40 (the ceiling) are divided
+// by 4, those between blend; the magnitude is 1 + 0.1 ln 4.
+TEST(CpuBackendRope, YarnKeepsFastPairsAndInterpolatesSlowOnes) {
+  RopeParams p;
+  p.n_rot = 128;
+  p.theta = 1000000.f;
+  p.scaling = RopeScaling::kYarn;
+  p.factor = 4.f;
+  p.original_context = 32768;
+  const std::vector<float> got = rope_inv_freq(p);
+  for (int i = 0; i < 64; ++i) {
+    const double ratio = std::pow(1e6, -i / 64.0) / got[size_t(i)];
+    if (i <= 23) EXPECT_NEAR(ratio, 1.0, 1e-6) << i;
+    else if (i >= 40) EXPECT_NEAR(ratio, 4.0, 4e-6) << i;
+    else EXPECT_TRUE(ratio > 1 + 1e-6 && ratio < 4 - 4e-6) << i << " " << ratio;
+  }
+  EXPECT_FLOAT_EQ(rope_magnitude(p), float(1 + 0.1 * std::log(4.0)));
+  p.attn_factor = 0.5f;
+  EXPECT_FLOAT_EQ(rope_magnitude(p), float(0.5 * (1 + 0.1 * std::log(4.0))));
+  p.scaling = RopeScaling::kLinear;  // the magnitude is YaRN's alone
+  EXPECT_EQ(rope_magnitude(p), 1.0f);
+}
+
 // Rotation in fp64 of the angles position * inv_freq (the float frequencies
 // every backend shares). The kernel rounds cos and sin to f32 (u each) and
 // forms a*c - b*s in f32: error <= 4u (|a| + |b|).
@@ -352,6 +399,8 @@ TEST(CpuBackendRope, BothStylesAllScalingsMatchFp64) {
           auto xt = upload(backend, x, {n, n_heads, head_dim});
           backend.rope(*xt, first_pos, p);
           const std::vector<float> inv = rope_inv_freq(p);
+          // YaRN's magnitude on every rotated pair: attn_factor (0.1 ln factor + 1).
+          const double m = p.scaling == RopeScaling::kYarn ? p.attn_factor * (0.1 * std::log(p.factor) + 1) : 1.0;
           std::vector<double> want(x.begin(), x.end()), bound(x.size(), 0.0);
           const int half = n_rot / 2;
           for (int64_t t = 0; t < n; ++t)
@@ -362,9 +411,9 @@ TEST(CpuBackendRope, BothStylesAllScalingsMatchFp64) {
                 const size_t i1 = row + size_t(style == RopeStyle::kNormal ? 2 * i + 1 : i + half);
                 const double angle = double(first_pos + t) * double(inv[size_t(i)]);
                 const double a = x[i0], b = x[i1];
-                want[i0] = a * std::cos(angle) - b * std::sin(angle);
-                want[i1] = a * std::sin(angle) + b * std::cos(angle);
-                bound[i0] = bound[i1] = 4 * kU * (std::abs(a) + std::abs(b));
+                want[i0] = m * (a * std::cos(angle) - b * std::sin(angle));
+                want[i1] = m * (a * std::sin(angle) + b * std::cos(angle));
+                bound[i0] = bound[i1] = 4 * kU * m * (std::abs(a) + std::abs(b));
               }
           expect_within(download(backend, *xt), want, bound,
                         "rope head_dim " + std::to_string(head_dim) + " n_rot " + std::to_string(n_rot) +
@@ -554,6 +603,28 @@ TEST(CpuBackendRope, InvFreqRejectsInvalidParameters) {
   p.original_context = 0;
   expect_error([&] { rope_inv_freq(p); }, inv, {"original_context"});
   p.original_context = 8192;
+  p.freq_factors.assign(32, 1.f);
+  expect_error([&] { rope_inv_freq(p); }, inv, {"freq_factors"});
+  p.freq_factors.clear();
+  p.scaling = RopeScaling::kYarn;
+  p.factor = 0.5f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"yarn factor"});
+  expect_error([&] { rope_magnitude(p); }, inv, {"yarn factor"});
+  p.factor = 4.f;
+  p.original_context = 0;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"yarn original_context"});
+  p.original_context = 32768;
+  p.beta_slow = 32.f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"beta_slow"});
+  p.beta_slow = 1.f;
+  p.attn_factor = 0.f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"attn_factor"});
+  p.attn_factor = 1.f;
+  p.theta = 1.f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"theta > 1"});
+  p.theta = 10000.f;
+  EXPECT_EQ(rope_inv_freq(p).size(), 32u);
+  p.scaling = RopeScaling::kLlama3;
   p.freq_factors.assign(32, 1.f);
   expect_error([&] { rope_inv_freq(p); }, inv, {"freq_factors"});
   p.scaling = RopeScaling::kNone;

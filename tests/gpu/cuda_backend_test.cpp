@@ -256,6 +256,8 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
       {3, 5, 37, 20, RopeStyle::kNormal, RopeScaling::kNone, true, 70000, 500000.f},
       {4, 2, 64, 64, RopeStyle::kNeox, RopeScaling::kNone, true, 1 << 20, 1000000.f},
       {33, 1, 256, 256, RopeStyle::kNormal, RopeScaling::kLlama3, false, 8191, 500000.f},
+      {6, 4, 128, 128, RopeStyle::kNeox, RopeScaling::kYarn, false, 131000, 1000000.f},  // Qwen2.5 at 128K
+      {5, 2, 64, 32, RopeStyle::kNormal, RopeScaling::kYarn, false, 40000, 10000.f},
   };
   Backend& backend = gpu(DType::kBF16);  // rope does not read weights
   for (const RopeCase& c : cases) {
@@ -264,7 +266,8 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
     p.theta = c.theta;
     p.style = c.style;
     p.scaling = c.scaling;
-    p.factor = c.scaling == RopeScaling::kLinear ? 4.f : 8.f;
+    p.factor = c.scaling == RopeScaling::kLinear || c.scaling == RopeScaling::kYarn ? 4.f : 8.f;
+    if (c.scaling == RopeScaling::kYarn) p.original_context = 32768, p.attn_factor = 0.9f;
     if (c.freq_factors) {
       std::uniform_real_distribution<float> f(1.f, 8.f);
       for (int i = 0; i < c.n_rot / 2; ++i) p.freq_factors.push_back(f(rng));
@@ -278,6 +281,8 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
     const std::vector<float> got = download(backend, *xt);
 
     const std::vector<float> inv = rope_inv_freq(p);
+    // YaRN's magnitude on every rotated pair: attn_factor (0.1 ln factor + 1).
+    const double m = c.scaling == RopeScaling::kYarn ? p.attn_factor * (0.1 * std::log(p.factor) + 1) : 1.0;
     const int64_t half = c.n_rot / 2;
     std::vector<double> want(x.begin(), x.end()), bound(x.size(), 0.0);
     for (int64_t t = 0; t < c.n; ++t)
@@ -288,9 +293,9 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
           const size_t lo = base + size_t(c.style == RopeStyle::kNeox ? i : 2 * i);
           const size_t hi = base + size_t(c.style == RopeStyle::kNeox ? i + half : 2 * i + 1);
           const double a = x[lo], b = x[hi];
-          want[lo] = a * std::cos(angle) - b * std::sin(angle);
-          want[hi] = a * std::sin(angle) + b * std::cos(angle);
-          bound[lo] = bound[hi] = 4 * kU * (std::abs(a) + std::abs(b));
+          want[lo] = m * (a * std::cos(angle) - b * std::sin(angle));
+          want[hi] = m * (a * std::sin(angle) + b * std::cos(angle));
+          bound[lo] = bound[hi] = 4 * kU * m * (std::abs(a) + std::abs(b));
         }
     expect_within(got, want, bound, what + " vs fp64");  // channels >= n_rot: bound 0, unchanged
 

@@ -99,18 +99,29 @@ std::optional<WeightStorage> parse_weight_storage(std::string_view text);
 // (x[i], x[i + n_rot/2]) (Qwen2).
 enum class RopeStyle : uint8_t { kNormal, kNeox };
 // Frequency scaling of long-context models: none, linear (positions / factor),
-// llama3 (Llama-3.1: per-frequency blend by wavelength).
-enum class RopeScaling : uint8_t { kNone, kLinear, kLlama3 };
+// llama3 (Llama-3.1: per-frequency blend by wavelength), yarn (YaRN, Peng et
+// al. 2023, as Qwen2.5 runs past 32K: per-frequency blend by the turns a pair
+// makes over the original context, and a magnitude on the rotated pairs).
+enum class RopeScaling : uint8_t { kNone, kLinear, kLlama3, kYarn };
+// "none", "linear", "llama3", "yarn" (GGUF's <arch>.rope.scaling.type values).
+const char* rope_scaling_name(RopeScaling scaling);
 
 struct RopeParams {
   int n_rot = 0;  // rotated channels per head (<= head_dim, even); the rest pass through
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::kNormal;
   RopeScaling scaling = RopeScaling::kNone;
-  float factor = 1.0f;            // linear and llama3
+  float factor = 1.0f;            // linear, llama3 and yarn (yarn: >= 1)
   float low_freq_factor = 1.0f;   // llama3
   float high_freq_factor = 4.0f;  // llama3
-  int64_t original_context = 8192;  // llama3: original_max_position_embeddings
+  int64_t original_context = 8192;  // llama3 and yarn: original_max_position_embeddings
+  // yarn: a pair that turns more than beta_fast times over original_context
+  // keeps its frequency, one that turns fewer than beta_slow times is divided
+  // by factor, and the pairs between blend the two linearly in their index
+  // (llama.cpp's defaults, which GGUF files do not carry).
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  float attn_factor = 1.0f;  // yarn: times the magnitude (GGUF <arch>.rope.scaling.attn_factor)
   // Per-frequency divisors as GGUF stores them (tensor rope_freqs.weight,
   // n_rot/2 values, written by converters of Llama-3.1 models): when not
   // empty, inv_freq[i] /= freq_factors[i] and `scaling` must be kNone.
@@ -121,6 +132,11 @@ struct RopeParams {
 // params.scaling says (or divided by freq_factors). One definition shared by
 // every backend and the tests. The angle of position p is p * inv_freq[i].
 std::vector<float> rope_inv_freq(const RopeParams& params);
+// What every rotated pair is multiplied by (its cosine and sine are): 1,
+// except for yarn: attn_factor * (1 + 0.1 ln factor), YaRN's attention
+// temperature sqrt(1/t) put on q and k alike, so the scores of the rotated
+// channels grow by its square. Validates params as rope_inv_freq does.
+float rope_magnitude(const RopeParams& params);
 
 // Attention on a device backend (the CUDA backend; DESIGN.md "Data flow"): the
 // device keeps the K/V of the layer being prefilled (layer-major prefill) and
