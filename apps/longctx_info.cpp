@@ -311,6 +311,17 @@ std::optional<kvstore::KVShape> print_gguf(const model::GgufFile& file, const mo
   return shape;
 }
 
+// The RoPE the loader takes from the file (model/llama.h).
+std::string describe_rope(const RopeParams& r, int head_dim) {
+  std::string text = str_cat(r.style == RopeStyle::kNeox ? "halves" : "adjacent pairs", ", theta ", r.theta, ", ",
+                             r.n_rot, " of ", head_dim, " channels");
+  if (!r.freq_factors.empty()) text += ", rope_freqs.weight (Llama-3.1)";
+  if (r.scaling != RopeScaling::kNone) text += str_cat(", ", rope_scaling_name(r.scaling), " scaling x", r.factor);
+  if (r.scaling == RopeScaling::kYarn)
+    text += str_cat(" from ", r.original_context, " tokens (magnitude ", rope_magnitude(r), ")");
+  return text;
+}
+
 // Returns false when the store would not fit the DRAM budget.
 bool print_preflight(const Args& args, const LongContextConfig& config, const kvstore::NumaTopology& topology) {
   const auto layout = kvstore::StoreLayout::make(args.shape, config);
@@ -376,6 +387,7 @@ int main(int argc, char** argv) {
         std::printf("loader:     loads: %s, %d layers, %d q / %d kv heads x %d, n_embd %d, n_ff %d, vocab %lld\n",
                     spec.arch.c_str(), spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_embd,
                     spec.n_ff, static_cast<long long>(spec.n_vocab));
+        std::printf("rope:       %s\n", describe_rope(spec.rope, spec.head_dim).c_str());
       }
       if (args.config_path.empty()) return 0;
       if (!shape) fail(ErrorCode::kUnsupported, args.gguf_path, ": the model's attention shape is unknown");

@@ -204,6 +204,11 @@ py::dict spec_dict(const scheduler::TransformerSpec& sp) {
   d["rope_theta"] = sp.rope.theta;
   d["rope_style"] = sp.rope.style == RopeStyle::kNeox ? "neox" : "normal";
   d["rope_freq_factors"] = sp.rope.freq_factors;
+  d["rope_scaling"] = rope_scaling_name(sp.rope.scaling);
+  d["rope_factor"] = sp.rope.factor;
+  d["rope_original_context"] = sp.rope.original_context;
+  d["rope_attn_factor"] = sp.rope.attn_factor;
+  d["rope_magnitude"] = sp.rope.n_rot > 0 ? rope_magnitude(sp.rope) : 1.0f;
   d["qkv_bias"] = sp.qkv_bias;
   d["context_length"] = sp.context_length;
   return d;

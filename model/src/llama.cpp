@@ -120,9 +120,34 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
       rope.scaling = RopeScaling::kLinear;
       rope.factor = static_cast<float>(factor);
     }
+  } else if (scaling == "yarn") {
+    // As llama.cpp b4747 reads them: the factor may be absent (1: only
+    // attn_factor then acts), the original context falls back to the trained one.
+    if (!f.has(p + "rope.scaling.factor")) factor = 1.0;
+    if (!(factor >= 1.0) || !(factor < 1e6))
+      fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.factor' is ", factor,
+           ", expected a YaRN factor in [1, 1e6)");
+    const std::string original_key = f.has(p + "rope.scaling.original_context_length")
+                                         ? p + "rope.scaling.original_context_length"
+                                         : p + "context_length";
+    if (!f.has(original_key))
+      fail(ErrorCode::kCorrupt, f.name(), ": YaRN RoPE scaling needs '", p,
+           "rope.scaling.original_context_length' or '", p, "context_length'");
+    const uint64_t original = f.get_uint(original_key);
+    if (original < 1 || original > (uint64_t(1) << 40))
+      fail(ErrorCode::kCorrupt, f.name(), ": key '", original_key, "' is ", original,
+           ", expected an original context in [1, 2^40]");
+    const double attn_factor = f.get_float_or(p + "rope.scaling.attn_factor", 1.0);
+    if (!(attn_factor > 0.0) || !(attn_factor < 1e6))
+      fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.attn_factor' is ", attn_factor,
+           ", expected a value in (0, 1e6)");
+    rope.scaling = RopeScaling::kYarn;
+    rope.factor = static_cast<float>(factor);
+    rope.original_context = static_cast<int64_t>(original);
+    rope.attn_factor = static_cast<float>(attn_factor);
   } else if (scaling != "none") {
     fail(ErrorCode::kUnsupported, f.name(), ": key '", p, "rope.scaling.type' is '", scaling,
-         "'; longctx supports none and linear (Llama-3.1 scaling comes as rope_freqs.weight)");
+         "'; longctx supports none, linear and yarn (Llama-3.1 scaling comes as rope_freqs.weight)");
   }
   // The vocabulary size is the embedding's row count (checked in check_llama_tensors).
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
@@ -162,7 +187,8 @@ void check_llama_tensors(const GgufFile& f, TransformerSpec& s) {
   if (f.find_tensor("rope_freqs.weight")) {
     const GgufTensorInfo& t = expect_tensor(f, "rope_freqs.weight", {s.rope.n_rot / 2});
     if (s.rope.scaling != RopeScaling::kNone)
-      fail(ErrorCode::kCorrupt, f.name(), ": tensor 'rope_freqs.weight' given together with linear RoPE scaling");
+      fail(ErrorCode::kCorrupt, f.name(), ": tensor 'rope_freqs.weight' given together with '", s.arch,
+           ".rope.scaling.type' (", rope_scaling_name(s.rope.scaling), ")");
     s.rope.freq_factors = f.tensor_f32(t);
     for (size_t i = 0; i < s.rope.freq_factors.size(); ++i)
       if (!(s.rope.freq_factors[i] > 0.0f) || !(s.rope.freq_factors[i] < std::numeric_limits<float>::infinity()))

@@ -186,6 +186,19 @@ TEST_F(GgufInfoTest, LoadableModelSaysItLoads) {
       << r.output;
 }
 
+TEST_F(GgufInfoTest, RopeIsShown) {
+  RunResult r = run(write("mha.gguf", tools::make_test_model(tools::test_model_by_name("mha-64")).to_bytes()));
+  EXPECT_NE(r.output.find("rope:       adjacent pairs, theta 10000, 64 of 64 channels\n"), std::string::npos)
+      << r.output;
+  r = run(write("yarn.gguf", tools::make_test_model(tools::test_model_by_name("qwen2-yarn")).to_bytes()));
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  EXPECT_NE(r.output.find("rope:       halves, theta 1e+06, 64 of 64 channels, yarn scaling x4 from 32768 tokens "
+                          "(magnitude 1.13863)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(GgufInfoTest, AttentionScaleIsShown) {
   tools::TestModelSpec spec = tools::test_model_by_name("mha-64");
   spec.attn_scale = 0.0625f;

@@ -56,6 +56,11 @@ TransformerSpec documented_spec(const TestModelSpec& t, const GgufFile& file) {
   s.rope.theta = t.rope_theta;
   s.rope.style = t.arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
   if (t.llama3_rope) s.rope.freq_factors = file.tensor_f32(*file.find_tensor("rope_freqs.weight"));
+  if (t.yarn_factor > 0) {
+    s.rope.scaling = RopeScaling::kYarn;
+    s.rope.factor = t.yarn_factor;
+    s.rope.original_context = t.yarn_original_context;
+  }
   s.context_length = t.context_length;
   return s;
 }
@@ -202,7 +207,10 @@ TEST(Llama, GeneratedModelsMatchTheReference) {
     EXPECT_EQ(s.rope.n_rot, expected.rope.n_rot);
     EXPECT_EQ(s.rope.theta, expected.rope.theta);
     EXPECT_EQ(s.rope.style, expected.rope.style);
-    EXPECT_EQ(s.rope.scaling, RopeScaling::kNone);
+    EXPECT_EQ(s.rope.scaling, expected.rope.scaling);
+    EXPECT_EQ(s.rope.factor, expected.rope.factor);
+    EXPECT_EQ(s.rope.attn_factor, expected.rope.attn_factor);
+    if (s.rope.scaling == RopeScaling::kYarn) EXPECT_EQ(s.rope.original_context, expected.rope.original_context);
     EXPECT_EQ(s.rope.freq_factors, expected.rope.freq_factors);
     EXPECT_EQ(model.weights.output == nullptr, t.tie_embeddings);
 
@@ -382,6 +390,16 @@ TEST(Llama, NonFiniteBlockScaleIsNamed) {
   EXPECT_NE(message.find("block 3"), std::string::npos) << message;
 }
 
+// Llama-3.1's per-frequency factors and YaRN would scale the same
+// frequencies twice: refused, naming both.
+TEST(Llama, RopeFreqsWithYarnIsRefused) {
+  GgufWriter w = tools::make_test_model(tools::test_model_by_name("llama3-rope"));
+  w.set_string("llama.rope.scaling.type", "yarn");
+  w.set_f32("llama.rope.scaling.factor", 4.0f);
+  EXPECT_EQ(load_error(w.to_bytes(), ErrorCode::kCorrupt),
+            "m.gguf: tensor 'rope_freqs.weight' given together with 'llama.rope.scaling.type' (yarn)");
+}
+
 TEST(Llama, MissingBiasOfOneLayerIsNamed) {
   TestModelSpec t = tools::test_model_by_name("qwen2-bias");
   std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
@@ -443,6 +461,81 @@ TEST(Llama, SpecDefaultsAndScaling) {
   EXPECT_EQ(scaled.read().attn_scale, 0.05f);
 }
 
+// YaRN as Qwen2.5's converter writes it (type, factor, original context),
+// and llama.cpp's fallbacks: no factor is 1, no original context is the
+// trained one, attn_factor 1 unless given.
+TEST(Llama, SpecReadsYarnScaling) {
+  MetaFile m("qwen2");
+  m.u32["context_length"] = 131072;
+  m.extra = [](GgufWriter& w) {
+    w.set_string("qwen2.rope.scaling.type", "yarn");
+    w.set_f32("qwen2.rope.scaling.factor", 4.0f);
+    w.set_u32("qwen2.rope.scaling.original_context_length", 32768);
+  };
+  TransformerSpec s = m.read();
+  EXPECT_EQ(s.rope.scaling, RopeScaling::kYarn);
+  EXPECT_EQ(s.rope.factor, 4.0f);
+  EXPECT_EQ(s.rope.original_context, 32768);
+  EXPECT_EQ(s.rope.attn_factor, 1.0f);
+  EXPECT_EQ(s.rope.beta_fast, 32.0f);
+  EXPECT_EQ(s.rope.beta_slow, 1.0f);
+  EXPECT_EQ(s.context_length, 131072);
+
+  m.extra = [](GgufWriter& w) {
+    w.set_string("qwen2.rope.scaling.type", "yarn");
+    w.set_f32("qwen2.rope.scaling.attn_factor", 0.5f);
+  };
+  s = m.read();
+  EXPECT_EQ(s.rope.scaling, RopeScaling::kYarn);
+  EXPECT_EQ(s.rope.factor, 1.0f);
+  EXPECT_EQ(s.rope.original_context, 131072);  // context_length
+  EXPECT_EQ(s.rope.attn_factor, 0.5f);
+}
+
+// Each bad YaRN key is refused naming it; without any original context the
+// message names both keys it looked for.
+TEST(Llama, BadYarnScalingIsRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const double factor : {0.5, 0.0, -4.0, nan, 1e300}) {
+    SCOPED_TRACE(factor);
+    MetaFile m;
+    m.extra = [factor](GgufWriter& w) {
+      w.set_string("llama.rope.scaling.type", "yarn");
+      w.set_f64("llama.rope.scaling.factor", factor);
+      w.set_u32("llama.rope.scaling.original_context_length", 4096);
+    };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.factor'"), std::string::npos);
+  }
+  for (const double attn_factor : {0.0, -1.0, nan}) {
+    SCOPED_TRACE(attn_factor);
+    MetaFile m;
+    m.extra = [attn_factor](GgufWriter& w) {
+      w.set_string("llama.rope.scaling.type", "yarn");
+      w.set_u32("llama.rope.scaling.original_context_length", 4096);
+      w.set_f64("llama.rope.scaling.attn_factor", attn_factor);
+    };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.attn_factor'"),
+              std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.extra = [](GgufWriter& w) {
+      w.set_string("llama.rope.scaling.type", "yarn");
+      w.set_u32("llama.rope.scaling.original_context_length", 0);
+    };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.original_context_length'"),
+              std::string::npos);
+  }
+  {
+    MetaFile m;
+    m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); };
+    const std::string message = error_of([&] { m.read(); }, ErrorCode::kCorrupt);
+    EXPECT_NE(message.find("'llama.rope.scaling.original_context_length' or 'llama.context_length'"),
+              std::string::npos)
+        << message;
+  }
+}
+
 // attention.scale must be a finite f32 value > 0; the message names the key.
 TEST(Llama, BadAttentionScaleIsRefused) {
   const double inf = std::numeric_limits<double>::infinity();
@@ -462,8 +555,8 @@ TEST(Llama, SpecErrorsNameTheKey) {
   }
   {
     MetaFile m;
-    m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("'llama.rope.scaling.type' is 'yarn'"),
+    m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); };
+    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("'llama.rope.scaling.type' is 'longrope'"),
               std::string::npos);
   }
   {

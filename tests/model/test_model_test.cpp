@@ -61,7 +61,7 @@ int utf8_chars(const std::string& s) {
 TEST(TestModel, PresetsAreTheDocumentedShapes) {
   std::map<std::string, TestModelSpec> by_name;
   for (const auto& s : standard_test_models()) by_name[s.name] = s;
-  ASSERT_EQ(by_name.size(), 11u);
+  ASSERT_EQ(by_name.size(), 12u);
   EXPECT_EQ(by_name["mha-64"].n_heads, by_name["mha-64"].n_kv_heads);
   EXPECT_EQ(by_name["mha-64"].head_dim, 64);
   EXPECT_EQ(by_name["gqa-128"].n_heads, 4 * by_name["gqa-128"].n_kv_heads);
@@ -69,6 +69,9 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
   EXPECT_NE(by_name["gqa-128"].n_embd, by_name["gqa-128"].n_heads * by_name["gqa-128"].head_dim);
   EXPECT_TRUE(by_name["qwen2-bias"].qkv_bias);
   EXPECT_EQ(by_name["qwen2-bias"].arch, "qwen2");
+  EXPECT_EQ(by_name["qwen2-yarn"].arch, "qwen2");
+  EXPECT_EQ(by_name["qwen2-yarn"].yarn_factor, 4.0f);
+  EXPECT_EQ(by_name["qwen2-yarn"].yarn_original_context, 32768);
   EXPECT_EQ(by_name["q8"].weight_type, GgmlType::kQ8_0);
   EXPECT_EQ(by_name["f16"].weight_type, GgmlType::kF16);
   EXPECT_TRUE(by_name["llama3-rope"].llama3_rope);

@@ -37,7 +37,7 @@ def setUpModule():
     run([os.path.join(BIN_DIR, "longctx-make-demo"), "--out", path("demo.gguf")])
     run([os.path.join(BIN_DIR, "longctx-make-haystack"), "--tokens", "1024", "--depth", "0.4", "--seed", "3",
          "--no-question", "--out", path("doc.txt"), "--json", path("doc.json")])
-    for preset in ("gqa-128", "q8", "f16"):
+    for preset in ("gqa-128", "q8", "f16", "qwen2-yarn"):
         run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", preset, "--seed", "4", "--out",
              path(preset + ".gguf")])
     run([os.path.join(BIN_DIR, "longctx-make-model"), "--preset", "gqa-128", "--seed", "4", "--attn-scale", "0.05",
@@ -266,11 +266,12 @@ class ReferenceTest(unittest.TestCase):
     def test_logits_match_the_numpy_reference(self):
         """Prefill and decode; gqa-128-scale's llama.attention.scale (0.05, not
         1/sqrt(128)) in both, with dense decode and with the select policy
-        (every block selected)."""
+        (every block selected); qwen2-yarn's YaRN RoPE at decode positions."""
         dense = {"kv_type": "f32", "policy": "dense", "max_seq_len": 1024, "local_windows_len": 64,
                  "initial_len": 4, "block_size": 16, "prefill_kernel": "f32"}
         select = dict(dense, policy="select", dense_layer_num=0, second_select_num=64, local_windows_len=4)
-        for name, config in (("gqa-128", dense), ("gqa-128-scale", dense), ("gqa-128-scale", select)):
+        for name, config in (("gqa-128", dense), ("gqa-128-scale", dense), ("gqa-128-scale", select),
+                             ("qwen2-yarn", dense)):
             with self.subTest(model=name, policy=config["policy"]):
                 want_model = ref.Model.load(path(name + ".gguf"))
                 n_vocab = want_model.w["token_embd.weight"].shape[0]
@@ -278,6 +279,10 @@ class ReferenceTest(unittest.TestCase):
                 want = ref.forward(want_model, tokens)
                 m = lc.Model(path(name + ".gguf"), config)
                 self.assertAlmostEqual(m.spec["attn_scale"], 0.05 if name.endswith("scale") else 0.0)
+                self.assertEqual(m.spec["rope_scaling"], "yarn" if name == "qwen2-yarn" else "none")
+                if name == "qwen2-yarn":
+                    self.assertEqual((m.spec["rope_factor"], m.spec["rope_original_context"]), (4.0, 32768))
+                    self.assertAlmostEqual(m.spec["rope_magnitude"], 1 + 0.1 * math.log(4), places=6)
                 got = [m.prefill(tokens[:8])]
                 got += [m.decode(t) for t in tokens[8:]]
                 rms = np.sqrt(np.mean(want[7:] ** 2, axis=-1))

@@ -21,7 +21,8 @@ from _env import BIN_DIR, SOURCE_DIR, check
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools", "reference"))
 import llama_ref as ref  # noqa: E402
 
-PRESETS = ["mha-64", "gqa-128", "qwen2-bias", "q8", "f16", "llama3-rope", "q4_0", "q6_k", "q4_k_m", "q5_k_m"]
+PRESETS = ["mha-64", "gqa-128", "qwen2-bias", "qwen2-yarn", "q8", "f16", "llama3-rope", "q4_0", "q6_k", "q4_k_m",
+           "q5_k_m"]
 U32 = 2.0 ** -24  # f32 unit roundoff
 U16 = 2.0 ** -11  # f16 unit roundoff
 
@@ -58,6 +59,18 @@ def test_rope():
     factors = np.linspace(1, 8, d // 2)
     check(np.allclose(ref.rope_inv_freq(d, 500000.0, factors) * factors, ref.rope_inv_freq(d, 500000.0), rtol=1e-15),
           "freq factors divide theta_i")
+    # YaRN as Qwen2.5 at 128K (d 128, theta 1e6, x4 from 32768): a pair that
+    # turns more than 32 times over 32768 tokens keeps its frequency, one
+    # turning less than once is divided by 4.
+    plain = ref.rope_inv_freq(128, 1e6)
+    ratio = plain / ref.rope_inv_freq(128, 1e6, scaling=("yarn", 4.0, 32768, 1.0))
+    turns = 32768 * plain / (2 * math.pi)
+    check(np.allclose(ratio[turns > 32 * 1.2], 1.0, rtol=1e-15), "yarn keeps the fast pairs")
+    check(np.allclose(ratio[turns < 1 / 1.2], 4.0, rtol=1e-15), "yarn divides the slow pairs by the factor")
+    check(np.all((ratio >= 1.0) & (ratio <= 4.0)) and np.sum((ratio > 1.001) & (ratio < 3.999)) >= 10,
+          f"yarn blends the pairs between: {ratio}")
+    check(abs(ref.rope_magnitude(("yarn", 4.0, 32768, 0.5)) - 0.5 * (1 + 0.1 * math.log(4))) < 1e-15,
+          "yarn's magnitude 0.1 ln s + 1, times attn_factor")
 
 
 def test_attention_scalar():
@@ -298,6 +311,15 @@ def test_generated(tmp):
     model.freq_factors = None
     effect = max_rel_err(ref.forward(model, tokens), base)
     check(effect > 20 * tolerance(model, len(tokens)), f"llama3-rope: rope_freqs change the logits by {effect}")
+    model = ref.Model.load(paths["qwen2-yarn"])
+    base = ref.forward(model, tokens)
+    check(model.scaling == ("yarn", 4.0, 32768, 1.0), f"qwen2-yarn: scaling {model.scaling}")
+    model.scaling = None
+    effect = max_rel_err(ref.forward(model, tokens), base)
+    check(effect > 20 * tolerance(model, len(tokens)), f"qwen2-yarn: YaRN changes the logits by {effect}")
+    model.scaling = ("yarn", 4.0, 32768, 1 / (1 + 0.1 * math.log(4)))  # the frequencies alone
+    effect = max_rel_err(ref.forward(model, tokens), base)
+    check(effect > 20 * tolerance(model, len(tokens)), f"qwen2-yarn: YaRN's magnitude changes the logits by {effect}")
     model = ref.Model.load(paths["qwen2-bias"])
     base = ref.forward(model, tokens)
     model.rope_style = "adjacent"

@@ -6,7 +6,8 @@
 // keys a sparse decode step keeps), fp64 everywhere. Scores are q.k *
 // spec.attn_scale (0: 1/sqrt(head_dim)). Weights are given as f32 host arrays in the [out, in] layout of
 // scheduler::Transformer. RoPE angles are position * theta^(-2i/n_rot)
-// (divided by freq_factors[i] when given, by `factor` for linear scaling).
+// (divided by freq_factors[i] when given, by `factor` for linear scaling;
+// YaRN as transformers' Qwen2 computes it, below).
 #pragma once
 
 #include <algorithm>
@@ -150,6 +151,20 @@ inline std::vector<double> rms_norm(const std::vector<double>& x, int64_t n, int
 // In place on x[n][heads][head_dim], row t at position first_pos + t.
 inline void rope(std::vector<double>& x, int64_t n, int heads, int head_dim, int64_t first_pos, const RopeParams& p) {
   const int half = p.n_rot / 2;
+  // YaRN (transformers' _compute_yarn_parameters): the dimension whose
+  // wavelength fits `turns` times into the original context is
+  // n_rot ln(L / (2 pi turns)) / (2 ln theta); below the floor of the one for
+  // beta_fast frequencies stay, above the ceiling of the one for beta_slow
+  // they are interpolated, a linear ramp between; cos and sin grow by
+  // attn_factor (0.1 ln s + 1).
+  const bool yarn = p.scaling == RopeScaling::kYarn;
+  const auto dim_of = [&](double turns) {
+    return p.n_rot * std::log(double(p.original_context) / (turns * 2.0 * 3.14159265358979323846)) /
+           (2.0 * std::log(double(p.theta)));
+  };
+  const double low = yarn ? std::max(std::floor(dim_of(p.beta_fast)), 0.0) : 0.0;
+  const double high = yarn ? std::min(std::ceil(dim_of(p.beta_slow)), double(p.n_rot - 1)) : 0.0;
+  const double mscale = yarn ? double(p.attn_factor) * (0.1 * std::log(double(p.factor)) + 1.0) : 1.0;
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < heads; ++h) {
       double* v = &x[size_t((t * heads + h) * head_dim)];
@@ -157,7 +172,12 @@ inline void rope(std::vector<double>& x, int64_t n, int heads, int head_dim, int
         double inv_freq = std::pow(double(p.theta), -2.0 * i / double(p.n_rot));
         if (!p.freq_factors.empty()) inv_freq /= double(p.freq_factors[size_t(i)]);
         if (p.scaling == RopeScaling::kLinear) inv_freq /= double(p.factor);
-        const double angle = double(first_pos + t) * inv_freq, c = std::cos(angle), s = std::sin(angle);
+        if (yarn) {
+          const double interpolated = std::min(std::max((i - low) / std::max(high - low, 0.001), 0.0), 1.0);
+          inv_freq = inv_freq / double(p.factor) * interpolated + inv_freq * (1.0 - interpolated);
+        }
+        const double angle = double(first_pos + t) * inv_freq;
+        const double c = std::cos(angle) * mscale, s = std::sin(angle) * mscale;
         const int a = p.style == RopeStyle::kNormal ? 2 * i : i;
         const int b = p.style == RopeStyle::kNormal ? 2 * i + 1 : i + half;
         const double x0 = v[a], x1 = v[b];

@@ -13,6 +13,8 @@ Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama"
 (RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K weights) and
 "qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1);
+{arch}.rope.scaling.type "linear" and "yarn" (YaRN, Peng et al. 2023, with
+the ramp and temperature of Hugging Face transformers' Qwen2);
 {arch}.attention.scale (scores q.k * scale instead of q.k / sqrt(head_dim)).
 """
 import argparse
@@ -231,6 +233,17 @@ class Model:
         # adjacent (2i, 2i+1); Qwen2 keeps the HF layout: pairs (i, i + d/2).
         self.rope_style = "adjacent" if arch == "llama" else "halves"
         self.freq_factors = w.get("rope_freqs.weight")
+        # RoPE scaling: None, ("linear", factor) or ("yarn", factor, original context, attn_factor).
+        self.scaling = None
+        kind = meta.get(f"{arch}.rope.scaling.type", "none")
+        factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
+        if kind == "linear":
+            self.scaling = ("linear", factor)
+        elif kind == "yarn":
+            original = meta.get(f"{arch}.rope.scaling.original_context_length", meta.get(f"{arch}.context_length"))
+            self.scaling = ("yarn", factor, original, meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+        elif kind != "none":
+            raise ValueError(f"rope scaling {kind} not supported by the reference")
         self.attn_scale = meta.get(f"{arch}.attention.scale", 1.0 / math.sqrt(self.head_dim))
         if not 0 < self.attn_scale < math.inf:
             raise ValueError(f"{arch}.attention.scale is {self.attn_scale}, expected a finite value > 0")
@@ -247,19 +260,46 @@ def rms_norm(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope_inv_freq(head_dim, theta, freq_factors=None):
+def rope_inv_freq(head_dim, theta, freq_factors=None, scaling=None):
     """RoFormer (Su et al. 2021): theta_i = base^(-2i/d), i < d/2; Llama-3.1
-    scaling divides each by its factor (llama.cpp rope_freqs.weight)."""
+    scaling divides each by its factor (llama.cpp rope_freqs.weight); linear
+    scaling divides all by the factor; YaRN see yarn_inv_freq."""
     inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is not None and scaling[0] == "linear":
+        inv = inv / scaling[1]
+    if scaling is not None and scaling[0] == "yarn":
+        inv = yarn_inv_freq(inv, head_dim, theta, scaling[1], scaling[2])
     return inv if freq_factors is None else inv / freq_factors
 
 
-def apply_rope(x, positions, inv_freq, style):
+def yarn_inv_freq(inv, head_dim, theta, factor, original, beta_fast=32.0, beta_slow=1.0):
+    """YaRN's "NTK-by-parts": a frequency that turns r times over the original
+    context is kept for r > beta_fast, divided by the factor for r < beta_slow;
+    transformers places the boundaries at the dimensions d(r) = head_dim
+    ln(original / (2 pi r)) / (2 ln theta), floor and ceiling, and ramps
+    linearly in the pair index between them."""
+    def dim(turns):
+        return head_dim * math.log(original / (2 * math.pi * turns)) / (2 * math.log(theta))
+    low = max(math.floor(dim(beta_fast)), 0)
+    high = min(math.ceil(dim(beta_slow)), head_dim - 1)
+    ramp = np.clip((np.arange(head_dim // 2) - low) / max(high - low, 0.001), 0.0, 1.0)
+    return inv / factor * ramp + inv * (1.0 - ramp)
+
+
+def rope_magnitude(scaling):
+    """YaRN's temperature: q and k are multiplied by sqrt(1/t) = 0.1 ln s + 1
+    (times attn_factor); 1 for other scalings."""
+    if scaling is None or scaling[0] != "yarn":
+        return 1.0
+    return scaling[3] * (0.1 * math.log(scaling[1]) + 1.0)
+
+
+def apply_rope(x, positions, inv_freq, style, magnitude=1.0):
     """Rotates each pair (a, b) of x [n_tokens, n_heads, d] by angle
-    pos * theta_i: (a cos - b sin, a sin + b cos). Pair i is (2i, 2i+1) for
-    "adjacent" and (i, i + d/2) for "halves"."""
+    pos * theta_i: (a cos - b sin, a sin + b cos), times magnitude. Pair i is
+    (2i, 2i+1) for "adjacent" and (i, i + d/2) for "halves"."""
     angle = np.outer(positions, inv_freq)[:, None, :]  # [n_tokens, 1, d/2]
-    cos, sin = np.cos(angle), np.sin(angle)
+    cos, sin = magnitude * np.cos(angle), magnitude * np.sin(angle)
     half = x.shape[-1] // 2
     if style == "adjacent":
         a, b = x[..., 0::2], x[..., 1::2]
@@ -317,7 +357,8 @@ def forward(model, tokens, kv_round=None):
     "f16" rounds K and V to f16 before attention (a KV store kept in f16)."""
     w, n = model.w, len(tokens)
     d, positions = model.head_dim, np.arange(n)
-    inv_freq = rope_inv_freq(d, model.theta, model.freq_factors)
+    inv_freq = rope_inv_freq(d, model.theta, model.freq_factors, model.scaling)
+    magnitude = rope_magnitude(model.scaling)
     x = w["token_embd.weight"][np.asarray(tokens)]  # [n, n_embd]
     for i in range(model.n_layers):
         p = f"blk.{i}."
@@ -326,8 +367,8 @@ def forward(model, tokens, kv_round=None):
         q = linear(h, w, p + "attn_q").reshape(n, model.n_heads, d)
         k = linear(h, w, p + "attn_k").reshape(n, model.n_kv_heads, d)
         v = linear(h, w, p + "attn_v").reshape(n, model.n_kv_heads, d)
-        q = apply_rope(q, positions, inv_freq, model.rope_style)
-        k = apply_rope(k, positions, inv_freq, model.rope_style)
+        q = apply_rope(q, positions, inv_freq, model.rope_style, magnitude)
+        k = apply_rope(k, positions, inv_freq, model.rope_style, magnitude)
         if kv_round == "f16":
             k, v = round_f16(k), round_f16(v)
         attn = causal_attention(q, k, v, model.attn_scale).reshape(n, model.n_heads * d)

@@ -173,6 +173,10 @@ void check_spec(const TestModelSpec& s) {
   else need(s.n_vocab >= detail::kSpmMinVocab, "n_vocab must be at least 259 (3 specials + 256 bytes)");
   need(s.rope_theta > 0 && s.rms_eps > 0, "rope_theta and rms_eps must be positive");
   need(s.attn_scale >= 0 && std::isfinite(s.attn_scale), "attn_scale must be finite and >= 0");
+  need(s.yarn_factor == 0 || (s.yarn_factor >= 1 && std::isfinite(s.yarn_factor)), "yarn_factor must be 0 or >= 1");
+  need(s.yarn_original_context >= 1 && s.yarn_original_context <= std::numeric_limits<uint32_t>::max(),
+       "yarn_original_context must fit a u32");
+  need(s.yarn_factor == 0 || !s.llama3_rope, "yarn_factor and llama3_rope cannot be combined");
   need(s.context_length >= 1 && s.context_length <= std::numeric_limits<uint32_t>::max(),
        "context_length must fit a u32");
   if (find_format(s) == nullptr)
@@ -232,6 +236,9 @@ std::vector<TestModelSpec> standard_test_models() {
   s.name = "qwen2-bias";  // Qwen2: QKV bias, halves RoPE, tied embeddings
   s.arch = "qwen2", s.n_heads = 4, s.n_kv_heads = 2, s.head_dim = 64, s.n_embd = 256, s.n_ff = 512;
   s.qkv_bias = true, s.tie_embeddings = true, s.rope_theta = 1000000.0f, s.rms_eps = 1e-6f;
+  add(s);
+  s.name = "qwen2-yarn";  // the same with Qwen2.5's YaRN setting for 128K
+  s.yarn_factor = 4.0f, s.yarn_original_context = 32768, s.context_length = 131072;
   add(s);
   s = {};
   s.name = "q8";  // Q8_0 weights, 3 layers
@@ -304,6 +311,11 @@ model::GgufWriter make_test_model(const TestModelSpec& s) {
   if (s.attn_scale > 0) w.set_f32(a + ".attention.scale", s.attn_scale);
   w.set_f32(a + ".rope.freq_base", s.rope_theta);
   w.set_u32(a + ".rope.dimension_count", s.head_dim);
+  if (s.yarn_factor > 0) {
+    w.set_string(a + ".rope.scaling.type", "yarn");
+    w.set_f32(a + ".rope.scaling.factor", s.yarn_factor);
+    w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_original_context));
+  }
   w.set_u32(a + ".vocab_size", s.n_vocab);
   if (s.llama3_vocab) detail::add_llama3_tokenizer(w);
   else detail::add_spm_tokenizer(w, s.n_vocab);

@@ -11,7 +11,11 @@
 // <arch>.rope.dimension_count (default head_dim); rope_freqs.weight (Llama-3.1)
 // -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with
 // <arch>.rope.scaling.factor (or the older <arch>.rope.scale_linear) ->
-// RopeScaling::kLinear; other scaling types are Error(kUnsupported).
+// RopeScaling::kLinear; "yarn" (Qwen2.5's converter writes it for 128K) with
+// <arch>.rope.scaling.factor (default 1), .original_context_length (default
+// <arch>.context_length) and .attn_factor (default 1) -> RopeScaling::kYarn,
+// beta_fast 32 and beta_slow 1 as llama.cpp; other scaling types are
+// Error(kUnsupported).
 // Attention scores are q.k * <arch>.attention.scale when the key is present
 // (f32, finite and > 0; Granite's attention multiplier, for one) ->
 // TransformerSpec::attn_scale, else q.k / sqrt(head_dim).

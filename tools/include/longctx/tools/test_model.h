@@ -23,7 +23,9 @@
 // attention.head_count, attention.head_count_kv,
 // attention.key_length, attention.value_length (= head_dim),
 // attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
-// vocab_size, and attention.scale when attn_scale > 0}, and a tokenizer: by default SentencePiece
+// vocab_size, attention.scale when attn_scale > 0, and rope.scaling.type
+// "yarn", rope.scaling.factor and rope.scaling.original_context_length when
+// yarn_factor > 0}, and a tokenizer: by default SentencePiece
 // (tokenizer.ggml.model = "llama": <unk> <s> </s>, the 256 byte tokens
 // <0x00>..<0xFF>, then scored pieces of English text) with the llama2 chat
 // template; with llama3_vocab Llama-3's byte-level BPE layout (128256 tokens,
@@ -84,6 +86,8 @@ struct TestModelSpec {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   float attn_scale = 0.0f;     // > 0: written as <arch>.attention.scale; 0: absent (1/sqrt(head_dim))
+  float yarn_factor = 0.0f;    // >= 1: YaRN RoPE scaling by this factor (Qwen2.5's 128K setting); 0: none
+  int64_t yarn_original_context = 32768;  // with yarn_factor: rope.scaling.original_context_length
   int64_t context_length = 1 << 20;
   uint64_t seed = 1;
 };
@@ -91,7 +95,8 @@ struct TestModelSpec {
 // The named shapes the tests use (2 layers, f32 weights, SPM vocab of 320
 // unless said): "mha-64" (4 heads = 4 kv heads, head_dim 64), "gqa-128"
 // (8:2 heads, head_dim 128, n_embd 512 != 8*128, n_ff 768, vocab 384),
-// "qwen2-bias" (QKV bias, arch qwen2: halves RoPE; tied embeddings), "q8"
+// "qwen2-bias" (QKV bias, arch qwen2: halves RoPE; tied embeddings),
+// "qwen2-yarn" (qwen2-bias with YaRN x4 from 32768, as Qwen2.5 at 128K), "q8"
 // (Q8_0 weights, 3 layers), "f16" (F16 weights), "llama3-rope" (4:1 heads,
 // theta 500000, rope_freqs), the quantized shapes of gqa-128 (rows multiples
 // of 256) "q4_0" (2 layers), "q6_k" (2 layers), "q4_k_m" and "q5_k_m" (3
