@@ -66,9 +66,11 @@ std::string layer_name(int layer, const char* suffix) { return "blk." + std::to_
 
 TransformerSpec read_llama_spec(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2")
+  // internlm2: llama.cpp's converter splits InternLM2's fused wqkv into the
+  // Llama tensors, permuted as Llama's, so the graph is Llama's.
+  if (arch != "llama" && arch != "qwen2" && arch != "internlm2")
     fail(ErrorCode::kUnsupported, f.name(), ": architecture '", arch,
-         "' is not supported (longctx runs \"llama\" and \"qwen2\")");
+         "' is not supported (longctx runs \"llama\", \"qwen2\" and \"internlm2\")");
   const std::string p = arch + ".";
   constexpr uint64_t kMaxDim = 1 << 20, kMaxLayers = 4096;
   TransformerSpec s;

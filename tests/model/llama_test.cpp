@@ -390,6 +390,30 @@ TEST(Llama, NonFiniteBlockScaleIsNamed) {
   EXPECT_NE(message.find("block 3"), std::string::npos) << message;
 }
 
+// An internlm2 file is Llama's layout under another name: the same weights
+// give the same logits, bit for bit, as the file named llama, and match the
+// fp64 reference.
+TEST(Llama, Internlm2RunsAsLlama) {
+  cpu::CpuBackend backend({.weights = WeightStorage::kF32});
+  TestModelSpec t = tools::test_model_by_name("gqa-128");
+  const std::vector<int32_t> tokens = longctx::testing::random_tokens(44, t.n_vocab, 11);
+  std::vector<std::vector<float>> logits;
+  for (const char* arch : {"llama", "internlm2"}) {
+    SCOPED_TRACE(arch);
+    t.arch = arch;
+    const std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
+    const GgufFile file = GgufFile::from_bytes(bytes, t.name);
+    const scheduler::Transformer model = load_llama(file, backend);
+    EXPECT_EQ(model.spec.arch, arch);
+    EXPECT_EQ(model.spec.rope.style, RopeStyle::kNormal);
+    logits.push_back(run_logits(backend, model, tokens));
+    const TransformerSpec expected = documented_spec(t, file);
+    const std::vector<double> ref = longctx::testing::reference_logits(host_model(expected, file), tokens);
+    EXPECT_LE(worst_error(logits.back(), ref), longctx::testing::logits_tolerance(model.spec, 44, max_abs(ref)));
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 // Llama-3.1's per-frequency factors and YaRN would scale the same
 // frequencies twice: refused, naming both.
 TEST(Llama, RopeFreqsWithYarnIsRefused) {
@@ -455,6 +479,8 @@ TEST(Llama, SpecDefaultsAndScaling) {
   old_key.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", 2.0f); };
   EXPECT_EQ(old_key.read().rope.factor, 2.0f);
   EXPECT_EQ(MetaFile("qwen2").read().rope.style, RopeStyle::kNeox);
+  EXPECT_EQ(MetaFile("internlm2").read().rope.style, RopeStyle::kNormal);
+  EXPECT_EQ(MetaFile("internlm2").read().arch, "internlm2");
 
   MetaFile scaled;
   scaled.extra = [](GgufWriter& w) { w.set_f32("llama.attention.scale", 0.05f); };

@@ -298,6 +298,19 @@ def test_generated(tmp):
                              capture_output=True, text=True)
         check(res.returncode == 2 and "--attn-scale" in res.stderr and not os.path.exists(path + ".bad"),
               f"--attn-scale {bad} is refused", res.stderr)
+    # --arch internlm2 writes the same tensors under InternLM2's name, which
+    # the reference runs as Llama (compared with longctx below too).
+    path = os.path.join(tmp, "mha-64-internlm2.gguf")
+    run([maker, "--preset", "mha-64", "--seed", "7", "--arch", "internlm2", "--out", path])
+    paths["mha-64-internlm2"] = path
+    check(ref.read_gguf(path)[0]["general.architecture"] == "internlm2", "--arch: general.architecture")
+    tokens = list(range(3, 40))
+    as_llama = ref.forward(ref.Model.load(paths["mha-64"]), tokens)
+    check(np.array_equal(ref.forward(ref.Model.load(path), tokens), as_llama), "internlm2 runs as llama in the reference")
+    res = subprocess.run([maker, "--preset", "mha-64", "--arch", "gptneox", "--out", path + ".bad"],
+                         capture_output=True, text=True)
+    check(res.returncode == 2 and "arch must be" in res.stderr and not os.path.exists(path + ".bad"),
+          "--arch gptneox is refused", res.stderr)
     # Each preset's distinguishing feature must change the logits far beyond
     # the tolerance, or the comparison below could not catch its omission.
     tokens = list(range(3, 103))

@@ -10,9 +10,9 @@ a plain fp64 forward pass, so that longctx's logits can be checked against it.
 writes float32 logits [n_tokens, n_vocab], row-major, no header.
 
 Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama"
-(RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K weights) and
-"qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1);
+Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama" and
+"internlm2" (RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K
+weights) and "qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1);
 {arch}.rope.scaling.type "linear" and "yarn" (YaRN, Peng et al. 2023, with
 the ramp and temperature of Hugging Face transformers' Qwen2);
 {arch}.attention.scale (scores q.k * scale instead of q.k / sqrt(head_dim)).
@@ -218,7 +218,7 @@ class Model:
 
     def __init__(self, meta, w):
         arch = meta["general.architecture"]
-        if arch not in ("llama", "qwen2"):
+        if arch not in ("llama", "qwen2", "internlm2"):
             raise ValueError(f"architecture {arch} not supported by the reference")
         self.arch, self.w = arch, w
         self.n_layers = meta[f"{arch}.block_count"]
@@ -231,7 +231,7 @@ class Model:
         self.theta = meta.get(f"{arch}.rope.freq_base", 10000.0)
         # llama.cpp's converter permutes Llama's Q/K rows so that rotated pairs are
         # adjacent (2i, 2i+1); Qwen2 keeps the HF layout: pairs (i, i + d/2).
-        self.rope_style = "adjacent" if arch == "llama" else "halves"
+        self.rope_style = "halves" if arch == "qwen2" else "adjacent"
         self.freq_factors = w.get("rope_freqs.weight")
         # RoPE scaling: None, ("linear", factor) or ("yarn", factor, original context, attn_factor).
         self.scaling = None

@@ -164,7 +164,8 @@ void check_spec(const TestModelSpec& s) {
   auto need = [&](bool ok, const char* what) {
     if (!ok) fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': ", what);
   };
-  need(s.arch == "llama" || s.arch == "qwen2", "arch must be \"llama\" or \"qwen2\"");
+  need(s.arch == "llama" || s.arch == "qwen2" || s.arch == "internlm2",
+       "arch must be \"llama\", \"qwen2\" or \"internlm2\"");
   need(s.n_layers >= 1 && s.n_heads >= 1 && s.n_kv_heads >= 1 && s.n_embd >= 1 && s.n_ff >= 1,
        "sizes must be positive");
   need(s.n_heads % s.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");

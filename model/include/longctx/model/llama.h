@@ -1,12 +1,14 @@
 // Llama-family models from GGUF: general.architecture "llama" (Llama 2/3,
-// Mistral, InternLM2 converted to the Llama layout) and "qwen2" (QKV bias).
+// Mistral, InternLM3), "qwen2" (QKV bias) and "internlm2" (InternLM2 and 2.5,
+// 1M-token chat models among them, which llama.cpp's converter writes in
+// the Llama layout under their own name).
 // Hyperparameters come from the <arch>.* metadata keys, weights from the
 // standard llama.cpp tensor names (see tools/test_model.h for the layout),
 // handed to Backend::load_weight in their GGUF type (the backend keeps or
 // converts them as its WeightStorage says).
 //
-// RoPE: llama -> RopeStyle::kNormal (adjacent pairs: llama.cpp's converter
-// permutes Q/K into that order), qwen2 -> kNeox (halves); theta from
+// RoPE: llama and internlm2 -> RopeStyle::kNormal (adjacent pairs: llama.cpp's
+// converter permutes Q/K into that order), qwen2 -> kNeox (halves); theta from
 // <arch>.rope.freq_base (default 10000), rotated channels from
 // <arch>.rope.dimension_count (default head_dim); rope_freqs.weight (Llama-3.1)
 // -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with

@@ -21,7 +21,7 @@
 namespace longctx::scheduler {
 
 struct TransformerSpec {
-  std::string arch = "llama";  // informational ("llama", "qwen2")
+  std::string arch = "llama";  // informational ("llama", "qwen2", "internlm2")
   int n_layers = 0;
   int n_heads = 0;     // query heads
   int n_kv_heads = 0;  // divides n_heads (GQA)

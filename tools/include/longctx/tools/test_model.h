@@ -16,7 +16,7 @@
 //   blk.N.ffn_gate.weight [n_embd, n_ff]  blk.N.ffn_up.weight [n_embd, n_ff]
 //   blk.N.ffn_down.weight [n_ff, n_embd]
 //   rope_freqs.weight [head_dim/2] when llama3_rope (Llama-3.1 factors)
-// Metadata: general.architecture ("llama" or "qwen2"), general.name,
+// Metadata: general.architecture ("llama", "qwen2" or "internlm2"), general.name,
 // general.file_type (llama.cpp's llama_ftype of the weight format, as
 // llama.cpp itself would guess it), general.quantization_version (2),
 // <arch>.{context_length, embedding_length, block_count, feed_forward_length,
@@ -31,7 +31,7 @@
 // template; with llama3_vocab Llama-3's byte-level BPE layout (128256 tokens,
 // "gpt2" / "llama-bpe", merges, the Llama 3.1 special tokens, BOS 128000,
 // EOS <|eot_id|> 128009) with the Llama-3 chat template. RoPE style: llama
-// -> adjacent pairs, qwen2 -> halves.
+// and internlm2 -> adjacent pairs, qwen2 -> halves.
 //
 // Weight formats (--weight-type of longctx-make-model): f32, f16, bf16,
 // q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k store every 2-D weight in
@@ -69,7 +69,7 @@ namespace longctx::tools {
 
 struct TestModelSpec {
   std::string name = "tiny";
-  std::string arch = "llama";  // "llama" or "qwen2"
+  std::string arch = "llama";  // "llama", "qwen2" or "internlm2" (Llama's layout under its own name)
   int n_layers = 2;
   int n_heads = 4;
   int n_kv_heads = 2;
