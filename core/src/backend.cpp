@@ -127,9 +127,9 @@ void check_rope_params(const RopeParams& p) {
       fail(ErrorCode::kInvalidArgument, "rope: yarn needs 0 < beta_slow < beta_fast, got ", p.beta_slow, " and ",
            p.beta_fast);
     }
-    if (!positive_finite(p.attn_factor)) {
-      fail(ErrorCode::kInvalidArgument, "rope: yarn attn_factor must be positive, got ", p.attn_factor);
-    }
+  }
+  if (!positive_finite(p.attn_factor)) {
+    fail(ErrorCode::kInvalidArgument, "rope: attn_factor must be positive, got ", p.attn_factor);
   }
   if (!p.freq_factors.empty()) {
     if (p.scaling != RopeScaling::kNone) {
@@ -211,8 +211,8 @@ const char* rope_scaling_name(RopeScaling scaling) {
 
 float rope_magnitude(const RopeParams& p) {
   check_rope_params(p);
-  if (p.scaling != RopeScaling::kYarn) return 1.0f;
-  return static_cast<float>(double(p.attn_factor) * (1.0 + 0.1 * std::log(double(p.factor))));
+  const double temperature = p.scaling == RopeScaling::kYarn ? 1.0 + 0.1 * std::log(double(p.factor)) : 1.0;
+  return static_cast<float>(double(p.attn_factor) * temperature);
 }
 
 }  // namespace longctx

@@ -123,8 +123,8 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
       rope.factor = static_cast<float>(factor);
     }
   } else if (scaling == "yarn") {
-    // As llama.cpp b4747 reads them: the factor may be absent (1: only
-    // attn_factor then acts), the original context falls back to the trained one.
+    // As llama.cpp b4747 reads them: the factor may be absent (1: the
+    // frequencies stay), the original context falls back to the trained one.
     if (!f.has(p + "rope.scaling.factor")) factor = 1.0;
     if (!(factor >= 1.0) || !(factor < 1e6))
       fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.factor' is ", factor,
@@ -139,18 +139,19 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
     if (original < 1 || original > (uint64_t(1) << 40))
       fail(ErrorCode::kCorrupt, f.name(), ": key '", original_key, "' is ", original,
            ", expected an original context in [1, 2^40]");
-    const double attn_factor = f.get_float_or(p + "rope.scaling.attn_factor", 1.0);
-    if (!(attn_factor > 0.0) || !(attn_factor < 1e6))
-      fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.attn_factor' is ", attn_factor,
-           ", expected a value in (0, 1e6)");
     rope.scaling = RopeScaling::kYarn;
     rope.factor = static_cast<float>(factor);
     rope.original_context = static_cast<int64_t>(original);
-    rope.attn_factor = static_cast<float>(attn_factor);
   } else if (scaling != "none") {
     fail(ErrorCode::kUnsupported, f.name(), ": key '", p, "rope.scaling.type' is '", scaling,
          "'; longctx supports none, linear and yarn (Llama-3.1 scaling comes as rope_freqs.weight)");
   }
+  // Whatever the scaling type, as llama.cpp multiplies cos and sin by it.
+  const double attn_factor = f.get_float_or(p + "rope.scaling.attn_factor", 1.0);
+  if (!(attn_factor > 0.0) || !(attn_factor < 1e6))
+    fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.attn_factor' is ", attn_factor,
+         ", expected a value in (0, 1e6)");
+  rope.attn_factor = static_cast<float>(attn_factor);
   // The vocabulary size is the embedding's row count (checked in check_llama_tensors).
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd) fail(ErrorCode::kCorrupt, f.name(), ": tensor 'token_embd.weight' is missing");

@@ -311,7 +311,9 @@ std::vector<RopeParams> rope_param_cases(int n_rot, RopeStyle style, std::mt1993
   p.theta = 500000.f;
   p.scaling = RopeScaling::kLinear;
   p.factor = 4.f;
+  p.attn_factor = 1.25f;  // multiplies any scaling's pairs, as llama.cpp's rope.scaling.attn_factor
   cases.push_back(p);
+  p.attn_factor = 1.f;
   p.scaling = RopeScaling::kLlama3;  // Llama-3.1's values
   p.factor = 8.f;
   p.low_freq_factor = 1.f;
@@ -325,6 +327,7 @@ std::vector<RopeParams> rope_param_cases(int n_rot, RopeStyle style, std::mt1993
   p.attn_factor = 0.8f;
   cases.push_back(p);
   p.scaling = RopeScaling::kNone;
+  p.attn_factor = 1.f;
   p.theta = 1000000.f;
   std::uniform_real_distribution<float> uni(1.f, 8.f);
   for (int i = 0; i < n_rot / 2; ++i) p.freq_factors.push_back(uni(rng));
@@ -379,7 +382,9 @@ TEST(CpuBackendRope, YarnKeepsFastPairsAndInterpolatesSlowOnes) {
   EXPECT_FLOAT_EQ(rope_magnitude(p), float(1 + 0.1 * std::log(4.0)));
   p.attn_factor = 0.5f;
   EXPECT_FLOAT_EQ(rope_magnitude(p), float(0.5 * (1 + 0.1 * std::log(4.0))));
-  p.scaling = RopeScaling::kLinear;  // the magnitude is YaRN's alone
+  p.scaling = RopeScaling::kLinear;  // the temperature is YaRN's alone, attn_factor anyone's
+  EXPECT_EQ(rope_magnitude(p), 0.5f);
+  p.attn_factor = 1.f;
   EXPECT_EQ(rope_magnitude(p), 1.0f);
 }
 
@@ -399,8 +404,8 @@ TEST(CpuBackendRope, BothStylesAllScalingsMatchFp64) {
           auto xt = upload(backend, x, {n, n_heads, head_dim});
           backend.rope(*xt, first_pos, p);
           const std::vector<float> inv = rope_inv_freq(p);
-          // YaRN's magnitude on every rotated pair: attn_factor (0.1 ln factor + 1).
-          const double m = p.scaling == RopeScaling::kYarn ? p.attn_factor * (0.1 * std::log(p.factor) + 1) : 1.0;
+          // The magnitude of every rotated pair: attn_factor, times YaRN's 0.1 ln factor + 1.
+          const double m = p.attn_factor * (p.scaling == RopeScaling::kYarn ? 0.1 * std::log(p.factor) + 1 : 1.0);
           std::vector<double> want(x.begin(), x.end()), bound(x.size(), 0.0);
           const int half = n_rot / 2;
           for (int64_t t = 0; t < n; ++t)

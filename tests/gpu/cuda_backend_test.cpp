@@ -267,6 +267,7 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
     p.style = c.style;
     p.scaling = c.scaling;
     p.factor = c.scaling == RopeScaling::kLinear || c.scaling == RopeScaling::kYarn ? 4.f : 8.f;
+    if (c.scaling == RopeScaling::kLinear) p.attn_factor = 1.25f;
     if (c.scaling == RopeScaling::kYarn) p.original_context = 32768, p.attn_factor = 0.9f;
     if (c.freq_factors) {
       std::uniform_real_distribution<float> f(1.f, 8.f);
@@ -281,8 +282,8 @@ TEST_F(CudaBackendTest, RopeMatchesFp64ReferenceAndCpuForBothStylesAndScalings) 
     const std::vector<float> got = download(backend, *xt);
 
     const std::vector<float> inv = rope_inv_freq(p);
-    // YaRN's magnitude on every rotated pair: attn_factor (0.1 ln factor + 1).
-    const double m = c.scaling == RopeScaling::kYarn ? p.attn_factor * (0.1 * std::log(p.factor) + 1) : 1.0;
+    // The magnitude of every rotated pair: attn_factor, times YaRN's 0.1 ln factor + 1.
+    const double m = p.attn_factor * (c.scaling == RopeScaling::kYarn ? 0.1 * std::log(p.factor) + 1 : 1.0);
     const int64_t half = c.n_rot / 2;
     std::vector<double> want(x.begin(), x.end()), bound(x.size(), 0.0);
     for (int64_t t = 0; t < c.n; ++t)

@@ -516,10 +516,17 @@ TEST(Llama, SpecReadsYarnScaling) {
   EXPECT_EQ(s.rope.factor, 1.0f);
   EXPECT_EQ(s.rope.original_context, 131072);  // context_length
   EXPECT_EQ(s.rope.attn_factor, 0.5f);
+
+  MetaFile plain;  // attn_factor without a scaling type: llama.cpp applies it all the same
+  plain.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scaling.attn_factor", 1.5f); };
+  s = plain.read();
+  EXPECT_EQ(s.rope.scaling, RopeScaling::kNone);
+  EXPECT_EQ(s.rope.attn_factor, 1.5f);
 }
 
-// Each bad YaRN key is refused naming it; without any original context the
-// message names both keys it looked for.
+// Each bad YaRN key (and attn_factor, which any scaling takes) is refused
+// naming it; without any original context the message names both keys it
+// looked for.
 TEST(Llama, BadYarnScalingIsRefused) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const double factor : {0.5, 0.0, -4.0, nan, 1e300}) {
@@ -535,11 +542,7 @@ TEST(Llama, BadYarnScalingIsRefused) {
   for (const double attn_factor : {0.0, -1.0, nan}) {
     SCOPED_TRACE(attn_factor);
     MetaFile m;
-    m.extra = [attn_factor](GgufWriter& w) {
-      w.set_string("llama.rope.scaling.type", "yarn");
-      w.set_u32("llama.rope.scaling.original_context_length", 4096);
-      w.set_f64("llama.rope.scaling.attn_factor", attn_factor);
-    };
+    m.extra = [attn_factor](GgufWriter& w) { w.set_f64("llama.rope.scaling.attn_factor", attn_factor); };
     EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.attn_factor'"),
               std::string::npos);
   }

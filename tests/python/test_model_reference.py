@@ -63,14 +63,16 @@ def test_rope():
     # turns more than 32 times over 32768 tokens keeps its frequency, one
     # turning less than once is divided by 4.
     plain = ref.rope_inv_freq(128, 1e6)
-    ratio = plain / ref.rope_inv_freq(128, 1e6, scaling=("yarn", 4.0, 32768, 1.0))
+    ratio = plain / ref.rope_inv_freq(128, 1e6, scaling=("yarn", 4.0, 32768))
     turns = 32768 * plain / (2 * math.pi)
     check(np.allclose(ratio[turns > 32 * 1.2], 1.0, rtol=1e-15), "yarn keeps the fast pairs")
     check(np.allclose(ratio[turns < 1 / 1.2], 4.0, rtol=1e-15), "yarn divides the slow pairs by the factor")
     check(np.all((ratio >= 1.0) & (ratio <= 4.0)) and np.sum((ratio > 1.001) & (ratio < 3.999)) >= 10,
           f"yarn blends the pairs between: {ratio}")
-    check(abs(ref.rope_magnitude(("yarn", 4.0, 32768, 0.5)) - 0.5 * (1 + 0.1 * math.log(4))) < 1e-15,
+    check(abs(ref.rope_magnitude(("yarn", 4.0, 32768), 0.5) - 0.5 * (1 + 0.1 * math.log(4))) < 1e-15,
           "yarn's magnitude 0.1 ln s + 1, times attn_factor")
+    check(ref.rope_magnitude(("linear", 4.0), 0.5) == 0.5 and ref.rope_magnitude(None) == 1.0,
+          "attn_factor alone for other scalings")
 
 
 def test_attention_scalar():
@@ -326,11 +328,11 @@ def test_generated(tmp):
     check(effect > 20 * tolerance(model, len(tokens)), f"llama3-rope: rope_freqs change the logits by {effect}")
     model = ref.Model.load(paths["qwen2-yarn"])
     base = ref.forward(model, tokens)
-    check(model.scaling == ("yarn", 4.0, 32768, 1.0), f"qwen2-yarn: scaling {model.scaling}")
+    check(model.scaling == ("yarn", 4.0, 32768) and model.attn_factor == 1.0, f"qwen2-yarn: scaling {model.scaling}")
     model.scaling = None
     effect = max_rel_err(ref.forward(model, tokens), base)
     check(effect > 20 * tolerance(model, len(tokens)), f"qwen2-yarn: YaRN changes the logits by {effect}")
-    model.scaling = ("yarn", 4.0, 32768, 1 / (1 + 0.1 * math.log(4)))  # the frequencies alone
+    model.scaling, model.attn_factor = ("yarn", 4.0, 32768), 1 / (1 + 0.1 * math.log(4))  # the frequencies alone
     effect = max_rel_err(ref.forward(model, tokens), base)
     check(effect > 20 * tolerance(model, len(tokens)), f"qwen2-yarn: YaRN's magnitude changes the logits by {effect}")
     model = ref.Model.load(paths["qwen2-bias"])

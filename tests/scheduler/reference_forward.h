@@ -156,7 +156,7 @@ inline void rope(std::vector<double>& x, int64_t n, int heads, int head_dim, int
   // n_rot ln(L / (2 pi turns)) / (2 ln theta); below the floor of the one for
   // beta_fast frequencies stay, above the ceiling of the one for beta_slow
   // they are interpolated, a linear ramp between; cos and sin grow by
-  // attn_factor (0.1 ln s + 1).
+  // 0.1 ln s + 1, and for every scaling by attn_factor.
   const bool yarn = p.scaling == RopeScaling::kYarn;
   const auto dim_of = [&](double turns) {
     return p.n_rot * std::log(double(p.original_context) / (turns * 2.0 * 3.14159265358979323846)) /
@@ -164,7 +164,7 @@ inline void rope(std::vector<double>& x, int64_t n, int heads, int head_dim, int
   };
   const double low = yarn ? std::max(std::floor(dim_of(p.beta_fast)), 0.0) : 0.0;
   const double high = yarn ? std::min(std::ceil(dim_of(p.beta_slow)), double(p.n_rot - 1)) : 0.0;
-  const double mscale = yarn ? double(p.attn_factor) * (0.1 * std::log(double(p.factor)) + 1.0) : 1.0;
+  const double mscale = double(p.attn_factor) * (yarn ? 0.1 * std::log(double(p.factor)) + 1.0 : 1.0);
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < heads; ++h) {
       double* v = &x[size_t((t * heads + h) * head_dim)];

@@ -233,15 +233,17 @@ class Model:
         # adjacent (2i, 2i+1); Qwen2 keeps the HF layout: pairs (i, i + d/2).
         self.rope_style = "halves" if arch == "qwen2" else "adjacent"
         self.freq_factors = w.get("rope_freqs.weight")
-        # RoPE scaling: None, ("linear", factor) or ("yarn", factor, original context, attn_factor).
+        # RoPE scaling: None, ("linear", factor) or ("yarn", factor, original context); attn_factor
+        # multiplies the rotated pairs whatever the scaling (as llama.cpp reads the key).
         self.scaling = None
+        self.attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
         kind = meta.get(f"{arch}.rope.scaling.type", "none")
         factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
         if kind == "linear":
             self.scaling = ("linear", factor)
         elif kind == "yarn":
             original = meta.get(f"{arch}.rope.scaling.original_context_length", meta.get(f"{arch}.context_length"))
-            self.scaling = ("yarn", factor, original, meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+            self.scaling = ("yarn", factor, original)
         elif kind != "none":
             raise ValueError(f"rope scaling {kind} not supported by the reference")
         self.attn_scale = meta.get(f"{arch}.attention.scale", 1.0 / math.sqrt(self.head_dim))
@@ -286,12 +288,12 @@ def yarn_inv_freq(inv, head_dim, theta, factor, original, beta_fast=32.0, beta_s
     return inv / factor * ramp + inv * (1.0 - ramp)
 
 
-def rope_magnitude(scaling):
-    """YaRN's temperature: q and k are multiplied by sqrt(1/t) = 0.1 ln s + 1
-    (times attn_factor); 1 for other scalings."""
+def rope_magnitude(scaling, attn_factor=1.0):
+    """attn_factor, times YaRN's temperature: q and k are multiplied by
+    sqrt(1/t) = 0.1 ln s + 1."""
     if scaling is None or scaling[0] != "yarn":
-        return 1.0
-    return scaling[3] * (0.1 * math.log(scaling[1]) + 1.0)
+        return attn_factor
+    return attn_factor * (0.1 * math.log(scaling[1]) + 1.0)
 
 
 def apply_rope(x, positions, inv_freq, style, magnitude=1.0):
@@ -358,7 +360,7 @@ def forward(model, tokens, kv_round=None):
     w, n = model.w, len(tokens)
     d, positions = model.head_dim, np.arange(n)
     inv_freq = rope_inv_freq(d, model.theta, model.freq_factors, model.scaling)
-    magnitude = rope_magnitude(model.scaling)
+    magnitude = rope_magnitude(model.scaling, model.attn_factor)
     x = w["token_embd.weight"][np.asarray(tokens)]  # [n, n_embd]
     for i in range(model.n_layers):
         p = f"blk.{i}."

@@ -121,7 +121,9 @@ struct RopeParams {
   // (llama.cpp's defaults, which GGUF files do not carry).
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
-  float attn_factor = 1.0f;  // yarn: times the magnitude (GGUF <arch>.rope.scaling.attn_factor)
+  // Times the magnitude of every rotated pair, whatever the scaling (GGUF
+  // <arch>.rope.scaling.attn_factor, which llama.cpp applies so).
+  float attn_factor = 1.0f;
   // Per-frequency divisors as GGUF stores them (tensor rope_freqs.weight,
   // n_rot/2 values, written by converters of Llama-3.1 models): when not
   // empty, inv_freq[i] /= freq_factors[i] and `scaling` must be kNone.
@@ -132,8 +134,8 @@ struct RopeParams {
 // params.scaling says (or divided by freq_factors). One definition shared by
 // every backend and the tests. The angle of position p is p * inv_freq[i].
 std::vector<float> rope_inv_freq(const RopeParams& params);
-// What every rotated pair is multiplied by (its cosine and sine are): 1,
-// except for yarn: attn_factor * (1 + 0.1 ln factor), YaRN's attention
+// What every rotated pair is multiplied by (its cosine and sine are):
+// attn_factor, for yarn times 1 + 0.1 ln factor, YaRN's attention
 // temperature sqrt(1/t) put on q and k alike, so the scores of the rotated
 // channels grow by its square. Validates params as rope_inv_freq does.
 float rope_magnitude(const RopeParams& params);

@@ -14,10 +14,11 @@
 // -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with
 // <arch>.rope.scaling.factor (or the older <arch>.rope.scale_linear) ->
 // RopeScaling::kLinear; "yarn" (Qwen2.5's converter writes it for 128K) with
-// <arch>.rope.scaling.factor (default 1), .original_context_length (default
-// <arch>.context_length) and .attn_factor (default 1) -> RopeScaling::kYarn,
-// beta_fast 32 and beta_slow 1 as llama.cpp; other scaling types are
-// Error(kUnsupported).
+// <arch>.rope.scaling.factor (default 1) and .original_context_length
+// (default <arch>.context_length) -> RopeScaling::kYarn, beta_fast 32 and
+// beta_slow 1 as llama.cpp; other scaling types are Error(kUnsupported).
+// <arch>.rope.scaling.attn_factor (default 1) -> RopeParams::attn_factor,
+// whatever the type, as llama.cpp applies it.
 // Attention scores are q.k * <arch>.attention.scale when the key is present
 // (f32, finite and > 0; Granite's attention multiplier, for one) ->
 // TransformerSpec::attn_scale, else q.k / sqrt(head_dim).
