@@ -109,9 +109,9 @@ struct V512 {
 // chunk c's low nibbles are values 4c..4c+3, its high nibbles 16 + 4c on;
 // Q8_0: chunk c is values 4c..4c+3), each multiplied with the same four
 // activation codes broadcast to every lane; they go in unsigned as above,
-// the offset times the block's activation sum (minus_sum32) added back after
-// the dots, or under the sign trick (V256 without VNNI only). Then one
-// product applies the G rows' scales.
+// the offset times the block's activation sum (minus_sum32) taken back out
+// (as the start of the dots' sums where those are int32), or under the sign
+// trick (V256 without VNNI only). Then one product applies the G rows' scales.
 template <class V, GgmlType kType, int kRows>
 void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   static_assert(kType == GgmlType::kQ4_0 || kType == GgmlType::kQ8_0);
@@ -121,6 +121,14 @@ void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
   constexpr int kChunks = kType == GgmlType::kQ4_0 ? 4 : 8;  // vector loads of codes per block
   constexpr int64_t kBlockBytes = kG * (2 + 4 * kChunks);    // G scales, then the codes
   constexpr int kChains = kRows == 1 ? 2 : 1;
+  // Up to four rows each sum a block in two chains (eight dependent products
+  // would wait on each other); eight rows' chains interleave, and two each
+  // would not fit the registers beside the codes and sums.
+  constexpr int kDotChains = kRows > 4 ? 1 : 2;
+  // A dot chain may start at the offset's correction where its lanes are
+  // int32 sums (exact byte dots), not int16 runs.
+  constexpr bool kStartAtOffset = kOffsetLog2<kType> >= 0 && (kType != GgmlType::kQ4_0 || kExactByteDots);
+  static_assert(kDotChains == 2 || kExactByteDots, "one chain of int16 runs would overflow");
   const int64_t nb = acts.k / 32;
   const Rows<kRows> rows(acts, r0);
   F acc[kChains][kRows];
@@ -145,25 +153,36 @@ void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
       }
     }
     const F d_w = V::f16s(blk);
+    I dot[kRows][kDotChains];
+    // Row j's values at base + j * stride: one base register per array, not a pointer per row.
+    const int8_t* a_codes = rows.q[0] + 32 * b;
+    const int32_t* a_minus = rows.minus_sum32[0] + b;
+    const float* a_d = rows.d[0] + b;
     for (int j = 0; j < kRows; ++j) {
-      const int8_t* a = rows.q[j] + 32 * b;
-      // Two chains: eight dependent dot products would wait on each other.
-      I dot[2] = {V::zero(), V::zero()};
-      for (int t = 0; t < 8; ++t) {
+      dot[j][0] = kStartAtOffset ? V::set1(a_minus[j * nb] << kOffsetLog2<kType>) : V::zero();
+      if constexpr (kDotChains == 2) dot[j][1] = V::zero();
+    }
+    for (int t = 0; t < 8; ++t)
+      for (int j = 0; j < kRows; ++j) {  // the rows' products of a chunk do not wait on each other
         int32_t four;
-        std::memcpy(&four, a + 4 * t, 4);
+        std::memcpy(&four, a_codes + j * acts.k + 4 * t, 4);
         const I s = V::set1(four);
+        I& d = dot[j][t % kDotChains];
         if constexpr (kSignTrick<kType>) {
-          dot[t & 1] = V::dot(dot[t & 1], V::sign(codes[t], codes[t]), V::sign(s, codes[t]));
+          d = V::dot(d, V::sign(codes[t], codes[t]), V::sign(s, codes[t]));
         } else if constexpr (kType == GgmlType::kQ4_0) {
-          dot[t & 1] = V::nibble_dot(dot[t & 1], codes[t], s);
+          d = V::nibble_dot(d, codes[t], s);
         } else {
-          dot[t & 1] = V::dot(dot[t & 1], codes[t], s);
+          d = V::dot(d, codes[t], s);
         }
       }
-      I sum = kType == GgmlType::kQ4_0 ? V::runs_sum(dot[0], dot[1]) : V::add(dot[0], dot[1]);
-      if constexpr (kOffsetLog2<kType> >= 0) sum = V::add(sum, V::set1(rows.minus_sum32[j][b] << kOffsetLog2<kType>));
-      acc[c][j] = V::fma(V::cvt(sum), V::mul(d_w, V::bcast(rows.d[j] + b)), acc[c][j]);
+    for (int j = 0; j < kRows; ++j) {
+      I sum = dot[j][0];
+      if constexpr (kDotChains == 2)
+        sum = kType == GgmlType::kQ4_0 ? V::runs_sum(sum, dot[j][1]) : V::add(sum, dot[j][1]);
+      if constexpr (kOffsetLog2<kType> >= 0 && !kStartAtOffset)
+        sum = V::add(sum, V::set1(a_minus[j * nb] << kOffsetLog2<kType>));
+      acc[c][j] = V::fma(V::cvt(sum), V::mul(d_w, V::bcast(a_d + j * nb)), acc[c][j]);
     }
   };
   int64_t b = 0;
@@ -381,14 +400,14 @@ void by_group_rows(const uint8_t* group, const ActRows& acts, int64_t r0, int n_
     by_rows<K>(group, acts, r0 + j, std::min(kQuantMaxRows, n_rows - j), y + j * ldy, ldy);
 }
 
-// The k-quant group kernels take eight activation rows at once on 512-bit
-// vectors, whose 32 registers hold their runs: one unpacking of the codes
-// then serves twice the dots (one thread, hot, Xeon EMR: Q4_K 1.18x, Q5_K
-// 1.29x, Q6_K 1.28x four rows). On 256-bit vectors (AVX2: 16 registers),
-// and for Q4_0 and Q8_0, whose per-row scale work is as large as the
-// unpacking (0.9-1.0x), four.
+// The group kernels of Q4_0 and the k-quants take eight activation rows at
+// once on 512-bit vectors, whose 32 registers hold their runs: one unpacking
+// of the codes then serves twice the dots (one thread, hot, Xeon EMR, against
+// four rows: Q4_K 1.18x, Q5_K 1.29x, Q6_K 1.28x, Q4_0 1.08-1.10x). On 256-bit
+// vectors (AVX2: 16 registers) four, and for Q8_0, whose eight code vectors a
+// block beside eight rows' sums made GCC spill (0.95x).
 template <class V>
-constexpr int kKQuantRowsAtOnce = V::kLanes == 16 ? kQuantGroupMaxRows : kQuantMaxRows;
+constexpr int kRowsAtOnce = V::kLanes == 16 ? kQuantGroupMaxRows : kQuantMaxRows;
 
 template <class V, GgmlType kType>
 struct GroupBlock32Kernel {
@@ -425,14 +444,14 @@ struct GroupQ6KKernel {
 template <class V>
 QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_0: return by_group_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K, kQuantMaxRows>;
+    case GgmlType::kQ4_0: return by_group_rows<GroupBlock32Kernel<V, GgmlType::kQ4_0>::template K, kRowsAtOnce<V>>;
     case GgmlType::kQ8_0: return by_group_rows<GroupBlock32Kernel<V, GgmlType::kQ8_0>::template K, kQuantMaxRows>;
-    case GgmlType::kQ4_K: return by_group_rows<GroupQK45Kernel<V, false>::template K, kKQuantRowsAtOnce<V>>;
+    case GgmlType::kQ4_K: return by_group_rows<GroupQK45Kernel<V, false>::template K, kRowsAtOnce<V>>;
     default: break;
   }
   if constexpr (V::kLanes == 16) {
-    if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kKQuantRowsAtOnce<V>>;
-    if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kKQuantRowsAtOnce<V>>;
+    if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kRowsAtOnce<V>>;
+    if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kRowsAtOnce<V>>;
   }
   return nullptr;
 }
