@@ -110,6 +110,20 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
   EXPECT_EQ(l4.n_layers, 4);
   l4.n_layers = 32, l4.name = l3.name;
   EXPECT_EQ(weight_format_name(l4), weight_format_name(l3));
+  const TestModelSpec qw = test_model_by_name("qwen2.5-7b");
+  EXPECT_EQ(qw.arch, "qwen2");
+  EXPECT_EQ(qw.n_layers, 28);
+  EXPECT_EQ(qw.n_embd, 3584);
+  EXPECT_EQ(qw.n_heads, 28);
+  EXPECT_EQ(qw.n_kv_heads, 4);
+  EXPECT_EQ(qw.head_dim, 128);
+  EXPECT_EQ(qw.n_ff, 18944);
+  EXPECT_EQ(qw.n_vocab, 152064);
+  EXPECT_TRUE(qw.qkv_bias);
+  EXPECT_EQ(qw.yarn_factor, 4.0f);
+  EXPECT_EQ(qw.yarn_original_context, 32768);
+  EXPECT_EQ(weight_format_name(qw), "q4_k_m");
+  EXPECT_EQ(test_model_by_name("qwen2.5-7b-4l").n_layers, 4);
   try {
     test_model_by_name("nope");
     FAIL() << "unknown name accepted";
@@ -259,7 +273,7 @@ TEST(TestModel, KQuantMixesFollowLlamaCpp) {
 
 TEST(TestModel, VocabularyIsAUsableSentencePieceVocab) {
   TestModelSpec s = test_model_by_name("mha-64");
-  for (const int n_vocab : {259, 320, 4096}) {
+  for (const int n_vocab : {259, 320, 4096, 152064}) {  // 152064: Qwen2.5's size, four-letter pieces
     SCOPED_TRACE(n_vocab);
     s.n_vocab = n_vocab, s.n_layers = 1, s.n_embd = 32, s.n_ff = 32, s.n_heads = 1, s.n_kv_heads = 1, s.head_dim = 32;
     const auto bytes = make_test_model(s).to_bytes();

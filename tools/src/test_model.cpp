@@ -278,7 +278,17 @@ std::vector<TestModelSpec> full_size_models() {
   TestModelSpec four = s;
   four.name = "llama3-8b-4l";
   four.n_layers = 4;
-  return {s, four};
+  TestModelSpec qwen;
+  qwen.name = "qwen2.5-7b";  // Qwen2.5-7B-Instruct's layout, with Qwen's YaRN setting for 128K
+  qwen.arch = "qwen2", qwen.n_layers = 28, qwen.n_heads = 28, qwen.n_kv_heads = 4, qwen.head_dim = 128;
+  qwen.n_embd = 3584, qwen.n_ff = 18944, qwen.n_vocab = 152064, qwen.qkv_bias = true;
+  qwen.rope_theta = 1000000.0f, qwen.rms_eps = 1e-6f, qwen.context_length = 32768;
+  qwen.yarn_factor = 4.0f, qwen.yarn_original_context = 32768;
+  set_weight_format(qwen, "q4_k_m");
+  TestModelSpec qwen_four = qwen;
+  qwen_four.name = "qwen2.5-7b-4l";
+  qwen_four.n_layers = 4;
+  return {s, four, qwen, qwen_four};
 }
 
 TestModelSpec test_model_by_name(const std::string& name) {

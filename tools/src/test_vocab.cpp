@@ -51,7 +51,9 @@ std::vector<std::string> text_pieces(size_t count) {
   for (const char* s : kSymbols) add(s);
   for (const char c : lower) add(space + c);
   for (char c = 'A'; c <= 'Z'; ++c) add(space + c);
-  // Bigrams "xy", then "▁xy", then trigrams "xyz": enough for 17k+ pieces.
+  // Bigrams "xy", then "▁xy", then trigrams "xyz" (17k+ pieces), then
+  // "▁xyz" and four-letter pieces "wxyz" (Qwen's 152064 tokens), each the
+  // concatenation of an earlier piece and a letter.
   for (const char a : lower)
     for (const char b : lower) add(std::string{a, b});
   for (const char a : lower)
@@ -59,6 +61,16 @@ std::vector<std::string> text_pieces(size_t count) {
   for (const char a : lower)
     for (const char b : lower)
       for (const char c : lower) add(std::string{a, b, c});
+  for (const char a : lower)
+    for (const char b : lower)
+      for (const char c : lower) add(space + std::string{a, b, c});
+  for (const char a : lower)
+    for (const char b : lower)
+      for (const char c : lower)
+        for (const char d : lower) {
+          if (pieces.size() >= count) return pieces;  // 457k candidates: stop once full
+          add(std::string{a, b, c, d});
+        }
   if (pieces.size() < count)
     fail(ErrorCode::kInvalidArgument, "test model: n_vocab too large, the generator has ",
          pieces.size() + kFirstPieceId, " tokens");

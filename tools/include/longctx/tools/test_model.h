@@ -108,7 +108,12 @@ std::vector<TestModelSpec> standard_test_models();
 // of Llama-3.1-8B: 32 layers, n_embd 4096, 32:8 heads x 128, n_ff 14336,
 // Llama-3 vocabulary of 128256, theta 500000 with Llama-3.1 rope_freqs,
 // context 131072; q4_k_m: 4.92 GB, as llama.cpp's Q4_K_M of the real model)
-// and "llama3-8b-4l" (the same with 4 layers: 1.25 GB).
+// and "llama3-8b-4l" (the same with 4 layers: 1.25 GB); "qwen2.5-7b" (the
+// layout of Qwen2.5-7B-Instruct: 28 layers, n_embd 3584, 28:4 heads x 128,
+// n_ff 18944, QKV bias, vocabulary of 152064 (SentencePiece pieces here:
+// the sizes are Qwen's, the tokenizer is not), theta 1e6, context 32768 with
+// YaRN x4 from 32768 as Qwen documents for 128K; q4_k_m) and "qwen2.5-7b-4l"
+// (4 layers).
 std::vector<TestModelSpec> full_size_models();
 // A preset of either list by name; Error(kInvalidArgument) listing the names.
 TestModelSpec test_model_by_name(const std::string& name);
