@@ -112,12 +112,18 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
   rope.n_rot = count_key_or(f, p + "rope.dimension_count", uint64_t(s.head_dim), 0, uint64_t(s.head_dim));
   if (rope.n_rot % 2 != 0)
     fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.dimension_count' is ", rope.n_rot, ", expected even");
-  const std::string scaling = f.get_string_or(p + "rope.scaling.type", "none");
+  // As llama.cpp b4747 reads the type: absent means linear, by
+  // rope.scaling.factor or the older rope.scale_linear (neither: no scaling),
+  // and "none" never scales, whatever factor the file gives.
+  const std::string scaling = f.get_string_or(p + "rope.scaling.type", "linear");
   double factor = f.get_float_or(p + "rope.scaling.factor", 0.0);
-  if (scaling == "linear" || (scaling == "none" && f.has(p + "rope.scale_linear"))) {
-    if (scaling == "none") factor = f.get_float(p + "rope.scale_linear");
+  if (scaling == "linear") {
+    const std::string factor_key =
+        f.has(p + "rope.scaling.factor") ? p + "rope.scaling.factor" : p + "rope.scale_linear";
+    factor = f.get_float_or(factor_key, 1.0);
     if (!(factor > 0.0) || !(factor < 1e6))
-      fail(ErrorCode::kCorrupt, f.name(), ": linear RoPE scaling factor is ", factor, ", expected > 0");
+      fail(ErrorCode::kCorrupt, f.name(), ": key '", factor_key, "' is ", factor,
+           ", expected a linear RoPE scaling factor in (0, 1e6)");
     if (factor != 1.0) {
       rope.scaling = RopeScaling::kLinear;
       rope.factor = static_cast<float>(factor);

@@ -478,6 +478,22 @@ TEST(Llama, SpecDefaultsAndScaling) {
   MetaFile old_key;
   old_key.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", 2.0f); };
   EXPECT_EQ(old_key.read().rope.factor, 2.0f);
+  // As llama.cpp reads the type: absent is linear, "none" never scales.
+  MetaFile untyped;
+  untyped.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scaling.factor", 3.0f); };
+  EXPECT_EQ(untyped.read().rope.scaling, RopeScaling::kLinear);
+  EXPECT_EQ(untyped.read().rope.factor, 3.0f);
+  MetaFile none;
+  none.extra = [](GgufWriter& w) {
+    w.set_string("llama.rope.scaling.type", "none");
+    w.set_f32("llama.rope.scaling.factor", 3.0f);
+    w.set_f32("llama.rope.scale_linear", 2.0f);
+  };
+  EXPECT_EQ(none.read().rope.scaling, RopeScaling::kNone);
+  MetaFile bad_linear;
+  bad_linear.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", -2.0f); };
+  EXPECT_NE(error_of([&] { bad_linear.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scale_linear' is -2"),
+            std::string::npos);
   EXPECT_EQ(MetaFile("qwen2").read().rope.style, RopeStyle::kNeox);
   EXPECT_EQ(MetaFile("internlm2").read().rope.style, RopeStyle::kNormal);
   EXPECT_EQ(MetaFile("internlm2").read().arch, "internlm2");

@@ -237,10 +237,12 @@ class Model:
         # multiplies the rotated pairs whatever the scaling (as llama.cpp reads the key).
         self.scaling = None
         self.attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
-        kind = meta.get(f"{arch}.rope.scaling.type", "none")
-        factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
+        # As llama.cpp reads the type: absent is linear (by the factor, or the older
+        # rope.scale_linear; neither: 1), and "none" never scales.
+        kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+        factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear", 1.0))
         if kind == "linear":
-            self.scaling = ("linear", factor)
+            self.scaling = ("linear", factor) if factor != 1.0 else None
         elif kind == "yarn":
             original = meta.get(f"{arch}.rope.scaling.original_context_length", meta.get(f"{arch}.context_length"))
             self.scaling = ("yarn", factor, original)

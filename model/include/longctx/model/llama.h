@@ -11,10 +11,11 @@
 // converter permutes Q/K into that order), qwen2 -> kNeox (halves); theta from
 // <arch>.rope.freq_base (default 10000), rotated channels from
 // <arch>.rope.dimension_count (default head_dim); rope_freqs.weight (Llama-3.1)
-// -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" with
-// <arch>.rope.scaling.factor (or the older <arch>.rope.scale_linear) ->
-// RopeScaling::kLinear; "yarn" (Qwen2.5's converter writes it for 128K) with
-// <arch>.rope.scaling.factor (default 1) and .original_context_length
+// -> RopeParams::freq_factors; <arch>.rope.scaling.type "linear" (also when
+// the key is absent, as llama.cpp reads it) with <arch>.rope.scaling.factor
+// (or the older <arch>.rope.scale_linear) -> RopeScaling::kLinear; "none" ->
+// no scaling whatever the factor; "yarn" (Qwen2.5's converter writes it for
+// 128K) with <arch>.rope.scaling.factor (default 1) and .original_context_length
 // (default <arch>.context_length) -> RopeScaling::kYarn, beta_fast 32 and
 // beta_slow 1 as llama.cpp; other scaling types are Error(kUnsupported).
 // <arch>.rope.scaling.attn_factor (default 1) -> RopeParams::attn_factor,
