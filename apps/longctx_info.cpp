@@ -318,7 +318,8 @@ std::string describe_rope(const RopeParams& r, int head_dim) {
   if (!r.freq_factors.empty()) text += ", rope_freqs.weight (Llama-3.1)";
   if (r.scaling != RopeScaling::kNone) text += str_cat(", ", rope_scaling_name(r.scaling), " scaling x", r.factor);
   if (r.scaling == RopeScaling::kYarn) text += str_cat(" from ", r.original_context, " tokens");
-  if (rope_magnitude(r) != 1.0f) text += str_cat(", rotated pairs times ", rope_magnitude(r));
+  if (const float magnitude = rope_magnitude(r); magnitude != 1.0f)
+    text += str_cat(", rotated pairs times ", magnitude);
   return text;
 }
 

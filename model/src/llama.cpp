@@ -116,11 +116,10 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
   // rope.scaling.factor or the older rope.scale_linear (neither: no scaling),
   // and "none" never scales, whatever factor the file gives.
   const std::string scaling = f.get_string_or(p + "rope.scaling.type", "linear");
-  double factor = f.get_float_or(p + "rope.scaling.factor", 0.0);
   if (scaling == "linear") {
     const std::string factor_key =
         f.has(p + "rope.scaling.factor") ? p + "rope.scaling.factor" : p + "rope.scale_linear";
-    factor = f.get_float_or(factor_key, 1.0);
+    const double factor = f.get_float_or(factor_key, 1.0);
     if (!(factor > 0.0) || !(factor < 1e6))
       fail(ErrorCode::kCorrupt, f.name(), ": key '", factor_key, "' is ", factor,
            ", expected a linear RoPE scaling factor in (0, 1e6)");
@@ -131,7 +130,7 @@ TransformerSpec read_llama_spec(const GgufFile& f) {
   } else if (scaling == "yarn") {
     // As llama.cpp b4747 reads them: the factor may be absent (1: the
     // frequencies stay), the original context falls back to the trained one.
-    if (!f.has(p + "rope.scaling.factor")) factor = 1.0;
+    const double factor = f.get_float_or(p + "rope.scaling.factor", 1.0);
     if (!(factor >= 1.0) || !(factor < 1e6))
       fail(ErrorCode::kCorrupt, f.name(), ": key '", p, "rope.scaling.factor' is ", factor,
            ", expected a YaRN factor in [1, 1e6)");
