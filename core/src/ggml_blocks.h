@@ -33,4 +33,12 @@ inline void k_scale_min(const uint8_t* sc, int s, int* scale, int* min) {
   }
 }
 
+// Q3_K keeps 16 six-bit scales (stored as scale + 32) in 12 bytes: the low
+// 4 bits of scale s in byte s (s < 8, low nibble) or byte s - 8 (high
+// nibble), the top 2 bits in bits 2 (s / 4), 2 (s / 4) + 1 of byte 8 + s % 4.
+inline int q3_k_scale(const uint8_t* sc, int s) {
+  const int low = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4;
+  return low | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+}
+
 }  // namespace longctx::detail

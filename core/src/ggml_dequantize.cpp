@@ -62,6 +62,39 @@ void dequant_q8_0(const uint8_t* b, float* y) {
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
 }
 
+// Q2_K: 16 bytes of scales (byte s: scale of sub-block s in the low nibble,
+// its min in the high one), 64 bytes of 2-bit codes, d, dmin (f16). Sub-block
+// s has 16 elements; element 32 j + l of half h (j < 4, l < 32) is bits 2j,
+// 2j + 1 of qs[32 h + l]. Value d * scale[s] * q - dmin * min[s].
+void dequant_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* qs = b + 16;
+  const float d = load_f16(b + 80), dmin = load_f16(b + 82);
+  for (int s = 0; s < 16; ++s) {
+    const float step = d * static_cast<float>(b[s] & 0x0F), offset = dmin * static_cast<float>(b[s] >> 4);
+    const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s % 2);
+    for (int l = l0; l < l0 + 16; ++l)
+      y[16 * s + l - l0] = step * static_cast<float>((qs[32 * h + l] >> (2 * j)) & 3) - offset;
+  }
+}
+
+// Q3_K: hmask (32 bytes), qs (64 bytes of 2-bit codes as Q2_K's), 12 bytes of
+// 6-bit scales (q3_k_scale), d (f16). Element 32 j + l of half h takes bit
+// 4 h + j of hmask[l] as its third bit: q in 0..7, value d * (scale[s] - 32)
+// * (q - 4) for sub-block s of 16 elements.
+void dequant_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const float d = load_f16(b + 108);
+  for (int s = 0; s < 16; ++s) {
+    const float step = d * static_cast<float>(detail::q3_k_scale(b + 96, s) - 32);
+    const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s % 2);
+    for (int l = l0; l < l0 + 16; ++l) {
+      const int q = ((qs[32 * h + l] >> (2 * j)) & 3) | (((hmask[l] >> (4 * h + j)) & 1) << 2);
+      y[16 * s + l - l0] = step * static_cast<float>(q - 4);
+    }
+  }
+}
+
 // Q4_K: d, dmin (f16), 12 bytes of scales and mins (k_scale_min), 128 bytes
 // of nibbles. Sub-block s (32 elements) has value d * scale[s] * q - dmin *
 // min[s]. Each 32 bytes of qs hold two sub-blocks: low nibbles the first,
@@ -149,6 +182,8 @@ BlockFn block_decoder(GgmlType type) {
     case GgmlType::kQ5_0: return dequant_q5_0;
     case GgmlType::kQ5_1: return dequant_q5_1;
     case GgmlType::kQ8_0: return dequant_q8_0;
+    case GgmlType::kQ2_K: return dequant_q2_k;
+    case GgmlType::kQ3_K: return dequant_q3_k;
     case GgmlType::kQ4_K: return dequant_q4_k;
     case GgmlType::kQ5_K: return dequant_q5_k;
     case GgmlType::kQ6_K: return dequant_q6_k;

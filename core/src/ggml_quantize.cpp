@@ -164,40 +164,50 @@ void fill_levels(const float* x, int n, float step, float offset, int top, uint8
 // turns a covering grid into one that misses an extreme by an ulp.
 constexpr float kMargin = 1.0f + 1e-4f;
 
-// Q4_K / Q5_K: element of sub-block s (32 elements) = d * sc[s] * q - dmin *
-// mn[s], sc and mn 6-bit, q in 0..top (15 or 31). The offset dmin * mn is
-// never negative, so the lowest level is <= 0: a grid covers the sub-block
-// (every element within step/2 of a level) when its lowest level is at most
-// lo + step/2 and its highest at least hi - step/2, for lo = min(0, min x)
-// and hi = max x. Any step >= need = max((hi - lo + dmin) / (top + 1),
-// hi / (top + 0.5)) has covering offsets: they form a window at least dmin
-// wide that reaches 0, so it holds a multiple of dmin. With dmin = max(-lo)
-// / 63 and d = max(need) / 63, both rounded up to f16, every sub-block
-// reaches its need with sc <= 63 and its offset with mn <= 63. The search
-// tries sc = ceil(need / d) and the next scale that has a covering offset,
-// each with the (up to 3) covering offsets nearest the window's middle, and
-// keeps the least squared error: the step is below need + 2d.
+// Q2_K, Q4_K and Q5_K: element of sub-block s = d * sc[s] * q - dmin *
+// mn[s], sc and mn in 0..st (Q2_K: st 15, 16 sub-blocks of 16 elements;
+// Q4_K, Q5_K: st 63, 8 sub-blocks of 32), q in 0..top (3, 15 or 31). The
+// offset dmin * mn is never negative, so the lowest level is <= 0: a grid
+// covers the sub-block (every element within step/2 of a level) when its
+// lowest level is at most lo + step/2 and its highest at least hi - step/2,
+// for lo = min(0, min x) and hi = max x. Any step >= need = max((hi - lo +
+// dmin) / (top + 1), hi / (top + 0.5)) has covering offsets: they form a
+// window at least dmin wide that reaches 0, so it holds a multiple of dmin.
+// With dmin = max(-lo) / st and d = max(need) / st, both rounded up to f16,
+// every sub-block reaches its need with sc <= st and its offset with mn <=
+// st. The search tries sc = ceil(need / d) and the next scale that has a
+// covering offset, each with the (up to 3) covering offsets nearest the
+// window's middle, and keeps the least squared error: the step is below
+// need + 2d.
+struct AffineGrid {
+  int sub;        // elements per sub-block
+  int top;        // highest code
+  int scale_top;  // highest scale and min
+};
+constexpr AffineGrid kQ2KGrid{16, 3, 15}, kQ4KGrid{32, 15, 63}, kQ5KGrid{32, 31, 63};
+
 struct KQuant {
   float d = 0.0f, dmin = 0.0f;
-  uint8_t sc[8] = {}, mn[8] = {};
+  uint8_t sc[16] = {}, mn[16] = {};
   uint8_t q[kQKK] = {};
 };
 
-void search_affine_sub(const float* x, float lo, float hi, float need, int top, float d, float dmin, uint8_t* sc_out,
-                       uint8_t* mn_out) {
+void search_affine_sub(const float* x, const AffineGrid& g, float lo, float hi, float need, float d, float dmin,
+                       uint8_t* sc_out, uint8_t* mn_out) {
+  const int st = g.scale_top;
   float best = INFINITY;
-  int best_sc = 63, best_mn = dmin > 0.0f ? std::min(63, static_cast<int>(std::ceil(-lo / dmin))) : 0;
+  int best_sc = st, best_mn = dmin > 0.0f ? std::min(st, static_cast<int>(std::ceil(-lo / dmin))) : 0;
   int tried = 0;
-  const int first = d > 0.0f ? std::min(63, static_cast<int>(std::ceil(need / d))) : 0;
-  for (int sc = first; sc <= 63 && tried < 2; ++sc) {
+  const int first = d > 0.0f ? std::min(st, static_cast<int>(std::ceil(need / d))) : 0;
+  for (int sc = first; sc <= st && tried < 2; ++sc) {
     const float step = d * static_cast<float>(sc);
     // Offsets (dmin * mn) whose levels cover [lo, hi]: [a, b].
-    const float a = -lo - step / 2, b = (static_cast<float>(top) + 0.5f) * step - hi;
+    const float a = -lo - step / 2, b = (static_cast<float>(g.top) + 0.5f) * step - hi;
     int k_lo = 0, k_hi = -1, mid = 0;
     if (dmin > 0.0f) {
-      k_lo = static_cast<int>(std::ceil(std::clamp(a / dmin, 0.0f, 64.0f)));
-      k_hi = static_cast<int>(std::floor(std::clamp(b / dmin, -1.0f, 63.0f)));
-      mid = static_cast<int>(std::lround(std::clamp((a + b) / 2 / dmin, -1.0f, 64.0f)));
+      k_lo = static_cast<int>(std::ceil(std::clamp(a / dmin, 0.0f, static_cast<float>(st + 1))));
+      k_hi = static_cast<int>(std::floor(std::clamp(b / dmin, -1.0f, static_cast<float>(st))));
+      mid = static_cast<int>(std::lround(std::clamp((a + b) / 2 / dmin, -1.0f, static_cast<float>(st + 1))));
     } else if (a <= 0.0f && b >= 0.0f) {
       k_hi = 0;
     }
@@ -205,7 +215,7 @@ void search_affine_sub(const float* x, float lo, float hi, float need, int top, 
     ++tried;
     mid = std::clamp(mid, k_lo, k_hi);
     for (int k = std::max(k_lo, mid - 1); k <= std::min(k_hi, mid + 1); ++k) {
-      const float err = grid_error(x, 32, step, dmin * static_cast<float>(k), top);
+      const float err = grid_error(x, g.sub, step, dmin * static_cast<float>(k), g.top);
       if (err < best) {
         best = err;
         best_sc = sc;
@@ -217,31 +227,53 @@ void search_affine_sub(const float* x, float lo, float hi, float need, int top, 
   *mn_out = static_cast<uint8_t>(best_mn);
 }
 
-void quant_affine_k(const float* x, int top, KQuant& k) {
-  float lo[8], hi[8], need[8];
+void quant_affine_k(const float* x, const AffineGrid& g, KQuant& k) {
+  const int n_sub = kQKK / g.sub;
+  float lo[16], hi[16], need[16];
   float max_off = 0.0f, max_need = 0.0f;
-  for (int s = 0; s < 8; ++s) {
-    const float* xs = x + 32 * s;
+  for (int s = 0; s < n_sub; ++s) {
+    const float* xs = x + g.sub * s;
     lo[s] = std::min(0.0f, xs[0]);
     hi[s] = xs[0];
-    for (int i = 1; i < 32; ++i) {
+    for (int i = 1; i < g.sub; ++i) {
       lo[s] = std::min(lo[s], xs[i]);
       hi[s] = std::max(hi[s], xs[i]);
     }
     max_off = std::max(max_off, -lo[s]);
   }
-  k.dmin = f16_at_least(max_off / 63.0f);
-  const float levels = static_cast<float>(top);
-  for (int s = 0; s < 8; ++s) {
+  const float scale_top = static_cast<float>(g.scale_top);
+  k.dmin = f16_at_least(max_off / scale_top);
+  const float levels = static_cast<float>(g.top);
+  for (int s = 0; s < n_sub; ++s) {
     need[s] = std::max((hi[s] - lo[s] + k.dmin) / (levels + 1.0f), hi[s] / (levels + 0.5f)) * kMargin;
     max_need = std::max(max_need, need[s]);
   }
-  k.d = f16_at_least(max_need / 63.0f);
-  for (int s = 0; s < 8; ++s) {
-    search_affine_sub(x + 32 * s, lo[s], hi[s], need[s], top, k.d, k.dmin, &k.sc[s], &k.mn[s]);
-    fill_levels(x + 32 * s, 32, k.d * static_cast<float>(k.sc[s]), k.dmin * static_cast<float>(k.mn[s]), top,
-                k.q + 32 * s);
+  k.d = f16_at_least(max_need / scale_top);
+  for (int s = 0; s < n_sub; ++s) {
+    search_affine_sub(x + g.sub * s, g, lo[s], hi[s], need[s], k.d, k.dmin, &k.sc[s], &k.mn[s]);
+    fill_levels(x + g.sub * s, g.sub, k.d * static_cast<float>(k.sc[s]), k.dmin * static_cast<float>(k.mn[s]), g.top,
+                k.q + g.sub * s);
   }
+}
+
+// Q2_K and Q3_K keep element 32 j + l of half h (j < 4, l < 32) in bits
+// 2j, 2j + 1 of qs[32 h + l].
+void pack_k_crumbs(const uint8_t* q, uint8_t* qs) {
+  std::memset(qs, 0, 64);
+  for (int i = 0; i < kQKK; ++i) {
+    const int h = i / 128, j = (i % 128) / 32, l = i % 32;
+    qs[32 * h + l] = static_cast<uint8_t>(qs[32 * h + l] | ((q[i] & 3) << (2 * j)));
+  }
+}
+
+// Q2_K: scales (byte s: scale | min << 4), codes, d, dmin.
+void quant_q2_k(const float* x, uint8_t* b) {
+  KQuant k;
+  quant_affine_k(x, kQ2KGrid, k);
+  for (int s = 0; s < 16; ++s) b[s] = static_cast<uint8_t>(k.sc[s] | (k.mn[s] << 4));
+  pack_k_crumbs(k.q, b + 16);
+  store_f16(b + 80, k.d);
+  store_f16(b + 82, k.dmin);
 }
 
 // The 12 bytes of scales and mins (layout: k_scale_min in ggml_blocks.h).
@@ -262,7 +294,7 @@ void pack_k_nibbles(const uint8_t* q, uint8_t* qs) {
 
 void quant_q4_k(const float* x, uint8_t* b) {
   KQuant k;
-  quant_affine_k(x, 15, k);
+  quant_affine_k(x, kQ4KGrid, k);
   store_f16(b, k.d);
   store_f16(b + 2, k.dmin);
   pack_k_scales(k, b + 4);
@@ -272,7 +304,7 @@ void quant_q4_k(const float* x, uint8_t* b) {
 // Q5_K: as Q4_K, plus bit 4 of element l of sub-block s in bit s of qh[l].
 void quant_q5_k(const float* x, uint8_t* b) {
   KQuant k;
-  quant_affine_k(x, 31, k);
+  quant_affine_k(x, kQ5KGrid, k);
   store_f16(b, k.d);
   store_f16(b + 2, k.dmin);
   pack_k_scales(k, b + 4);
@@ -282,16 +314,20 @@ void quant_q5_k(const float* x, uint8_t* b) {
   pack_k_nibbles(k.q, b + 48);
 }
 
-// Q6_K: element of sub-block s (16 elements) = d * sc[s] * (q - 32), sc
-// int8, q in 0..63: the levels span -32..31 steps for sc > 0 and -31..32 for
-// sc < 0. A grid covers the sub-block (every element within step/2 of a
-// level) when |step| >= max(neg / 32.5, pos / 31.5) for sc > 0 and max(pos /
-// 32.5, neg / 31.5) for sc < 0, pos = max(0, max x), neg = max(0, -min x).
-// d = max over sub-blocks of the smaller need / 127, rounded up to f16; the
-// search tries both signs with |sc| = ceil(need / d) and the next (<= 127)
-// and keeps the least squared error: |step| is below the larger need + 2d,
-// itself at most absmax / 31.5 + 2d.
-void quant_q6_k(const float* x, uint8_t* b) {
+// Q3_K and Q6_K: element of sub-block s (16 elements) = d * sc[s] * (q -
+// half), sc signed with |sc| <= sm (Q3_K: half 4, sm 31, as its 6-bit
+// scales hold -32..31; Q6_K: half 32, sm 127), q in 0..2 half - 1: the
+// levels span -half..half - 1 steps for sc > 0 and -(half - 1)..half for sc
+// < 0. A grid covers the sub-block (every element within step/2 of a level)
+// when |step| >= max(neg / (half + 0.5), pos / (half - 0.5)) for sc > 0 and
+// max(pos / (half + 0.5), neg / (half - 0.5)) for sc < 0, pos = max(0, max
+// x), neg = max(0, -min x). d = max over sub-blocks of the smaller need /
+// sm, rounded up to f16; the search tries both signs with |sc| = ceil(need /
+// d) and the next (<= sm) and keeps the least squared error: |step| is
+// below the larger need + 2d, itself at most absmax / (half - 0.5) + 2d.
+// Returns d as stored.
+float quant_signed_k(const float* x, int half, int sm, int8_t* sc, uint8_t* q) {
+  const float wide = static_cast<float>(half) + 0.5f, narrow = static_cast<float>(half) - 0.5f;
   float need_pos[16], need_neg[16];  // for sc > 0 and sc < 0
   float max_need = 0.0f;
   for (int s = 0; s < 16; ++s) {
@@ -300,13 +336,12 @@ void quant_q6_k(const float* x, uint8_t* b) {
       pos = std::max(pos, x[16 * s + i]);
       neg = std::max(neg, -x[16 * s + i]);
     }
-    need_pos[s] = std::max(neg / 32.5f, pos / 31.5f) * kMargin;
-    need_neg[s] = std::max(pos / 32.5f, neg / 31.5f) * kMargin;
+    need_pos[s] = std::max(neg / wide, pos / narrow) * kMargin;
+    need_neg[s] = std::max(pos / wide, neg / narrow) * kMargin;
     max_need = std::max(max_need, std::min(need_pos[s], need_neg[s]));
   }
-  const float d = f16_at_least(max_need / 127.0f);
-  int8_t sc[16];
-  uint8_t q[kQKK];
+  const float d = f16_at_least(max_need / static_cast<float>(sm));
+  const int top = 2 * half - 1;
   for (int s = 0; s < 16; ++s) {
     const float* xs = x + 16 * s;
     float best = INFINITY;
@@ -314,10 +349,10 @@ void quant_q6_k(const float* x, uint8_t* b) {
     for (const int sign : {1, -1}) {
       const float need = sign > 0 ? need_pos[s] : need_neg[s];
       const float first = d > 0.0f ? std::ceil(need / d) : 0.0f;
-      if (first > 127.0f) continue;  // this sign needs a larger step than d allows
-      for (int m = static_cast<int>(first); m <= std::min(127, static_cast<int>(first) + 1); ++m) {
+      if (first > static_cast<float>(sm)) continue;  // this sign needs a larger step than d allows
+      for (int m = static_cast<int>(first); m <= std::min(sm, static_cast<int>(first) + 1); ++m) {
         const float step = d * static_cast<float>(sign * m);
-        const float err = grid_error(xs, 16, step, 32.0f * step, 63);
+        const float err = grid_error(xs, 16, step, static_cast<float>(half) * step, top);
         if (err < best) {
           best = err;
           best_sc = sign * m;
@@ -326,8 +361,38 @@ void quant_q6_k(const float* x, uint8_t* b) {
     }
     sc[s] = static_cast<int8_t>(best_sc);
     const float step = d * static_cast<float>(best_sc);
-    fill_levels(xs, 16, step, 32.0f * step, 63, q + 16 * s);
+    fill_levels(xs, 16, step, static_cast<float>(half) * step, top, q + 16 * s);
   }
+  return d;
+}
+
+// Q3_K: the third bit of element 32 j + l of half h in bit 4 h + j of
+// hmask[l], two-bit codes as Q2_K's, scales + 32 (q3_k_scale), d.
+void quant_q3_k(const float* x, uint8_t* b) {
+  int8_t sc[16];
+  uint8_t q[kQKK];
+  const float d = quant_signed_k(x, 4, 31, sc, q);
+  uint8_t* hmask = b;
+  std::memset(hmask, 0, 32);
+  for (int i = 0; i < kQKK; ++i) {
+    const int h = i / 128, j = (i % 128) / 32, l = i % 32;
+    hmask[l] = static_cast<uint8_t>(hmask[l] | ((q[i] >> 2) << (4 * h + j)));
+  }
+  pack_k_crumbs(q, b + 32);
+  uint8_t* scales = b + 96;
+  std::memset(scales, 0, 12);
+  for (int s = 0; s < 16; ++s) {
+    const int u = sc[s] + 32;  // 1..63
+    scales[s % 8] = static_cast<uint8_t>(scales[s % 8] | ((u & 0x0F) << (s < 8 ? 0 : 4)));
+    scales[8 + s % 4] = static_cast<uint8_t>(scales[8 + s % 4] | ((u >> 4) << (2 * (s / 4))));
+  }
+  store_f16(b + 108, d);
+}
+
+void quant_q6_k(const float* x, uint8_t* b) {
+  int8_t sc[16];
+  uint8_t q[kQKK];
+  const float d = quant_signed_k(x, 32, 127, sc, q);
   uint8_t* ql = b;
   uint8_t* qh = b + 128;
   std::memset(b, 0, 192);
@@ -350,6 +415,8 @@ EncodeFn block_encoder(GgmlType type) {
     case GgmlType::kQ5_0: return quant_q5_0;
     case GgmlType::kQ5_1: return quant_q5_1;
     case GgmlType::kQ8_0: return quant_q8_0;
+    case GgmlType::kQ2_K: return quant_q2_k;
+    case GgmlType::kQ3_K: return quant_q3_k;
     case GgmlType::kQ4_K: return quant_q4_k;
     case GgmlType::kQ5_K: return quant_q5_k;
     case GgmlType::kQ6_K: return quant_q6_k;

@@ -23,8 +23,8 @@ namespace {
 
 using namespace longctx::testing;
 
-const GgmlType kBlockTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                                GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kBlockTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                                GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 constexpr double kF16Ulp = 0x1p-10;      // relative spacing of f16 numbers (at most)
 constexpr double kF16Tiny = 0x1p-24;     // spacing of f16 subnormals
@@ -65,6 +65,8 @@ double level_step(GgmlType type, const uint8_t* b, int i) {
     case GgmlType::kQ5_K:
       ref_k_scale_min(b + 4, i / 32, &scale, &min);
       return ref_f16(read_u16(b)) * scale;
+    case GgmlType::kQ2_K: return ref_f16(read_u16(b + 80)) * (b[i / 16] % 16);
+    case GgmlType::kQ3_K: return std::fabs(ref_f16(read_u16(b + 108)) * (ref_q3_k_scale(b + 96, i / 16) - 32));
     case GgmlType::kQ6_K: return std::fabs(ref_f16(read_u16(b + 208)) * static_cast<int8_t>(b[192 + i / 16]));
     default: return std::fabs(ref_f16(read_u16(b)));
   }
@@ -86,7 +88,8 @@ Range range_of(const float* x, int n) {
 // Checks every step of one block against the format's bound from the
 // block's values x[0..block_elems).
 void check_steps(GgmlType type, const float* x, const uint8_t* b) {
-  const double d = ref_f16(read_u16(type == GgmlType::kQ6_K ? b + 208 : b));
+  const size_t d_at = type == GgmlType::kQ6_K ? 208 : type == GgmlType::kQ3_K ? 108 : type == GgmlType::kQ2_K ? 80 : 0;
+  const double d = ref_f16(read_u16(b + d_at));
   const Range r = range_of(x, int(ggml_type_info(type).block_elems));
   switch (type) {
     case GgmlType::kQ8_0:
@@ -108,37 +111,42 @@ void check_steps(GgmlType type, const float* x, const uint8_t* b) {
       EXPECT_LE(d, (r.max - m) / top * (1 + kF16Ulp) + kF16Tiny);
       return;
     }
+    case GgmlType::kQ2_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K: {
       // The step that covers a sub-block whose lowest level (<= 0) lies on
       // the dmin grid: (max - min(0, lo)) / top + dmin / (top + 1); sc adds up to
       // two units of d, the 6-bit scales' granularity.
-      const int top = type == GgmlType::kQ4_K ? 15 : 31;
-      const double dmin = ref_f16(read_u16(b + 2));
+      // Q2_K: 4-bit scales and mins over sub-blocks of 16.
+      const bool q2 = type == GgmlType::kQ2_K;
+      const int top = q2 ? 3 : type == GgmlType::kQ4_K ? 15 : 31, sub = q2 ? 16 : 32, scale_top = q2 ? 15 : 63;
+      const double dmin = ref_f16(read_u16(b + (q2 ? 82 : 2)));
       double max_ideal = 0, max_off = 0;
-      for (int s = 0; s < 8; ++s) {
-        const Range rs = range_of(x + 32 * s, 32);
+      for (int s = 0; s < 256 / sub; ++s) {
+        const Range rs = range_of(x + sub * s, sub);
         const double lo = std::min(0.0, rs.min);
         const double ideal = (rs.max - lo) / top + dmin / (top + 1);
         max_ideal = std::max(max_ideal, ideal);
         max_off = std::max(max_off, -lo);
-        EXPECT_LE(level_step(type, b, 32 * s), ideal * (1 + kSearchMargin) + 2 * d) << "sub-block " << s;
+        EXPECT_LE(level_step(type, b, sub * s), ideal * (1 + kSearchMargin) + 2 * d) << "sub-block " << s;
       }
-      EXPECT_LE(d, max_ideal / 63 * (1 + kSearchMargin) * (1 + kF16Ulp) + kF16Tiny);
-      EXPECT_LE(dmin, max_off / 63 * (1 + kF16Ulp) + kF16Tiny);
+      EXPECT_LE(d, max_ideal / scale_top * (1 + kSearchMargin) * (1 + kF16Ulp) + kF16Tiny);
+      EXPECT_LE(dmin, max_off / scale_top * (1 + kF16Ulp) + kF16Tiny);
       return;
     }
+    case GgmlType::kQ3_K:
     case GgmlType::kQ6_K: {
       // A signed scale puts the extra level on the side of the largest
-      // magnitude: the covering step is at most absmax / 31.5; the int8
-      // scales add up to two units of d.
+      // magnitude: the covering step is at most absmax / 31.5 (Q3_K: /
+      // 3.5); the int8 (6-bit) scales add up to two units of d.
+      const bool q3 = type == GgmlType::kQ3_K;
       double max_ideal = 0;
       for (int s = 0; s < 16; ++s) {
-        const double ideal = range_of(x + 16 * s, 16).amax / 31.5;
+        const double ideal = range_of(x + 16 * s, 16).amax / (q3 ? 3.5 : 31.5);
         max_ideal = std::max(max_ideal, ideal);
         EXPECT_LE(level_step(type, b, 16 * s), ideal * (1 + kSearchMargin) + 2 * d) << "sub-block " << s;
       }
-      EXPECT_LE(d, max_ideal / 127 * (1 + kSearchMargin) * (1 + kF16Ulp) + kF16Tiny);
+      EXPECT_LE(d, max_ideal / (q3 ? 31 : 127) * (1 + kSearchMargin) * (1 + kF16Ulp) + kF16Tiny);
       return;
     }
     default: FAIL() << "not a block type";
@@ -241,7 +249,7 @@ TEST(GgmlQuantize, PlainTypesMatchDtypeConversions) {
 }
 
 TEST(GgmlQuantize, ArgumentErrors) {
-  for (GgmlType type : {GgmlType::kQ8_1, GgmlType::kQ2_K, GgmlType::kQ8_K, GgmlType::kI32})
+  for (GgmlType type : {GgmlType::kQ8_1, GgmlType::kQ8_K, GgmlType::kI32})
     expect_error([&] { quantize(type, std::vector<float>(256)); }, ErrorCode::kUnsupported,
                  {ggml_type_info(type).name});
   expect_error([&] { quantize(GgmlType::kQ8_0, std::vector<float>(31)); }, ErrorCode::kInvalidArgument,

@@ -77,6 +77,30 @@ inline double ref_q5(const uint8_t* b, int i, bool has_min) {
 }
 inline double ref_q8_0(const uint8_t* b, int i) { return static_cast<int8_t>(b[2 + i]) * ref_f16(read_u16(b)); }
 
+// Q2_K: scales[16], qs[64], d, dmin. Element i is in sub-block i / 16, whose
+// byte scales[i / 16] holds the scale (low nibble) and min (high nibble); its
+// 2-bit code is in qs[32 (i / 128) + i % 32] at bit 2 ((i % 128) / 32).
+// Value d * scale * q - dmin * min.
+inline int ref_crumb(const uint8_t* qs, int i) { return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3; }
+inline double ref_q2_k(const uint8_t* b, int i) {
+  const int scale = b[i / 16] % 16, min = b[i / 16] / 16;
+  return ref_f16(read_u16(b + 80)) * scale * ref_crumb(b + 16, i) - ref_f16(read_u16(b + 82)) * min;
+}
+
+// Q3_K: hmask[32], qs[64], scales[12], d. The low 2 bits of element i's
+// code as Q2_K's; bit 2 is bit (i / 32) of hmask[i % 32]. Scale s (stored
+// + 32, 6 bits): low 4 bits in the low (s < 8) or high nibble of
+// scales[s % 8], high 2 bits at bit 2 (s / 4) of scales[8 + s % 4]. Value
+// d * (scale - 32) * (q - 4).
+inline int ref_q3_k_scale(const uint8_t* scales, int s) {
+  const int low = s < 8 ? scales[s] % 16 : scales[s - 8] / 16;
+  return low + 16 * ((scales[8 + s % 4] >> (2 * (s / 4))) % 4);
+}
+inline double ref_q3_k(const uint8_t* b, int i) {
+  const int q = ref_crumb(b + 32, i) + 4 * ((b[i % 32] >> (i / 32)) & 1);
+  return ref_f16(read_u16(b + 108)) * (ref_q3_k_scale(b + 96, i / 16) - 32) * (q - 4);
+}
+
 // Q4_K / Q5_K scales: sub-block s of 8; 6-bit scale and min of s: for s < 4
 // the low 6 bits of scales[s] and scales[s + 4]; for s >= 4 the nibbles of
 // scales[s + 4] (low: scale, high: min) with the top 2 bits of scales[s - 4]
@@ -139,6 +163,8 @@ inline double ref_element(GgmlType type, const uint8_t* block, int i) {
     case GgmlType::kQ5_0: return ref_q5(block, i, false);
     case GgmlType::kQ5_1: return ref_q5(block, i, true);
     case GgmlType::kQ8_0: return ref_q8_0(block, i);
+    case GgmlType::kQ2_K: return ref_q2_k(block, i);
+    case GgmlType::kQ3_K: return ref_q3_k(block, i);
     case GgmlType::kQ4_K: return ref_q4_k(block, i);
     case GgmlType::kQ5_K: return ref_q5_k(block, i);
     case GgmlType::kQ6_K: return ref_q6_k(block, i);
@@ -158,6 +184,8 @@ inline std::vector<size_t> f16_fields(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0: return {0};
     case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: return {0, 2};
+    case GgmlType::kQ2_K: return {80, 82};
+    case GgmlType::kQ3_K: return {108};
     case GgmlType::kQ6_K: return {208};
     default: return {};
   }
@@ -193,8 +221,9 @@ inline std::vector<uint8_t> random_blocks(GgmlType type, size_t n_blocks, std::m
 
 // The dequantizable types, in id order.
 inline std::vector<GgmlType> dequantizable_types() {
-  return {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-          GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kBF16};
+  return {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+          GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+          GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kBF16};
 }
 
 }  // namespace longctx::testing

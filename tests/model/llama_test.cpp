@@ -210,7 +210,9 @@ TEST(Llama, GeneratedModelsMatchTheReference) {
     EXPECT_EQ(s.rope.scaling, expected.rope.scaling);
     EXPECT_EQ(s.rope.factor, expected.rope.factor);
     EXPECT_EQ(s.rope.attn_factor, expected.rope.attn_factor);
-    if (s.rope.scaling == RopeScaling::kYarn) EXPECT_EQ(s.rope.original_context, expected.rope.original_context);
+    if (s.rope.scaling == RopeScaling::kYarn) {
+      EXPECT_EQ(s.rope.original_context, expected.rope.original_context);
+    }
     EXPECT_EQ(s.rope.freq_factors, expected.rope.freq_factors);
     EXPECT_EQ(model.weights.output == nullptr, t.tie_embeddings);
 

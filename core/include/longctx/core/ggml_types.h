@@ -62,11 +62,12 @@ void dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> ds
 //               maps to the lowest level), d for values near -max (clamped);
 //   Q4_1, Q5_1  d/2, the minimum rounded down to f16 and d = range / 15 or
 //               / 31 rounded up, so that the levels cover the block;
-//   Q4_K, Q5_K, Q6_K  half the step d * scale of the element's sub-block: a
-//               search over the 6-bit (Q6_K: int8) scales and mins keeps the
-//               grid of least squared error among those that cover the
-//               sub-block, whose step is within two scale units of
-//               range / 15, range / 31 or absmax / 31.5.
+//   Q2_K .. Q6_K  half the step d * scale of the element's sub-block: a
+//               search over the 4-bit (Q2_K), 6-bit (Q3_K, Q4_K, Q5_K) or
+//               int8 (Q6_K) scales and mins keeps the grid of least squared
+//               error among those that cover the sub-block, whose step is
+//               within two scale units of range / 3, absmax / 3.5, range /
+//               15, range / 31 or absmax / 31.5.
 // Blocks are independent: quantizing a matrix row by row gives the same
 // bytes. Throws Error(kUnsupported) for other types, Error(kInvalidArgument)
 // for a size mismatch or, naming the element, for a value that is not finite
