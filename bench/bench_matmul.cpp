@@ -8,7 +8,8 @@
 //            weights also on f32 tiles and, where oneDNN has a bf16 kernel
 //            for the CPU, on bf16 tiles (QuantPrefill), to pick the fastest.
 //
-//   longctx-bench matmul [--types q4_0,q8_0,q4_k,q5_k,q6_k,f16,bf16,f32] [--shapes 4096x4096,14336x4096,4096x14336]
+//   longctx-bench matmul [--types q4_0,q8_0,q2_k,q3_k,q4_k,q5_k,q6_k,f16,bf16,f32]
+//                        [--shapes 4096x4096,14336x4096,4096x14336]
 //                        [--rows 1,4,512] [--reps 5] [--quick]
 #include <tbb/info.h>
 
@@ -41,8 +42,8 @@ struct MatmulArgs {
 
 GgmlType parse_type(const std::string& name) {
   for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                     GgmlType::kQ6_K})
+                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K})
     if (name == ggml_type_info(t).name) return t;
   fail(ErrorCode::kInvalidArgument, "matmul: unknown weight type '", name, "'");
 }
@@ -63,6 +64,8 @@ std::vector<uint8_t> random_weight(GgmlType type, int64_t n, int64_t k) {
       convert(values.data(), DType::kF32, bytes.data(), *dtype_of(type), values.size());
       return bytes;
     }
+    case GgmlType::kQ2_K: fields = {80, 82}; break;
+    case GgmlType::kQ3_K: fields = {108}; break;
     case GgmlType::kQ6_K: fields = {208}; break;
     case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: fields = {0, 2}; break;
     default: fields = {0}; break;

@@ -70,7 +70,8 @@ const std::array<Usage, 9> kUsages{{
      "  --kv-type T      f16, bf16, f32 or q8_0 (f16)\n"
      "  --quick          1024 tokens\n"},
     {"matmul", "CPU matmul per weight type: GB/s for decode rows (caches evicted first), GFLOP/s for prefill rows",
-     "  --types LIST     f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (q4_0,q8_0,q4_k,q6_k,f16,f32)\n"
+     "  --types LIST     f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k\n"
+     "                   (q4_0,q8_0,q4_k,q6_k,f16,f32)\n"
      "  --shapes LIST    NxK weight shapes (4096x4096,14336x4096,4096x14336)\n"
      "  --rows LIST      rows of x per product (1,4,512)\n"
      "  --reps N         repetitions, the median is reported (5)\n"

@@ -116,10 +116,12 @@ namespace {
 // Byte offsets of the f16 scale fields in one block of a quantized type
 // (the GGUF block layouts of core/ggml_types.h).
 std::span<const int> scale_fields(GgmlType type) {
-  static constexpr int kD[] = {0}, kDM[] = {0, 2}, kQ6K[] = {208};
+  static constexpr int kD[] = {0}, kDM[] = {0, 2}, kQ2K[] = {80, 82}, kQ3K[] = {108}, kQ6K[] = {208};
   switch (type) {
     case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0: return kD;
     case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K: return kDM;
+    case GgmlType::kQ2_K: return kQ2K;
+    case GgmlType::kQ3_K: return kQ3K;
     case GgmlType::kQ6_K: return kQ6K;
     default: return {};
   }

@@ -89,6 +89,62 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows,
   }
 }
 
+// Q2_K: 16 bytes of scales (scale | min << 4 per sub-block of 16 values),
+// qs[64], d, dmin (f16). Value 32 j + l of half h is bits 2j, 2j + 1 of
+// qs[32 h + l]; value d * scale * q - dmin * min.
+int crumb(const uint8_t* qs, int i) { return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3; }
+
+void rows_q2_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+  const int64_t nb = acts.k / 256;
+  for (int j = 0; j < n_rows; ++j) {
+    const int8_t* a = row_q(acts, r0 + j);
+    const float* da = row_d(acts, r0 + j);
+    const int16_t* sum16 = row_sum16(acts, r0 + j);
+    float sum = 0.f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 84;
+      int32_t scaled = 0, mins = 0;
+      for (int s = 0; s < 16; ++s) {
+        int32_t dot = 0;
+        for (int i = 16 * s; i < 16 * s + 16; ++i) dot += crumb(blk + 16, i) * a[256 * b + i];
+        scaled += (blk[s] & 0x0F) * dot;
+        mins += (blk[s] >> 4) * sum16[16 * b + s];
+      }
+      sum += da[b] * (f16_at(blk + 80) * static_cast<float>(scaled) - f16_at(blk + 82) * static_cast<float>(mins));
+    }
+    y[j * ldy] = sum;
+  }
+}
+
+// Q3_K: hmask[32], qs[64], 12 bytes of 6-bit scales, d (f16). The code of
+// value i is its Q2_K-placed two bits plus bit i / 32 of hmask[i % 32] as
+// bit 2 (0..7); scale s of 16 values: low 4 bits in the low (s < 8) or high
+// nibble of byte s % 8, top 2 bits at bit 2 (s / 4) of byte 8 + s % 4;
+// value d * (scale - 32) * (code - 4).
+void rows_q3_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+  const int64_t nb = acts.k / 256;
+  for (int j = 0; j < n_rows; ++j) {
+    const int8_t* a = row_q(acts, r0 + j);
+    const float* da = row_d(acts, r0 + j);
+    const int16_t* sum16 = row_sum16(acts, r0 + j);
+    float sum = 0.f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 110;
+      const uint8_t* sc = blk + 96;
+      int32_t total = 0;
+      for (int s = 0; s < 16; ++s) {
+        int32_t dot = 0;
+        for (int i = 16 * s; i < 16 * s + 16; ++i)
+          dot += (crumb(blk + 32, i) | (((blk[i % 32] >> (i / 32)) & 1) << 2)) * a[256 * b + i];
+        const int scale = ((s < 8 ? sc[s] : sc[s - 8] >> 4) & 0x0F) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+        total += (scale - 32) * (dot - 4 * sum16[16 * b + s]);
+      }
+      sum += da[b] * f16_at(blk + 108) * static_cast<float>(total);
+    }
+    y[j * ldy] = sum;
+  }
+}
+
 // Q4_K / Q5_K: d, dmin (f16), 12 bytes of scales and mins, [Q5_K: qh[32]],
 // qs[128]. Sub-blocks 2p and 2p + 1 share qs[32p .. 32p + 31] (low, high
 // nibbles); Q5_K's fifth bit of element l of sub-block j is bit j of qh[l].
@@ -171,6 +227,8 @@ QuantRowsFn quant_rows_generic(GgmlType type) {
     case GgmlType::kQ5_0: return rows_block32<decode_q5_0, 22>;
     case GgmlType::kQ5_1: return rows_block32<decode_q5_1, 24>;
     case GgmlType::kQ8_0: return rows_block32<decode_q8_0, 34>;
+    case GgmlType::kQ2_K: return rows_q2_k;
+    case GgmlType::kQ3_K: return rows_q3_k;
     case GgmlType::kQ4_K: return rows_qk_4_5<false>;
     case GgmlType::kQ5_K: return rows_qk_4_5<true>;
     case GgmlType::kQ6_K: return rows_q6_k;

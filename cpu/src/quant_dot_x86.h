@@ -320,6 +320,119 @@ void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
 }
 
+// Q2_K and Q3_K: 16 sub-blocks of 16 values, each with its own scale. The
+// 2-bit codes of values 32 j .. 32 j + 31 of half h are bits 2j, 2j + 1 of
+// the 32 bytes at qs + 32 h: one shift and mask gives two sub-blocks (8 h +
+// 2 j in the low 128-bit lane, 8 h + 2 j + 1 in the high one), and vpmaddwd
+// applies their scales as Q6_K's. Their int16 lanes come from a vector of
+// the 16 scale bytes by vpshufb: placed in the high byte of each lane, the
+// low one zero, and shifted down 8 (arithmetic), so a signed byte stays signed.
+inline __m256i scale_pair16(__m256i scale_bytes, int s) {
+  const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(((s + 1) << 8) | 0x80)),
+                                        _mm_set1_epi16(static_cast<int16_t>((s << 8) | 0x80)));
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(scale_bytes, pick), 8);
+}
+
+// Q2_K: scales (scale | min << 4 per sub-block), qs[64], d, dmin; value d *
+// scale * q - dmin * min (quant_dot_generic.cpp).
+template <int kRows>
+void rows_q2_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const __m256i low2 = _mm256_set1_epi8(0x03);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256 acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 84;
+    prefetch_ahead(blk);
+    prefetch_ahead(blk + 64);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(packed, low4));
+    __m256i dots[kRows];
+    for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q = load256(blk + 16 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * t), low2);
+        const __m256i sc = scale_pair16(scales, 8 * h + 2 * t);
+        for (int j = 0; j < kRows; ++j) {
+          const int8_t* a = rows.q[j] + 256 * b + 128 * h + 32 * t;
+          dots[j] = _mm256_add_epi32(dots[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(a)), sc));
+        }
+      }
+    }
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+    const float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
+    for (int j = 0; j < kRows; ++j) {
+      const float da = rows.d[j][b];
+      const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
+      acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
+}
+
+// Q3_K's 16 six-bit scales (stored + 32; quant_dot_generic.cpp) as signed bytes.
+inline __m128i unpack_q3_k_scales(const uint8_t* sc) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, sc, 4);
+  std::memcpy(&w1, sc + 4, 4);
+  std::memcpy(&w2, sc + 8, 4);
+  const uint32_t nib = 0x0F0F0F0Fu, two = 0x03030303u;
+  const __m128i stored = _mm_setr_epi32(static_cast<int>((w0 & nib) | ((w2 & two) << 4)),
+                                        static_cast<int>((w1 & nib) | (((w2 >> 2) & two) << 4)),
+                                        static_cast<int>(((w0 >> 4) & nib) | (((w2 >> 4) & two) << 4)),
+                                        static_cast<int>(((w1 >> 4) & nib) | (((w2 >> 6) & two) << 4)));
+  return _mm_sub_epi8(stored, _mm_set1_epi8(32));
+}
+
+// Q3_K: hmask[32], qs[64], scales[12], d; value d * (scale - 32) * (code -
+// 4), the code's bit 2 at bit 4 h + j of hmask[l] for value 32 j + l of half
+// h. The codes go in unsigned (0..7); -4 times each sub-block's activation
+// sum (sum16) times its scale takes the offset back out.
+template <int kRows>
+void rows_q3_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const __m256i low2 = _mm256_set1_epi8(0x03), bit2 = _mm256_set1_epi8(0x04);
+  __m256 acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 110;
+    prefetch_ahead(blk);
+    prefetch_ahead(blk + 64);
+    const __m128i scales8 = unpack_q3_k_scales(blk + 96);
+    const __m256i scales = _mm256_broadcastsi128_si256(scales8);
+    const __m256i hmask = load256(blk);
+    __m256i dots[kRows];
+    for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i q = load256(blk + 32 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const int bit = 4 * h + t;  // of hmask, moved to bit 2
+        const __m256i high = _mm256_and_si256(
+            bit >= 2 ? _mm256_srli_epi16(hmask, bit - 2) : _mm256_slli_epi16(hmask, 2 - bit), bit2);
+        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * t), low2), high);
+        const __m256i sc = scale_pair16(scales, 8 * h + 2 * t);
+        for (int j = 0; j < kRows; ++j) {
+          const int8_t* a = rows.q[j] + 256 * b + 128 * h + 32 * t;
+          dots[j] = _mm256_add_epi32(dots[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(a)), sc));
+        }
+      }
+    }
+    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+    const float d = f16_at(blk + 108);
+    for (int j = 0; j < kRows; ++j) {
+      const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
+      const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 2));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
+}
+
 // ---- the table -------------------------------------------------------------------
 
 template <template <int> class K>
@@ -351,6 +464,18 @@ struct QK45Kernel {
   };
 };
 template <int kRows>
+struct Q2KKernel {
+  static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+    rows_q2_k<kRows>(w, a, r0, y, ldy);
+  }
+};
+template <int kRows>
+struct Q3KKernel {
+  static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+    rows_q3_k<kRows>(w, a, r0, y, ldy);
+  }
+};
+template <int kRows>
 struct Q6KKernel {
   static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
     rows_q6_k<kRows>(w, a, r0, y, ldy);
@@ -366,6 +491,8 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
     case GgmlType::kQ5_0: return by_rows<Block32Kernel<GgmlType::kQ5_0, 22>::K>;
     case GgmlType::kQ5_1: return by_rows<Block32Kernel<GgmlType::kQ5_1, 24>::K>;
     case GgmlType::kQ8_0: return by_rows<Block32Kernel<GgmlType::kQ8_0, 34>::K>;
+    case GgmlType::kQ2_K: return by_rows<Q2KKernel>;
+    case GgmlType::kQ3_K: return by_rows<Q3KKernel>;
     case GgmlType::kQ4_K: return by_rows<QK45Kernel<false>::K>;
     case GgmlType::kQ5_K: return by_rows<QK45Kernel<true>::K>;
     case GgmlType::kQ6_K: return by_rows<Q6KKernel>;

@@ -73,7 +73,8 @@ double to_bf16(double v) { return double(bf16_bits_to_f32(f32_to_bf16_bits(float
 TEST(CpuBackendQuant, StorageKeepsOrConvertsEachType) {
   std::mt19937 rng(1);
   const int64_t rows = 3, k = 256;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                        GgmlType::kQ6_K, GgmlType::kF16}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(rows * k / ggml_type_info(type).block_elems), rng);
     const HostWeight host(type, {rows, k}, bytes, "blk.0.attn_q.weight");
     const std::vector<float> values = dequantized(type, bytes, rows * k);
@@ -126,6 +127,15 @@ TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
   std::memcpy(q8.data(), &inf_bits, 2);
   expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ8_0, {1, 32}, q8, "w")); },
                ErrorCode::kInvalidArgument, {"'w'", "block 0"});
+  // Q2_K's dmin (bytes 82..83) and Q3_K's d (bytes 108..109), the fields after their codes.
+  std::vector<uint8_t> q2k = random_blocks(GgmlType::kQ2_K, 2, rng);
+  std::memcpy(q2k.data() + 84 + 82, &nan_bits, 2);
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ2_K, {1, 512}, q2k, "blk.0.ffn_gate.weight")); },
+               ErrorCode::kInvalidArgument, {"blk.0.ffn_gate.weight", "block 1", "NaN or infinite scale"});
+  std::vector<uint8_t> q3k = random_blocks(GgmlType::kQ3_K, 1, rng);
+  std::memcpy(q3k.data() + 108, &inf_bits, 2);
+  expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ3_K, {1, 256}, q3k, "blk.0.attn_k.weight")); },
+               ErrorCode::kInvalidArgument, {"blk.0.attn_k.weight", "block 0", "NaN or infinite scale"});
   // A type the backend does not compute with.
   const std::vector<uint8_t> q8k(292);
   expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ8_K, {1, 256}, q8k, "odd")); },
@@ -256,7 +266,8 @@ TEST(CpuBackendQuant, F32TilesMatchFp64OfTheDequantizedWeights) {
   EXPECT_EQ(backend.quant_prefill(), QuantPrefill::kF32Tiles);
   std::mt19937 rng(8);
   std::normal_distribution<float> normal;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t k = 512, n = 600, m = 7;  // n: two whole tiles and a partial one
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     const std::vector<float> values = dequantized(type, bytes, n * k);
@@ -281,7 +292,7 @@ TEST(CpuBackendQuant, Bf16TilesMatchFp64OfTheRoundedValues) {
   EXPECT_EQ(backend->quant_prefill(), QuantPrefill::kBf16Tiles);
   std::mt19937 rng(6);
   std::normal_distribution<float> normal;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t k = 512, n = 1104, m = 9;  // n > one tile of 1024 rows; groups of 8 for Q4_0
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     const std::vector<float> values = dequantized(type, bytes, n * k);
@@ -299,8 +310,8 @@ TEST(CpuBackendQuant, EmbedDequantizesRows) {
   std::mt19937 rng(4);
   CpuBackend backend;
   const int64_t d = 256;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                        GgmlType::kF16}) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                        GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF16}) {
     for (int64_t vocab : {7, 16}) {
       const std::vector<uint8_t> bytes = random_blocks(type, size_t(vocab * d / ggml_type_info(type).block_elems), rng);
       auto table = backend.load_weight(HostWeight(type, {vocab, d}, bytes, "token_embd.weight"));

@@ -32,8 +32,8 @@ using longctx::testing::expect_error;
 using longctx::testing::ForcedHighwayTarget;
 using longctx::testing::random_blocks;
 
-constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                               GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                               GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 constexpr QuantIsa kIsas[] = {QuantIsa::kGeneric, QuantIsa::kAvx2, QuantIsa::kAvxVnni, QuantIsa::kAvx512Vnni};
 constexpr double kUnit = 1.0 / (1 << 24);  // f32 unit roundoff
 
@@ -55,6 +55,8 @@ double block_magnitude(GgmlType type, const uint8_t* b) {
     case GgmlType::kQ5_0: return 47 * d;
     case GgmlType::kQ5_1: return 31 * d + std::fabs(f16_field(b + 2));
     case GgmlType::kQ8_0: return 128 * d;
+    case GgmlType::kQ2_K: return 3 * 15 * std::fabs(f16_field(b + 80)) + 15 * std::fabs(f16_field(b + 82));
+    case GgmlType::kQ3_K: return 4 * 32 * std::fabs(f16_field(b + 108));
     case GgmlType::kQ4_K: return 15 * 63 * d + 63 * std::fabs(f16_field(b + 2));
     case GgmlType::kQ5_K: return 31 * 63 * d + 63 * std::fabs(f16_field(b + 2));
     case GgmlType::kQ6_K: return 95 * 128 * std::fabs(f16_field(b + 208));
