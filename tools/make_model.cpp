@@ -4,7 +4,7 @@
 //   longctx-make-model --preset NAME [--seed N] [--weight-type FORMAT] [--attn-scale S] [--arch A] --out FILE.gguf
 //   longctx-make-model --list
 // FORMAT: a weight format of test_model.h (f32 ... q6_k, and llama.cpp's
-// per-tensor mixes q4_k_m, q5_k_m); the preset's when absent. S > 0: scores
+// per-tensor mixes q2_k, q3_k_m, q4_k_m, q5_k_m); the preset's when absent. S > 0: scores
 // are q.k * S, written as <arch>.attention.scale (absent: 1/sqrt(head_dim)).
 // A: llama, qwen2 or internlm2, the name the same tensors are written under
 // (qwen2 rotates halves); the preset's when absent.

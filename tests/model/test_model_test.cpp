@@ -39,17 +39,31 @@ std::vector<TestModelSpec> small_presets() {
   return specs;
 }
 
-// The documented type of a 2-D weight of a q4_k_m / q5_k_m spec whose rows
-// are multiples of 256: Q6_K for output.weight and for attn_v / ffn_down of
-// the use_more_bits layers, else the base type.
+// The documented type of a 2-D weight of a mixed spec (q2_k .. q5_k_m) of
+// fewer than 80 layers whose rows are multiples of 256: Q6_K for
+// output.weight; q4_k_m / q5_k_m: Q6_K for attn_v / ffn_down of the
+// use_more_bits layers; q3_k_m: attn_v Q5_K in layers 0 and 1, else Q4_K,
+// ffn_down Q5_K below n/16, else Q4_K, attn_output Q4_K; q2_k: attn_v Q4_K
+// at GQA 4 or more (else Q3_K), ffn_down and attn_output Q3_K; else the base type.
 GgmlType mixed_type(const TestModelSpec& s, const std::string& name, GgmlType plain) {
   if (!s.k_mix || plain == GgmlType::kF32) return plain;
   if (name == "output.weight") return GgmlType::kQ6_K;
   const int n = s.n_layers;
   for (int i = 0; i < n; ++i) {
-    const bool more_bits = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
     const std::string p = "blk." + std::to_string(i) + ".";
-    if (more_bits && (name == p + "attn_v.weight" || name == p + "ffn_down.weight")) return GgmlType::kQ6_K;
+    const bool v = name == p + "attn_v.weight", down = name == p + "ffn_down.weight";
+    const bool out = name == p + "attn_output.weight";
+    if (plain == GgmlType::kQ3_K) {
+      if (v) return i < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      if (down) return i < n / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      if (out) return GgmlType::kQ4_K;
+    } else if (plain == GgmlType::kQ2_K) {
+      if (v) return s.n_heads >= 4 * s.n_kv_heads ? GgmlType::kQ4_K : GgmlType::kQ3_K;
+      if (down || out) return GgmlType::kQ3_K;
+    } else {
+      const bool more_bits = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+      if (more_bits && (v || down)) return GgmlType::kQ6_K;
+    }
   }
   return plain;
 }
@@ -61,7 +75,7 @@ int utf8_chars(const std::string& s) {
 TEST(TestModel, PresetsAreTheDocumentedShapes) {
   std::map<std::string, TestModelSpec> by_name;
   for (const auto& s : standard_test_models()) by_name[s.name] = s;
-  ASSERT_EQ(by_name.size(), 12u);
+  ASSERT_EQ(by_name.size(), 14u);
   EXPECT_EQ(by_name["mha-64"].n_heads, by_name["mha-64"].n_kv_heads);
   EXPECT_EQ(by_name["mha-64"].head_dim, 64);
   EXPECT_EQ(by_name["gqa-128"].n_heads, 4 * by_name["gqa-128"].n_kv_heads);
@@ -75,7 +89,7 @@ TEST(TestModel, PresetsAreTheDocumentedShapes) {
   EXPECT_EQ(by_name["q8"].weight_type, GgmlType::kQ8_0);
   EXPECT_EQ(by_name["f16"].weight_type, GgmlType::kF16);
   EXPECT_TRUE(by_name["llama3-rope"].llama3_rope);
-  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m"}) {
+  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"}) {
     const TestModelSpec& q = by_name[format];
     EXPECT_EQ(weight_format_name(q), format);
     EXPECT_EQ(q.head_dim, 128);
@@ -188,8 +202,9 @@ TEST(TestModel, FilesHoldTheDocumentedKeysAndTensors) {
     EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
     EXPECT_NE(f.get_string("tokenizer.chat_template").find("[INST]"), std::string::npos);
     EXPECT_EQ(f.get_uint("general.quantization_version"), 2u);
-    const std::map<std::string, uint64_t> file_types = {{"f32", 0},  {"f16", 1},  {"q8_0", 7},
-                                                        {"q4_0", 2}, {"q6_k", 18}, {"q4_k_m", 15}, {"q5_k_m", 17}};
+    const std::map<std::string, uint64_t> file_types = {{"f32", 0},     {"f16", 1},      {"q8_0", 7},
+                                                        {"q4_0", 2},    {"q6_k", 18},    {"q4_k_m", 15},
+                                                        {"q5_k_m", 17}, {"q3_k_m", 12}, {"q2_k", 10}};
     EXPECT_EQ(f.get_uint("general.file_type"), file_types.at(weight_format_name(s)));
 
     const auto expected = expected_tensors(s);
@@ -256,6 +271,45 @@ TEST(TestModel, KQuantMixesFollowLlamaCpp) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'output.weight'"), std::string::npos) << e.what();
   }
+  // q3_k_m and q2_k on the 32 layers (GQA 4): Q5_K attn_v in layers 0-1 and
+  // ffn_down in layers 0-1 (32 / 16), Q4_K attn_v, ffn_down, attn_output
+  // after; q2_k: Q4_K attn_v, Q3_K ffn_down and attn_output.
+  const TestModelSpec before = s;
+  s = test_model_by_name("llama3-8b");
+  for (const char* format : {"q3_k_m", "q2_k"}) {
+    set_weight_format(s, format);
+    const bool q3 = std::string(format) == "q3_k_m";
+    const GgmlType base = q3 ? GgmlType::kQ3_K : GgmlType::kQ2_K;
+    EXPECT_EQ(tensor_type(s, "output.weight"), GgmlType::kQ6_K);
+    EXPECT_EQ(tensor_type(s, "token_embd.weight"), base);
+    for (int i = 0; i < 32; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      const GgmlType q5_early = i < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      EXPECT_EQ(tensor_type(s, p + "attn_v.weight"), q3 ? q5_early : GgmlType::kQ4_K) << format << " " << i;
+      EXPECT_EQ(tensor_type(s, p + "ffn_down.weight"), q3 ? q5_early : GgmlType::kQ3_K) << format << " " << i;
+      EXPECT_EQ(tensor_type(s, p + "attn_output.weight"), q3 ? GgmlType::kQ4_K : GgmlType::kQ3_K) << format;
+      for (const char* t : {"attn_q.weight", "attn_k.weight", "ffn_gate.weight", "ffn_up.weight"})
+        EXPECT_EQ(tensor_type(s, p + t), base) << p << t;
+    }
+  }
+  s.n_kv_heads = 16;  // GQA 2: q2_k's attn_v stays Q3_K
+  EXPECT_EQ(tensor_type(s, "blk.5.attn_v.weight"), GgmlType::kQ3_K);
+  s.n_kv_heads = 8;
+  s.n_layers = 80;  // 70B: Q3_K and Q4_K attn_v move up to Q5_K
+  EXPECT_EQ(tensor_type(s, "blk.40.attn_v.weight"), GgmlType::kQ5_K);
+  set_weight_format(s, "q3_k_m");
+  EXPECT_EQ(tensor_type(s, "blk.40.attn_v.weight"), GgmlType::kQ5_K);
+  EXPECT_EQ(tensor_type(s, "blk.4.ffn_down.weight"), GgmlType::kQ5_K);  // 4 < 80 / 16
+  s.n_layers = 32;
+  s.n_embd = 4096 + 32;  // Q3_K rows that are not whole blocks: llama.cpp's IQ4_NL, refused
+  try {
+    tensor_type(s, "blk.4.attn_q.weight");
+    ADD_FAILURE() << "q3_k rows of 4128 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'blk.4.attn_q.weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("IQ4_NL"), std::string::npos) << e.what();
+  }
+  s = before;
   set_weight_format(s, "q4_k");  // a plain format refuses, naming the tensor
   s.n_embd = 4096;
   try {

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "tools", "reference"))
 import llama_ref as ref  # noqa: E402
 
 PRESETS = ["mha-64", "gqa-128", "qwen2-bias", "qwen2-yarn", "q8", "f16", "llama3-rope", "q4_0", "q6_k", "q4_k_m",
-           "q5_k_m"]
+           "q5_k_m", "q3_k_m", "q2_k"]
 U32 = 2.0 ** -24  # f32 unit roundoff
 U16 = 2.0 ** -11  # f16 unit roundoff
 

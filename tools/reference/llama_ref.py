@@ -9,8 +9,8 @@ a plain fp64 forward pass, so that longctx's logits can be checked against it.
 
 writes float32 logits [n_tokens, n_vocab], row-major, no header.
 
-Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama" and
+Supported: GGUF v2/v3; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K tensors (longctx's dequantizable types); architectures "llama" and
 "internlm2" (RoPE on adjacent pairs, the layout of llama.cpp's converted Q/K
 weights) and "qwen2" (RoPE on the two halves, QKV bias); rope_freqs.weight (Llama-3.1);
 {arch}.rope.scaling.type "linear" and "yarn" (YaRN, Peng et al. 2023, with
@@ -33,8 +33,8 @@ _STRING, _ARRAY = 8, 9
 
 # Tensor types: id -> (name, elements per block, bytes per block).
 GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-              7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-              14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
+              7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+              12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 
 
 class _Cursor:
@@ -108,6 +108,36 @@ def _q5_1(b):  # f16 d, f16 m, fifth bits, nibbles; x = d q + m
     return _f16(b, 0) * (_nibbles(b[:, 8:24]) + 16 * _bit_planes(b[:, 4:8])) + _f16(b, 2)
 
 
+def _k_crumbs(qs):
+    """64 bytes -> [n, 256] 2-bit codes: element 128h + 32j + l is bits 2j, 2j+1 of qs[32h + l]."""
+    qs = qs.reshape(-1, 2, 1, 32).astype(np.int64)
+    return ((qs >> 2 * np.arange(4)[:, None]) & 3).reshape(-1, 256)
+
+
+def _q2_k(b):
+    """16 bytes of scales (byte s: low nibble the scale, high nibble the min
+    of sub-block s, elements 16s..16s+15), 64 bytes of 2-bit codes, f16 d,
+    f16 dmin; x = d scale_s q - dmin min_s."""
+    sm = b[:, 0:16].astype(np.int64)
+    scales, mins = np.repeat(sm & 15, 16, axis=1), np.repeat(sm >> 4, 16, axis=1)
+    return _f16(b, 80) * scales * _k_crumbs(b[:, 16:80]) - _f16(b, 82) * mins
+
+
+def _q3_k(b):
+    """hmask[32] (bit i / 32 of hmask[i % 32] is bit 2 of element i), 64
+    bytes of 2-bit codes placed as Q2_K's, 12 bytes of 16 six-bit scales,
+    f16 d. Scale u_s: low 4 bits in byte s % 8 (low nibble for s < 8, high
+    for s >= 8), top 2 bits at bit 2 (s / 4) of byte 8 + s % 4;
+    x = d (u_s - 32) (q - 4)."""
+    third = np.unpackbits(b[:, 0:32, None], axis=2, bitorder="little").transpose(0, 2, 1).reshape(-1, 256)
+    q = _k_crumbs(b[:, 32:96]) | third.astype(np.int64) << 2
+    s = b[:, 96:108].astype(np.int64)
+    low = np.concatenate([s[:, 0:8] & 15, s[:, 0:8] >> 4], axis=1)
+    top = ((s[:, 8:12, None] >> 2 * np.arange(4)) & 3).transpose(0, 2, 1).reshape(-1, 16)  # [n, s / 4, s % 4]
+    scales = np.repeat((low | top << 4) - 32, 16, axis=1)
+    return _f16(b, 108) * scales * (q - 4)
+
+
 def _k_scales_mins(s):
     """12 bytes -> 8 six-bit scales and 8 six-bit mins: sub-blocks 0..3 in the
     low 6 bits of bytes 0..3 (scales) and 4..7 (mins); sub-blocks 4..7 in the
@@ -156,7 +186,8 @@ def _q6_k(b):
     return _f16(b, 208) * scales * q
 
 
-_BLOCK_DECODERS = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 12: _q4_k, 13: _q5_k, 14: _q6_k}
+_BLOCK_DECODERS = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k,
+                   14: _q6_k}
 
 
 def dequantize(ttype, raw, n):

@@ -116,7 +116,8 @@ constexpr WeightFormat kWeightFormats[] = {
     {"q5_0", GgmlType::kQ5_0, false, 8},   {"q5_1", GgmlType::kQ5_1, false, 9},
     {"q4_k", GgmlType::kQ4_K, false, 15},  {"q5_k", GgmlType::kQ5_K, false, 17},
     {"q6_k", GgmlType::kQ6_K, false, 18},  {"q4_k_m", GgmlType::kQ4_K, true, 15},
-    {"q5_k_m", GgmlType::kQ5_K, true, 17},
+    {"q5_k_m", GgmlType::kQ5_K, true, 17}, {"q3_k_m", GgmlType::kQ3_K, true, 12},
+    {"q2_k", GgmlType::kQ2_K, true, 10},
 };
 
 const WeightFormat* find_format(const TestModelSpec& s) {
@@ -147,17 +148,34 @@ std::pair<int64_t, int> weight_rows(const TestModelSpec& s, const std::string& t
   fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': no tensor '", tensor, "' in the layout");
 }
 
-// llama.cpp's choice for LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M (test_model.h).
+// llama.cpp's choice for LLAMA_FTYPE_MOSTLY_Q2_K, Q3_K_M, Q4_K_M and Q5_K_M
+// (test_model.h).
 GgmlType k_mix_type(const TestModelSpec& s, const std::string& tensor, int layer, int64_t row) {
   if (tensor == "output.weight" || (s.tie_embeddings && tensor == "token_embd.weight"))
     return row % 256 != 0 ? GgmlType::kQ8_0 : GgmlType::kQ6_K;
   const int n = s.n_layers;
-  const bool more_bits = layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2;
-  const bool attn_v = ends_with(tensor, ".attn_v.weight");
-  if ((attn_v || ends_with(tensor, ".ffn_down.weight")) && more_bits) return GgmlType::kQ6_K;
+  const bool attn_v = ends_with(tensor, ".attn_v.weight"), ffn_down = ends_with(tensor, ".ffn_down.weight");
+  const bool attn_output = ends_with(tensor, ".attn_output.weight");
   const bool is_70b = n == 80 && (s.arch == "qwen2" || s.n_heads != s.n_kv_heads);
-  if (attn_v && is_70b && s.weight_type == GgmlType::kQ4_K) return GgmlType::kQ5_K;
-  return s.weight_type;
+  GgmlType type = s.weight_type;
+  switch (s.weight_type) {
+    case GgmlType::kQ2_K:
+      if (attn_v) type = s.n_heads / s.n_kv_heads >= 4 ? GgmlType::kQ4_K : GgmlType::kQ3_K;
+      if (ffn_down || attn_output) type = GgmlType::kQ3_K;
+      break;
+    case GgmlType::kQ3_K:
+      if (attn_v) type = layer < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      if (ffn_down) type = layer < n / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      if (attn_output) type = GgmlType::kQ4_K;
+      break;
+    default: {
+      const bool more_bits = layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2;
+      if ((attn_v || ffn_down) && more_bits) return GgmlType::kQ6_K;
+      break;
+    }
+  }
+  if (attn_v && is_70b && (type == GgmlType::kQ3_K || type == GgmlType::kQ4_K)) type = GgmlType::kQ5_K;
+  return type;
 }
 
 void check_spec(const TestModelSpec& s) {
@@ -216,7 +234,11 @@ GgmlType tensor_type(const TestModelSpec& s, const std::string& tensor) {
   if (!s.k_mix || type == GgmlType::kQ8_0)
     fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': tensor '", tensor, "' has rows of ", row,
          ", not a multiple of the ", ggml_type_info(type).name, " block size ", ggml_type_info(type).block_elems);
-  // llama.cpp's fallback for rows that k-quants cannot hold.
+  // llama.cpp's fallback for rows that k-quants cannot hold (IQ4_NL for Q2_K and Q3_K, which longctx lacks).
+  if (type == GgmlType::kQ2_K || type == GgmlType::kQ3_K)
+    fail(ErrorCode::kInvalidArgument, "test model '", s.name, "': tensor '", tensor, "' has rows of ", row,
+         ", not a multiple of 256; llama.cpp stores such ", ggml_type_info(type).name,
+         " rows as IQ4_NL, which longctx does not read");
   type = type == GgmlType::kQ4_K ? GgmlType::kQ5_0 : type == GgmlType::kQ5_K ? GgmlType::kQ5_1 : GgmlType::kQ8_0;
   return row % 32 == 0 ? type : GgmlType::kF16;
 }
@@ -253,7 +275,8 @@ std::vector<TestModelSpec> standard_test_models() {
   s.name = "llama3-rope";  // Llama-3.1 rope_freqs, theta 500000, GQA 4:1
   s.n_heads = 4, s.n_kv_heads = 1, s.llama3_rope = true, s.rope_theta = 500000.0f;
   add(s);
-  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m"}) {  // quantized gqa-128 (rows of 512, 768, 1024)
+  // Quantized gqa-128 (rows of 512, 768, 1024).
+  for (const char* format : {"q4_0", "q6_k", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"}) {
     s = gqa;
     s.name = format;
     set_weight_format(s, format);

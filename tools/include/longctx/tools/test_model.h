@@ -49,10 +49,18 @@
 //     from Q4_K to Q5_K;
 //   token_embd.weight (untied), attn_q, attn_k, attn_output, ffn_gate,
 //     ffn_up: the base type.
+// q3_k_m and q2_k mix as llama.cpp's LLAMA_FTYPE_MOSTLY_Q3_K_M / Q2_K: base
+// type Q3_K / Q2_K, output (tied token_embd) as above, and
+//   q3_k_m: attn_v Q5_K in layers 0 and 1, Q4_K after; ffn_down Q5_K in
+//     layers below n_layers/16, Q4_K after; attn_output Q4_K;
+//   q2_k: attn_v Q4_K with GQA 4 or more, else Q3_K; ffn_down and
+//     attn_output Q3_K;
+//   and an 80-layer GQA model's attn_v Q5_K where it would be Q3_K or Q4_K.
 // A tensor of the mix whose rows are not a multiple of 256 falls back as
 // llama.cpp does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 if the
 // rows are not a multiple of 32 either (Q8_0 output rows that are not a
-// multiple of 32 are refused, as llama.cpp does).
+// multiple of 32 are refused, as llama.cpp does). Q2_K and Q3_K rows that
+// are not whole blocks are refused: llama.cpp stores them as IQ4_NL.
 //
 // Weights are generated and quantized row by row in parallel (oneTBB) while
 // the file is written, so a model of any size is written with bounded memory.
@@ -82,7 +90,7 @@ struct TestModelSpec {
   bool llama3_rope = false;    // write rope_freqs.weight (factor 8, low 1, high 4, original 8192)
   bool llama3_vocab = false;   // Llama-3 byte-level BPE tokenizer instead of the SPM one
   GgmlType weight_type = GgmlType::kF32;  // 2-D weights (the base type of a mix)
-  bool k_mix = false;          // llama.cpp's _M mix over weight_type Q4_K or Q5_K: q4_k_m, q5_k_m
+  bool k_mix = false;  // llama.cpp's mix over weight_type Q2_K .. Q5_K: q2_k, q3_k_m, q4_k_m, q5_k_m
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   float attn_scale = 0.0f;     // > 0: written as <arch>.attention.scale; 0: absent (1/sqrt(head_dim))
