@@ -386,6 +386,64 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
 }
 
+// Q3_K in a group of G = V::kLanes rows (V512 only). A group's block: hmask
+// (word v of row r in lane r: row bytes 4 v..), the 2-bit codes (word u: qs
+// bytes 4 u..), the three words of the 6-bit scales, then d (f16).
+// Sub-block s = 8 h + 2 j + c (values 128 h + 32 j + 16 c ..) takes, for
+// chunk t < 4, bits 2j, 2j + 1 of qs word 8 h + 4 c + t and bit 4 h + j of
+// hmask word 4 c + t as bit 2: unsigned codes 0..7. Each sub-block's dots
+// start at -4 times the activation run's sum (sum16), then go into the
+// block's fp32 sum times d and the lane's scale (stored + 32), as Q6_K's.
+template <class V, int kRows>
+void group_q3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kG = V::kLanes;
+  constexpr int64_t kBlockBytes = kG * 110;
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const I low2 = V::set1_8(0x03), bit2 = V::set1_8(0x04), low4 = V::set1(0x0F), top2 = V::set1(0x03);
+  F acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    const uint8_t* hmask = blk;
+    const uint8_t* qs = blk + 32 * kG;
+    const uint8_t* sc = blk + 96 * kG;
+    const I sc_words[2] = {V::load(sc), V::load(sc + 4 * kG)}, sc_top = V::load(sc + 8 * kG);
+    const F d = V::f16s(blk + 108 * kG);
+    F block_sum[kRows];
+    for (int j = 0; j < kRows; ++j) block_sum[j] = V::zero_ps();
+#pragma GCC unroll 16  // shift counts become constants
+    for (int s = 0; s < 16; ++s) {
+      const int h = s / 8, jj = (s % 8) / 2, c = s % 2;
+      // Scale s: low 4 bits in byte s % 4 of word (s / 4) % 2 (low nibble for s < 8), top 2 bits at bit 2 (s / 4)
+      // of byte s % 4 of the third word.
+      const I low = V::and_(V::srli32(sc_words[(s / 4) % 2], 8 * (s % 4) + 4 * (s / 8)), low4);
+      const I top = V::and_(V::srli32(sc_top, 8 * (s % 4) + 2 * (s / 4)), top2);
+      const I scale = V::add(V::or_(low, V::slli32(top, 4)), V::set1(-32));
+      const F d_scale = V::mul(d, V::cvt(scale));
+      I dot[kRows];
+      for (int j = 0; j < kRows; ++j) dot[j] = V::set1(-4 * rows.sum16[j][16 * b + s]);
+      const int bit = 4 * h + jj;  // of the hmask bytes, moved to bit 2
+      for (int t = 0; t < 4; ++t) {
+        const I hm = V::load(hmask + 4 * kG * (4 * c + t));
+        const I high = bit >= 2 ? V::srli16(hm, bit - 2) : V::slli16(hm, 2 - bit);
+        const I u = V::or_and(V::and_(V::srli16(V::load(qs + 4 * kG * (8 * h + 4 * c + t)), 2 * jj), low2), high, bit2);
+        for (int j = 0; j < kRows; ++j) {
+          int32_t four;
+          std::memcpy(&four, rows.q[j] + 256 * b + 16 * s + 4 * t, 4);
+          dot[j] = V::dot(dot[j], u, V::set1(four));
+        }
+      }
+      for (int j = 0; j < kRows; ++j) block_sum[j] = V::fma(V::cvt(dot[j]), d_scale, block_sum[j]);
+    }
+    for (int j = 0; j < kRows; ++j) acc[j] = V::fma(block_sum[j], V::bcast(rows.d[j] + b), acc[j]);
+  }
+  for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
+}
+
 // ---- the group table ---------------------------------------------------------------
 
 // A group kernel taking up to kMaxRows activation rows at once (4 or
@@ -428,6 +486,15 @@ struct GroupQK45Kernel {
   };
 };
 template <class V>
+struct GroupQ3KKernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      group_q3_k<V, kRows>(group, a, r0, y, ldy);
+    }
+  };
+};
+template <class V>
 struct GroupQ6KKernel {
   template <int kRows>
   struct K {
@@ -441,6 +508,9 @@ struct GroupQ6KKernel {
 // Q5_K and Q6_K only in groups of 16: in groups of 8 on 256-bit vectors
 // their 512-row products did not outrun oneDNN's f32 tiles (Xeon EMR), and
 // on AVX2 alone their codes (up to 63) overflow the int16 runs of nibble_dot.
+// Q3_K's kernel was written for 512-bit vectors only (it takes AVX-512's
+// ternary logic), the one width where a group kernel outran its row kernel
+// and f32 tiles for the other k-quants.
 template <class V>
 QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
@@ -452,6 +522,7 @@ QuantGroupFn group_kernel(GgmlType type) {
   if constexpr (V::kLanes == 16) {
     if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kRowsAtOnce<V>>;
     if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kRowsAtOnce<V>>;
+    if (type == GgmlType::kQ3_K) return by_group_rows<GroupQ3KKernel<V>::template K, kRowsAtOnce<V>>;
   }
   return nullptr;
 }
