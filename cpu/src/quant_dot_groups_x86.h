@@ -60,6 +60,7 @@ struct V256 {
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
   static F add_ps(F a, F b) { return _mm256_add_ps(a, b); }
   static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
 };
@@ -99,6 +100,7 @@ struct V512 {
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
   static F add_ps(F a, F b) { return _mm512_add_ps(a, b); }
   static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
 };
@@ -444,6 +446,77 @@ void group_q3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
 }
 
+// Q2_K in a group of G = V::kLanes rows (V512 only). A group's block: the
+// scale bytes (word w of row r in lane r: sub-blocks 4 w.., scale in the low
+// nibble, min in the high one), the 2-bit codes (word u: qs bytes 4 u..), d,
+// dmin (f16). Sub-block s = 8 h + 2 j + c takes bits 2j, 2j + 1 of qs word 8
+// h + 4 c + t for chunk t < 4 (Q3_K's placement); its dots go into the
+// block's fp32 sum times d and the lane's scale. The mins multiply the
+// activation sums of 16 (sum16) two sub-blocks at a time: lane r holds the
+// mins of sub-blocks 2p and 2p + 1 as an int16 pair, and one vpdpwssd adds
+// their products with the pair of sums.
+template <class V, int kRows>
+void group_q2_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t kG = V::kLanes;
+  constexpr int64_t kBlockBytes = kG * 84;
+  const int64_t nb = acts.k / 256;
+  const Rows<kRows> rows(acts, r0);
+  const I low2 = V::set1_8(0x03), low4 = V::set1(0x0F), high_min = V::set1(0x000F0000);
+  F acc[kRows];
+  for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    const uint8_t* qs = blk + 16 * kG;
+    I sc_words[4];
+    for (int w = 0; w < 4; ++w) sc_words[w] = V::load(blk + 4 * kG * w);
+    const F d = V::f16s(blk + 80 * kG), dmin = V::f16s(blk + 82 * kG);
+    F block_sum[kRows];
+    I mins[kRows];
+    for (int j = 0; j < kRows; ++j) {
+      block_sum[j] = V::zero_ps();
+      mins[j] = V::zero();
+    }
+#pragma GCC unroll 16  // shift counts become constants
+    for (int s = 0; s < 16; ++s) {
+      const int h = s / 8, jj = (s % 8) / 2, c = s % 2;
+      const F d_scale = V::mul(d, V::cvt(V::and_(V::srli32(sc_words[s / 4], 8 * (s % 4)), low4)));
+      I dot[kRows];
+      for (int j = 0; j < kRows; ++j) dot[j] = V::zero();
+      for (int t = 0; t < 4; ++t) {
+        const I u = V::and_(V::srli16(V::load(qs + 4 * kG * (8 * h + 4 * c + t)), 2 * jj), low2);
+        for (int j = 0; j < kRows; ++j) {
+          int32_t four;
+          std::memcpy(&four, rows.q[j] + 256 * b + 16 * s + 4 * t, 4);
+          dot[j] = V::dot(dot[j], u, V::set1(four));
+        }
+      }
+      for (int j = 0; j < kRows; ++j) block_sum[j] = V::fma(V::cvt(dot[j]), d_scale, block_sum[j]);
+      if (s % 2 == 1) {
+        // The mins of sub-blocks s - 1 and s (the high nibbles of bytes (s - 1) % 4 and s % 4 of the word) as an
+        // int16 pair: bits 0..3 and 16..19.
+        const I word = sc_words[s / 4];
+        const I lo = V::and_(V::srli32(word, 8 * ((s - 1) % 4) + 4), low4);
+        const I hi = V::and_(s % 4 == 1 ? V::slli32(word, 4) : V::srli32(word, 12), high_min);
+        const I min_pair = V::or_(lo, hi);
+        for (int j = 0; j < kRows; ++j) {
+          int32_t sums;
+          std::memcpy(&sums, rows.sum16[j] + 16 * b + s - 1, 4);
+          mins[j] = V::pair_dot(mins[j], min_pair, V::set1(sums));
+        }
+      }
+    }
+    for (int j = 0; j < kRows; ++j) {
+      const F da = V::bcast(rows.d[j] + b);
+      acc[j] = V::fma(block_sum[j], da, acc[j]);
+      acc[j] = V::fnma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
+    }
+  }
+  for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
+}
+
 // ---- the group table ---------------------------------------------------------------
 
 // A group kernel taking up to kMaxRows activation rows at once (4 or
@@ -486,6 +559,15 @@ struct GroupQK45Kernel {
   };
 };
 template <class V>
+struct GroupQ2KKernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      group_q2_k<V, kRows>(group, a, r0, y, ldy);
+    }
+  };
+};
+template <class V>
 struct GroupQ3KKernel {
   template <int kRows>
   struct K {
@@ -508,9 +590,9 @@ struct GroupQ6KKernel {
 // Q5_K and Q6_K only in groups of 16: in groups of 8 on 256-bit vectors
 // their 512-row products did not outrun oneDNN's f32 tiles (Xeon EMR), and
 // on AVX2 alone their codes (up to 63) overflow the int16 runs of nibble_dot.
-// Q3_K's kernel was written for 512-bit vectors only (it takes AVX-512's
-// ternary logic), the one width where a group kernel outran its row kernel
-// and f32 tiles for the other k-quants.
+// Q2_K's and Q3_K's kernels were written for 512-bit vectors only (Q3_K's
+// takes AVX-512's ternary logic), the one width where a group kernel outran
+// its row kernel and f32 tiles for the other k-quants.
 template <class V>
 QuantGroupFn group_kernel(GgmlType type) {
   switch (type) {
@@ -523,6 +605,7 @@ QuantGroupFn group_kernel(GgmlType type) {
     if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kRowsAtOnce<V>>;
     if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kRowsAtOnce<V>>;
     if (type == GgmlType::kQ3_K) return by_group_rows<GroupQ3KKernel<V>::template K, kRowsAtOnce<V>>;
+    if (type == GgmlType::kQ2_K) return by_group_rows<GroupQ2KKernel<V>::template K, kRowsAtOnce<V>>;
   }
   return nullptr;
 }

@@ -131,6 +131,7 @@ struct GroupField {
 std::span<const GroupField> group_fields(GgmlType type) {
   static constexpr GroupField kQ4_0[] = {{2, 2}, {4, 16}};
   static constexpr GroupField kQ8_0[] = {{2, 2}, {4, 32}};
+  static constexpr GroupField kQ2_K[] = {{4, 16}, {4, 64}, {2, 2}, {2, 2}};
   static constexpr GroupField kQ3_K[] = {{4, 32}, {4, 64}, {4, 12}, {2, 2}};
   static constexpr GroupField kQ4_K[] = {{2, 2}, {2, 2}, {4, 12}, {4, 128}};
   static constexpr GroupField kQ5_K[] = {{2, 2}, {2, 2}, {4, 12}, {4, 32}, {4, 128}};
@@ -138,6 +139,7 @@ std::span<const GroupField> group_fields(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0: return kQ4_0;
     case GgmlType::kQ8_0: return kQ8_0;
+    case GgmlType::kQ2_K: return kQ2_K;
     case GgmlType::kQ3_K: return kQ3_K;
     case GgmlType::kQ4_K: return kQ4_K;
     case GgmlType::kQ5_K: return kQ5_K;

@@ -155,19 +155,21 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   const int64_t k = 512;
   // Q4_0, Q8_0 and Q4_K go in groups where the CPU's kernels read those:
   // 304 rows in groups of 16 on AVX-512 VNNI, else of 8; 296 rows in groups
-  // of 8; 300 keeps GGML's layout. Q3_K, Q5_K and Q6_K go only in groups of
-  // 16. Q5_1 and Q2_K never.
+  // of 8; 300 keeps GGML's layout. Q2_K, Q3_K, Q5_K and Q6_K go only in
+  // groups of 16. Q5_1 never.
   using P = std::pair<GgmlType, int64_t>;
   for (auto [type, n] : {P{GgmlType::kQ4_0, 300}, P{GgmlType::kQ4_0, 296}, P{GgmlType::kQ4_0, 304},
                          P{GgmlType::kQ8_0, 296}, P{GgmlType::kQ8_0, 304}, P{GgmlType::kQ5_1, 300},
                          P{GgmlType::kQ4_K, 296}, P{GgmlType::kQ4_K, 304}, P{GgmlType::kQ5_K, 296},
                          P{GgmlType::kQ5_K, 304}, P{GgmlType::kQ6_K, 296}, P{GgmlType::kQ6_K, 304},
-                         P{GgmlType::kQ3_K, 296}, P{GgmlType::kQ3_K, 304}, P{GgmlType::kQ2_K, 304}}) {
+                         P{GgmlType::kQ3_K, 296}, P{GgmlType::kQ3_K, 304}, P{GgmlType::kQ2_K, 296},
+                         P{GgmlType::kQ2_K, 304}}) {
     const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
     auto w = backend.load_weight(HostWeight(type, {n, k}, bytes, "w"));
     const QuantLayout layout = preferred_quant_layout(type, n);
     const bool groups8 = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
-    const bool groups16 = groups8 || type == GgmlType::kQ3_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+    const bool groups16 = groups8 || type == GgmlType::kQ2_K || type == GgmlType::kQ3_K || type == GgmlType::kQ5_K ||
+                          type == GgmlType::kQ6_K;
     const QuantIsa isa = best_quant_isa();
     if (groups16 && n % 16 == 0 && isa == QuantIsa::kAvx512Vnni) EXPECT_EQ(layout, QuantLayout::kRows16);
     else if (groups8 && n % 8 == 0 && isa != QuantIsa::kGeneric) EXPECT_EQ(layout, QuantLayout::kRows8);

@@ -4,7 +4,7 @@
 // - with the quantized activations (d_a * q_a): only fp32 rounding differs;
 // - with the original f32 activations: within the activation rounding bound
 //   sum_b (d_a,b / 2) sum_{i in b} |w_i| on top of that.
-// Q4_0, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K also in groups of 8 and 16 rows
+// Q4_0, Q8_0 and Q2_K..Q6_K also in groups of 8 and 16 rows
 // (QuantLayout::kRows8, kRows16).
 // ISAs the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
@@ -160,9 +160,7 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
     std::vector<float> y(size_t(m * ldy), 12345.f);
     quant_matmul_tile(isa, type, QuantLayout::kRows, w.data(), acts, r0, r1, o0, o1, y.data(), ldy);
     expect_tile_matches_fp64(type, isa, w, wf, x, acts, r0, r1, o0, o1, y, ldy, "rows");
-    if (type != GgmlType::kQ4_0 && type != GgmlType::kQ8_0 && type != GgmlType::kQ3_K && type != GgmlType::kQ4_K &&
-        type != GgmlType::kQ5_K && type != GgmlType::kQ6_K)
-      continue;
+    if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1) continue;
 
     // The same weights in groups of 8 and of 16 rows (n rounded up with more
     // random rows), a tile of whole groups; every ISA runs both (those
@@ -201,6 +199,7 @@ TEST(QuantMatmul, GroupsPackAsDocumentedAndUnpackEveryRow) {
       {GgmlType::kQ5_K, {{2, 2}, {2, 2}, {4, 12}, {4, 32}, {4, 128}}},
       {GgmlType::kQ6_K, {{4, 128}, {4, 64}, {4, 16}, {2, 2}}},
       {GgmlType::kQ3_K, {{4, 32}, {4, 64}, {4, 12}, {2, 2}}},
+      {GgmlType::kQ2_K, {{4, 16}, {4, 64}, {2, 2}, {2, 2}}},
   };
   std::mt19937 rng(21);
   for (const auto& [type, fields] : layouts) {

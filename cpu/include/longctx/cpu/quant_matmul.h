@@ -71,7 +71,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 
 // How the weight rows lie in memory.
 //   kRows: GGML's, row o at w + o * ggml_bytes(type, k).
-//   kRows8, kRows16 (Q4_0, Q8_0, Q4_K; Q3_K, Q5_K and Q6_K in kRows16 only):
+//   kRows8, kRows16 (Q4_0, Q8_0, Q4_K; Q2_K, Q3_K, Q5_K, Q6_K in kRows16 only):
 //     groups of G = 8 or 16 rows, group g
 //     at w + G g * ggml_bytes(type, k), the same bytes rearranged by
 //     pack_groups. Block b of a group is the G rows' block b field by field,
@@ -83,6 +83,7 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
 //       Q5_K  as Q4_K with the fifth bits (4, 32) before the codes
 //       Q6_K  low nibbles (4, 128), high bit pairs (4, 64), scales (4, 16), d (2, 2)
 //       Q3_K  third bits (4, 32), 2-bit codes (4, 64), 6-bit scales (4, 12), d (2, 2)
+//       Q2_K  4-bit scales and mins (4, 16), 2-bit codes (4, 64), d (2, 2), dmin (2, 2)
 //     One vector load (32 bytes for 8 rows, 64 for 16) then holds the same 4
 //     codes (or 8, as low and high nibbles) of G rows, so an integer dot
 //     product leaves row r's sum in lane r, and the G rows' scales apply in
