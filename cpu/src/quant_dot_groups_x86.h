@@ -388,93 +388,43 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
 }
 
-// Q3_K in a group of G = V::kLanes rows (V512 only). A group's block: hmask
-// (word v of row r in lane r: row bytes 4 v..), the 2-bit codes (word u: qs
-// bytes 4 u..), the three words of the 6-bit scales, then d (f16).
+// Q2_K or Q3_K (kThreeBit) in a group of G = V::kLanes rows (V512 only). A
+// group's block:
+//   Q2_K  the scale bytes (word w of row r in lane r: sub-blocks 4 w.., scale
+//         in the low nibble, min in the high one), the 2-bit codes (word u:
+//         qs bytes 4 u..), d, dmin (f16);
+//   Q3_K  hmask (word v: row bytes 4 v..), the 2-bit codes, the three words
+//         of the 6-bit scales (stored + 32), d.
 // Sub-block s = 8 h + 2 j + c (values 128 h + 32 j + 16 c ..) takes, for
-// chunk t < 4, bits 2j, 2j + 1 of qs word 8 h + 4 c + t and bit 4 h + j of
-// hmask word 4 c + t as bit 2: unsigned codes 0..7. Each sub-block's dots
-// start at -4 times the activation run's sum (sum16), then go into the
-// block's fp32 sum times d and the lane's scale (stored + 32), as Q6_K's.
-template <class V, int kRows>
-void group_q3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
-  using I = typename V::I;
-  using F = typename V::F;
-  constexpr int64_t kG = V::kLanes;
-  constexpr int64_t kBlockBytes = kG * 110;
-  const int64_t nb = acts.k / 256;
-  const Rows<kRows> rows(acts, r0);
-  const I low2 = V::set1_8(0x03), bit2 = V::set1_8(0x04), low4 = V::set1(0x0F), top2 = V::set1(0x03);
-  F acc[kRows];
-  for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = group + b * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
-    const uint8_t* hmask = blk;
-    const uint8_t* qs = blk + 32 * kG;
-    const uint8_t* sc = blk + 96 * kG;
-    const I sc_words[2] = {V::load(sc), V::load(sc + 4 * kG)}, sc_top = V::load(sc + 8 * kG);
-    const F d = V::f16s(blk + 108 * kG);
-    F block_sum[kRows];
-    for (int j = 0; j < kRows; ++j) block_sum[j] = V::zero_ps();
-#pragma GCC unroll 16  // shift counts become constants
-    for (int s = 0; s < 16; ++s) {
-      const int h = s / 8, jj = (s % 8) / 2, c = s % 2;
-      // Scale s: low 4 bits in byte s % 4 of word (s / 4) % 2 (low nibble for s < 8), top 2 bits at bit 2 (s / 4)
-      // of byte s % 4 of the third word.
-      const I low = V::and_(V::srli32(sc_words[(s / 4) % 2], 8 * (s % 4) + 4 * (s / 8)), low4);
-      const I top = V::and_(V::srli32(sc_top, 8 * (s % 4) + 2 * (s / 4)), top2);
-      const I scale = V::add(V::or_(low, V::slli32(top, 4)), V::set1(-32));
-      const F d_scale = V::mul(d, V::cvt(scale));
-      I dot[kRows];
-      for (int j = 0; j < kRows; ++j) dot[j] = V::set1(-4 * rows.sum16[j][16 * b + s]);
-      const int bit = 4 * h + jj;  // of the hmask bytes, moved to bit 2
-      for (int t = 0; t < 4; ++t) {
-        const I hm = V::load(hmask + 4 * kG * (4 * c + t));
-        const I high = bit >= 2 ? V::srli16(hm, bit - 2) : V::slli16(hm, 2 - bit);
-        const I u = V::or_and(V::and_(V::srli16(V::load(qs + 4 * kG * (8 * h + 4 * c + t)), 2 * jj), low2), high, bit2);
-        for (int j = 0; j < kRows; ++j) {
-          int32_t four;
-          std::memcpy(&four, rows.q[j] + 256 * b + 16 * s + 4 * t, 4);
-          dot[j] = V::dot(dot[j], u, V::set1(four));
-        }
-      }
-      for (int j = 0; j < kRows; ++j) block_sum[j] = V::fma(V::cvt(dot[j]), d_scale, block_sum[j]);
-    }
-    for (int j = 0; j < kRows; ++j) acc[j] = V::fma(block_sum[j], V::bcast(rows.d[j] + b), acc[j]);
-  }
-  for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
-}
-
-// Q2_K in a group of G = V::kLanes rows (V512 only). A group's block: the
-// scale bytes (word w of row r in lane r: sub-blocks 4 w.., scale in the low
-// nibble, min in the high one), the 2-bit codes (word u: qs bytes 4 u..), d,
-// dmin (f16). Sub-block s = 8 h + 2 j + c takes bits 2j, 2j + 1 of qs word 8
-// h + 4 c + t for chunk t < 4 (Q3_K's placement); its dots go into the
-// block's fp32 sum times d and the lane's scale. The mins multiply the
-// activation sums of 16 (sum16) two sub-blocks at a time: lane r holds the
-// mins of sub-blocks 2p and 2p + 1 as an int16 pair, and one vpdpwssd adds
+// chunk t < 4, bits 2j, 2j + 1 of qs word 8 h + 4 c + t, and for Q3_K bit 4
+// h + j of hmask word 4 c + t as bit 2: unsigned codes 0..3 or 0..7. Each
+// sub-block's dots (Q3_K: started at -4 times the activations' sum of 16,
+// sum16) go into the block's fp32 sum times d and the lane's scale. Q2_K's
+// mins multiply the sums of 16 two sub-blocks at a time: lane r holds the
+// mins of sub-blocks s - 1 and s as an int16 pair, and one vpdpwssd adds
 // their products with the pair of sums.
-template <class V, int kRows>
-void group_q2_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+template <class V, bool kThreeBit, int kRows>
+void group_q2_3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t kG = V::kLanes;
-  constexpr int64_t kBlockBytes = kG * 84;
+  constexpr int64_t kBlockBytes = kG * (kThreeBit ? 110 : 84);
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
-  const I low2 = V::set1_8(0x03), low4 = V::set1(0x0F), high_min = V::set1(0x000F0000);
+  const I low2 = V::set1_8(0x03), bit2 = V::set1_8(0x04), low4 = V::set1(0x0F);
   F acc[kRows];
   for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
-    const uint8_t* qs = blk + 16 * kG;
-    I sc_words[4];
-    for (int w = 0; w < 4; ++w) sc_words[w] = V::load(blk + 4 * kG * w);
-    const F d = V::f16s(blk + 80 * kG), dmin = V::f16s(blk + 82 * kG);
+    const uint8_t* hmask = blk;  // Q3_K
+    const uint8_t* qs = blk + (kThreeBit ? 32 : 16) * kG;
+    const uint8_t* sc = kThreeBit ? blk + 96 * kG : blk;
+    I sc_words[4];  // Q3_K: three
+    for (int w = 0; w < (kThreeBit ? 3 : 4); ++w) sc_words[w] = V::load(sc + 4 * kG * w);
+    const F d = V::f16s(blk + (kThreeBit ? 108 : 80) * kG);
     F block_sum[kRows];
-    I mins[kRows];
+    I mins[kRows];  // Q2_K
     for (int j = 0; j < kRows; ++j) {
       block_sum[j] = V::zero_ps();
       mins[j] = V::zero();
@@ -482,11 +432,26 @@ void group_q2_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
 #pragma GCC unroll 16  // shift counts become constants
     for (int s = 0; s < 16; ++s) {
       const int h = s / 8, jj = (s % 8) / 2, c = s % 2;
-      const F d_scale = V::mul(d, V::cvt(V::and_(V::srli32(sc_words[s / 4], 8 * (s % 4)), low4)));
+      I scale;
+      if constexpr (kThreeBit) {
+        // Low 4 bits in byte s % 4 of word (s / 4) % 2 (the low nibble for s < 8), top 2 bits at bit 2 (s / 4) of
+        // byte s % 4 of the third word.
+        const I low = V::and_(V::srli32(sc_words[(s / 4) % 2], 8 * (s % 4) + 4 * (s / 8)), low4);
+        const I top = V::and_(V::srli32(sc_words[2], 8 * (s % 4) + 2 * (s / 4)), V::set1(0x03));
+        scale = V::add(V::or_(low, V::slli32(top, 4)), V::set1(-32));
+      } else {
+        scale = V::and_(V::srli32(sc_words[s / 4], 8 * (s % 4)), low4);
+      }
+      const F d_scale = V::mul(d, V::cvt(scale));
       I dot[kRows];
-      for (int j = 0; j < kRows; ++j) dot[j] = V::zero();
+      for (int j = 0; j < kRows; ++j) dot[j] = kThreeBit ? V::set1(-4 * rows.sum16[j][16 * b + s]) : V::zero();
+      const int bit = 4 * h + jj;  // Q3_K: of the hmask bytes, moved to bit 2
       for (int t = 0; t < 4; ++t) {
-        const I u = V::and_(V::srli16(V::load(qs + 4 * kG * (8 * h + 4 * c + t)), 2 * jj), low2);
+        I u = V::and_(V::srli16(V::load(qs + 4 * kG * (8 * h + 4 * c + t)), 2 * jj), low2);
+        if constexpr (kThreeBit) {
+          const I hm = V::load(hmask + 4 * kG * (4 * c + t));
+          u = V::or_and(u, bit >= 2 ? V::srli16(hm, bit - 2) : V::slli16(hm, 2 - bit), bit2);
+        }
         for (int j = 0; j < kRows; ++j) {
           int32_t four;
           std::memcpy(&four, rows.q[j] + 256 * b + 16 * s + 4 * t, 4);
@@ -494,12 +459,12 @@ void group_q2_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
         }
       }
       for (int j = 0; j < kRows; ++j) block_sum[j] = V::fma(V::cvt(dot[j]), d_scale, block_sum[j]);
-      if (s % 2 == 1) {
+      if (!kThreeBit && s % 2 == 1) {
         // The mins of sub-blocks s - 1 and s (the high nibbles of bytes (s - 1) % 4 and s % 4 of the word) as an
         // int16 pair: bits 0..3 and 16..19.
         const I word = sc_words[s / 4];
         const I lo = V::and_(V::srli32(word, 8 * ((s - 1) % 4) + 4), low4);
-        const I hi = V::and_(s % 4 == 1 ? V::slli32(word, 4) : V::srli32(word, 12), high_min);
+        const I hi = V::and_(s % 4 == 1 ? V::slli32(word, 4) : V::srli32(word, 12), V::set1(0x000F0000));
         const I min_pair = V::or_(lo, hi);
         for (int j = 0; j < kRows; ++j) {
           int32_t sums;
@@ -511,7 +476,7 @@ void group_q2_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
     for (int j = 0; j < kRows; ++j) {
       const F da = V::bcast(rows.d[j] + b);
       acc[j] = V::fma(block_sum[j], da, acc[j]);
-      acc[j] = V::fnma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
+      if constexpr (!kThreeBit) acc[j] = V::fnma(V::cvt(mins[j]), V::mul(V::f16s(blk + 82 * kG), da), acc[j]);
     }
   }
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);
@@ -558,21 +523,12 @@ struct GroupQK45Kernel {
     }
   };
 };
-template <class V>
-struct GroupQ2KKernel {
+template <class V, bool kThreeBit>
+struct GroupQ23KKernel {
   template <int kRows>
   struct K {
     static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-      group_q2_k<V, kRows>(group, a, r0, y, ldy);
-    }
-  };
-};
-template <class V>
-struct GroupQ3KKernel {
-  template <int kRows>
-  struct K {
-    static void run(const uint8_t* group, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-      group_q3_k<V, kRows>(group, a, r0, y, ldy);
+      group_q2_3_k<V, kThreeBit, kRows>(group, a, r0, y, ldy);
     }
   };
 };
@@ -604,8 +560,8 @@ QuantGroupFn group_kernel(GgmlType type) {
   if constexpr (V::kLanes == 16) {
     if (type == GgmlType::kQ5_K) return by_group_rows<GroupQK45Kernel<V, true>::template K, kRowsAtOnce<V>>;
     if (type == GgmlType::kQ6_K) return by_group_rows<GroupQ6KKernel<V>::template K, kRowsAtOnce<V>>;
-    if (type == GgmlType::kQ3_K) return by_group_rows<GroupQ3KKernel<V>::template K, kRowsAtOnce<V>>;
-    if (type == GgmlType::kQ2_K) return by_group_rows<GroupQ2KKernel<V>::template K, kRowsAtOnce<V>>;
+    if (type == GgmlType::kQ2_K) return by_group_rows<GroupQ23KKernel<V, false>::template K, kRowsAtOnce<V>>;
+    if (type == GgmlType::kQ3_K) return by_group_rows<GroupQ23KKernel<V, true>::template K, kRowsAtOnce<V>>;
   }
   return nullptr;
 }
