@@ -90,11 +90,18 @@ void rows_block32(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows,
 }
 
 // Q2_K: 16 bytes of scales (scale | min << 4 per sub-block of 16 values),
-// qs[64], d, dmin (f16). Value 32 j + l of half h is bits 2j, 2j + 1 of
-// qs[32 h + l]; value d * scale * q - dmin * min.
+// qs[64], d, dmin (f16); value d * scale * q - dmin * min. Q3_K
+// (kThreeBit): hmask[32], qs[64], 12 bytes of 6-bit scales, d (f16); value
+// d * (scale - 32) * (q - 4), scale s of 16 values with its low 4 bits in
+// the low (s < 8) or high nibble of byte s % 8 and its top 2 bits at bit 2
+// (s / 4) of byte 8 + s % 4. Both: bits 2j, 2j + 1 of qs[32 h + l] are the
+// code of value 32 j + l of half h; Q3_K adds bit i / 32 of hmask[i % 32] as
+// bit 2 of value i's.
 int crumb(const uint8_t* qs, int i) { return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3; }
 
-void rows_q2_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+template <bool kThreeBit>
+void rows_q2_3_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
+  constexpr int64_t kBlockBytes = kThreeBit ? 110 : 84;
   const int64_t nb = acts.k / 256;
   for (int j = 0; j < n_rows; ++j) {
     const int8_t* a = row_q(acts, r0 + j);
@@ -102,44 +109,30 @@ void rows_q2_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, fl
     const int16_t* sum16 = row_sum16(acts, r0 + j);
     float sum = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 84;
+      const uint8_t* blk = w + b * kBlockBytes;
+      const uint8_t* qs = blk + (kThreeBit ? 32 : 16);
       int32_t scaled = 0, mins = 0;
       for (int s = 0; s < 16; ++s) {
         int32_t dot = 0;
-        for (int i = 16 * s; i < 16 * s + 16; ++i) dot += crumb(blk + 16, i) * a[256 * b + i];
-        scaled += (blk[s] & 0x0F) * dot;
-        mins += (blk[s] >> 4) * sum16[16 * b + s];
+        for (int i = 16 * s; i < 16 * s + 16; ++i) {
+          int q = crumb(qs, i);
+          if constexpr (kThreeBit) q |= ((blk[i % 32] >> (i / 32)) & 1) << 2;
+          dot += q * a[256 * b + i];
+        }
+        if constexpr (kThreeBit) {
+          const uint8_t* sc = blk + 96;
+          const int scale = ((s < 8 ? sc[s] : sc[s - 8] >> 4) & 0x0F) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+          scaled += (scale - 32) * (dot - 4 * sum16[16 * b + s]);
+        } else {
+          scaled += (blk[s] & 0x0F) * dot;
+          mins += (blk[s] >> 4) * sum16[16 * b + s];
+        }
       }
-      sum += da[b] * (f16_at(blk + 80) * static_cast<float>(scaled) - f16_at(blk + 82) * static_cast<float>(mins));
-    }
-    y[j * ldy] = sum;
-  }
-}
-
-// Q3_K: hmask[32], qs[64], 12 bytes of 6-bit scales, d (f16). The code of
-// value i is its Q2_K-placed two bits plus bit i / 32 of hmask[i % 32] as
-// bit 2 (0..7); scale s of 16 values: low 4 bits in the low (s < 8) or high
-// nibble of byte s % 8, top 2 bits at bit 2 (s / 4) of byte 8 + s % 4;
-// value d * (scale - 32) * (code - 4).
-void rows_q3_k(const uint8_t* w, const ActRows& acts, int64_t r0, int n_rows, float* y, int64_t ldy) {
-  const int64_t nb = acts.k / 256;
-  for (int j = 0; j < n_rows; ++j) {
-    const int8_t* a = row_q(acts, r0 + j);
-    const float* da = row_d(acts, r0 + j);
-    const int16_t* sum16 = row_sum16(acts, r0 + j);
-    float sum = 0.f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 110;
-      const uint8_t* sc = blk + 96;
-      int32_t total = 0;
-      for (int s = 0; s < 16; ++s) {
-        int32_t dot = 0;
-        for (int i = 16 * s; i < 16 * s + 16; ++i)
-          dot += (crumb(blk + 32, i) | (((blk[i % 32] >> (i / 32)) & 1) << 2)) * a[256 * b + i];
-        const int scale = ((s < 8 ? sc[s] : sc[s - 8] >> 4) & 0x0F) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
-        total += (scale - 32) * (dot - 4 * sum16[16 * b + s]);
+      if constexpr (kThreeBit) {
+        sum += da[b] * f16_at(blk + 108) * static_cast<float>(scaled);
+      } else {
+        sum += da[b] * (f16_at(blk + 80) * static_cast<float>(scaled) - f16_at(blk + 82) * static_cast<float>(mins));
       }
-      sum += da[b] * f16_at(blk + 108) * static_cast<float>(total);
     }
     y[j * ldy] = sum;
   }
@@ -227,8 +220,8 @@ QuantRowsFn quant_rows_generic(GgmlType type) {
     case GgmlType::kQ5_0: return rows_block32<decode_q5_0, 22>;
     case GgmlType::kQ5_1: return rows_block32<decode_q5_1, 24>;
     case GgmlType::kQ8_0: return rows_block32<decode_q8_0, 34>;
-    case GgmlType::kQ2_K: return rows_q2_k;
-    case GgmlType::kQ3_K: return rows_q3_k;
+    case GgmlType::kQ2_K: return rows_q2_3_k<false>;
+    case GgmlType::kQ3_K: return rows_q2_3_k<true>;
     case GgmlType::kQ4_K: return rows_qk_4_5<false>;
     case GgmlType::kQ5_K: return rows_qk_4_5<true>;
     case GgmlType::kQ6_K: return rows_q6_k;

@@ -60,7 +60,6 @@ struct V256 {
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
   static F add_ps(F a, F b) { return _mm256_add_ps(a, b); }
   static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
 };
@@ -423,6 +422,7 @@ void group_q2_3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
     I sc_words[4];  // Q3_K: three
     for (int w = 0; w < (kThreeBit ? 3 : 4); ++w) sc_words[w] = V::load(sc + 4 * kG * w);
     const F d = V::f16s(blk + (kThreeBit ? 108 : 80) * kG);
+    const F dmin = kThreeBit ? V::zero_ps() : V::f16s(blk + 82 * kG);  // Q2_K
     F block_sum[kRows];
     I mins[kRows];  // Q2_K
     for (int j = 0; j < kRows; ++j) {
@@ -476,7 +476,7 @@ void group_q2_3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
     for (int j = 0; j < kRows; ++j) {
       const F da = V::bcast(rows.d[j] + b);
       acc[j] = V::fma(block_sum[j], da, acc[j]);
-      if constexpr (!kThreeBit) acc[j] = V::fnma(V::cvt(mins[j]), V::mul(V::f16s(blk + 82 * kG), da), acc[j]);
+      if constexpr (!kThreeBit) acc[j] = V::fnma(V::cvt(mins[j]), V::mul(dmin, da), acc[j]);
     }
   }
   for (int j = 0; j < kRows; ++j) V::store(y + j * ldy, acc[j]);

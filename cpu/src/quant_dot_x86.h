@@ -333,47 +333,6 @@ inline __m256i scale_pair16(__m256i scale_bytes, int s) {
   return _mm256_srai_epi16(_mm256_shuffle_epi8(scale_bytes, pick), 8);
 }
 
-// Q2_K: scales (scale | min << 4 per sub-block), qs[64], d, dmin; value d *
-// scale * q - dmin * min (quant_dot_generic.cpp).
-template <int kRows>
-void rows_q2_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
-  const int64_t nb = acts.k / 256;
-  const Rows<kRows> rows(acts, r0);
-  const __m256i low2 = _mm256_set1_epi8(0x03);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  __m256 acc[kRows];
-  for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 84;
-    prefetch_ahead(blk);
-    prefetch_ahead(blk + 64);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(packed, low4));
-    __m256i dots[kRows];
-    for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q = load256(blk + 16 + 32 * h);
-      for (int t = 0; t < 4; ++t) {
-        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * t), low2);
-        const __m256i sc = scale_pair16(scales, 8 * h + 2 * t);
-        for (int j = 0; j < kRows; ++j) {
-          const int8_t* a = rows.q[j] + 256 * b + 128 * h + 32 * t;
-          dots[j] = _mm256_add_epi32(dots[j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, load256(a)), sc));
-        }
-      }
-    }
-    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
-    const float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
-    for (int j = 0; j < kRows; ++j) {
-      const float da = rows.d[j][b];
-      const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
-      acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
-    }
-  }
-  for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
-}
-
 // Q3_K's 16 six-bit scales (stored + 32; quant_dot_generic.cpp) as signed bytes.
 inline __m128i unpack_q3_k_scales(const uint8_t* sc) {
   uint32_t w0, w1, w2;
@@ -388,33 +347,43 @@ inline __m128i unpack_q3_k_scales(const uint8_t* sc) {
   return _mm_sub_epi8(stored, _mm_set1_epi8(32));
 }
 
-// Q3_K: hmask[32], qs[64], scales[12], d; value d * (scale - 32) * (code -
-// 4), the code's bit 2 at bit 4 h + j of hmask[l] for value 32 j + l of half
-// h. The codes go in unsigned (0..7); -4 times each sub-block's activation
-// sum (sum16) times its scale takes the offset back out.
-template <int kRows>
-void rows_q3_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+// Q2_K: scales (scale | min << 4 per sub-block), qs[64], d, dmin; value d *
+// scale * q - dmin * min. Q3_K (kThreeBit): hmask[32], qs[64], scales[12],
+// d; value d * (scale - 32) * (code - 4), the code's bit 2 at bit 4 h + j of
+// hmask[l] for value 32 j + l of half h (quant_dot_generic.cpp). Codes go in
+// unsigned (Q3_K 0..7); the activations' sums of 16 (sum16) take back out
+// Q2_K's mins, or Q3_K's offset -4 times each sub-block's scale.
+template <bool kThreeBit, int kRows>
+void rows_q2_3_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t kBlockBytes = kThreeBit ? 110 : 84;
   const int64_t nb = acts.k / 256;
   const Rows<kRows> rows(acts, r0);
   const __m256i low2 = _mm256_set1_epi8(0x03), bit2 = _mm256_set1_epi8(0x04);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
   __m256 acc[kRows];
   for (int j = 0; j < kRows; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 110;
+    const uint8_t* blk = w + b * kBlockBytes;
     prefetch_ahead(blk);
     prefetch_ahead(blk + 64);
-    const __m128i scales8 = unpack_q3_k_scales(blk + 96);
+    // Q2_K: each byte's scale (low nibble) and min (high).
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    const __m128i scales8 = kThreeBit ? unpack_q3_k_scales(blk + 96) : _mm_and_si128(packed, low4);
     const __m256i scales = _mm256_broadcastsi128_si256(scales8);
-    const __m256i hmask = load256(blk);
+    const __m256i hmask = load256(blk);  // Q3_K
+    const uint8_t* qs = blk + (kThreeBit ? 32 : 16);
     __m256i dots[kRows];
     for (int j = 0; j < kRows; ++j) dots[j] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
-      const __m256i q = load256(blk + 32 + 32 * h);
+      const __m256i q = load256(qs + 32 * h);
       for (int t = 0; t < 4; ++t) {
-        const int bit = 4 * h + t;  // of hmask, moved to bit 2
-        const __m256i high = _mm256_and_si256(
-            bit >= 2 ? _mm256_srli_epi16(hmask, bit - 2) : _mm256_slli_epi16(hmask, 2 - bit), bit2);
-        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * t), low2), high);
+        __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * t), low2);
+        if constexpr (kThreeBit) {
+          const int bit = 4 * h + t;  // of hmask, moved to bit 2
+          u = _mm256_or_si256(u, _mm256_and_si256(bit >= 2 ? _mm256_srli_epi16(hmask, bit - 2)
+                                                           : _mm256_slli_epi16(hmask, 2 - bit),
+                                                  bit2));
+        }
         const __m256i sc = scale_pair16(scales, 8 * h + 2 * t);
         for (int j = 0; j < kRows; ++j) {
           const int8_t* a = rows.q[j] + 256 * b + 128 * h + 32 * t;
@@ -422,12 +391,23 @@ void rows_q3_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
         }
       }
     }
-    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
-    const float d = f16_at(blk + 108);
-    for (int j = 0; j < kRows; ++j) {
-      const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
-      const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 2));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
+    if constexpr (kThreeBit) {
+      const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+      const float d = f16_at(blk + 108);
+      for (int j = 0; j < kRows; ++j) {
+        const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
+        const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 2));
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
+      }
+    } else {
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+      const float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
+      for (int j = 0; j < kRows; ++j) {
+        const float da = rows.d[j][b];
+        const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
+        acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
+      }
     }
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
@@ -463,17 +443,14 @@ struct QK45Kernel {
     }
   };
 };
-template <int kRows>
-struct Q2KKernel {
-  static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-    rows_q2_k<kRows>(w, a, r0, y, ldy);
-  }
-};
-template <int kRows>
-struct Q3KKernel {
-  static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
-    rows_q3_k<kRows>(w, a, r0, y, ldy);
-  }
+template <bool kThreeBit>
+struct Q23KKernel {
+  template <int kRows>
+  struct K {
+    static void run(const uint8_t* w, const ActRows& a, int64_t r0, float* y, int64_t ldy) {
+      rows_q2_3_k<kThreeBit, kRows>(w, a, r0, y, ldy);
+    }
+  };
 };
 template <int kRows>
 struct Q6KKernel {
@@ -491,8 +468,8 @@ QuantRowsFn LONGCTX_QDOT_ENTRY(GgmlType type) {
     case GgmlType::kQ5_0: return by_rows<Block32Kernel<GgmlType::kQ5_0, 22>::K>;
     case GgmlType::kQ5_1: return by_rows<Block32Kernel<GgmlType::kQ5_1, 24>::K>;
     case GgmlType::kQ8_0: return by_rows<Block32Kernel<GgmlType::kQ8_0, 34>::K>;
-    case GgmlType::kQ2_K: return by_rows<Q2KKernel>;
-    case GgmlType::kQ3_K: return by_rows<Q3KKernel>;
+    case GgmlType::kQ2_K: return by_rows<Q23KKernel<false>::K>;
+    case GgmlType::kQ3_K: return by_rows<Q23KKernel<true>::K>;
     case GgmlType::kQ4_K: return by_rows<QK45Kernel<false>::K>;
     case GgmlType::kQ5_K: return by_rows<QK45Kernel<true>::K>;
     case GgmlType::kQ6_K: return by_rows<Q6KKernel>;
