@@ -1,6 +1,6 @@
 // The group kernels of quant_dot_x86.h (quant_matmul.h: kRows8, kRows16):
 // included at its end, in the same compilation, so they share its helpers
-// (Rows, load256, prefetch_ahead, kOffsetLog2, by_rows) and define the
+// (Rows, load256, prefetch_group_ahead, kOffsetLog2, by_rows) and define the
 // entries LONGCTX_QDOT8_ENTRY and, where the ISA has AVX-512 VNNI,
 // LONGCTX_QDOT16_ENTRY.
 #pragma once
@@ -137,7 +137,7 @@ void group_block32(const uint8_t* group, const ActRows& acts, int64_t r0, float*
     for (int j = 0; j < kRows; ++j) acc[c][j] = V::zero_ps();
   const auto add_block = [&](int64_t b, int c) {
     const uint8_t* blk = group + b * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_group_ahead(blk + line);
     const uint8_t* code_bytes = blk + 2 * kG;
     I codes[8];  // chunk t: values 4t..4t+3 of the G rows
     if constexpr (kType == GgmlType::kQ4_0) {
@@ -230,7 +230,7 @@ void group_qk_4_5(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
   const auto byte_of = [](I v, int i) { return V::and_(V::srli32(v, 8 * i), V::set1(0xFF)); };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_group_ahead(blk + line);
     // unpack_k_scales on G rows at once.
     const I w0 = V::load(blk + 4 * kG), w2 = V::load(blk + 12 * kG);
     const I six = V::set1_8(0x3F), two = V::set1_8(0x03);
@@ -339,7 +339,7 @@ void group_q6_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* y,
   for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_group_ahead(blk + line);
     const uint8_t* nibbles = blk;
     const uint8_t* pairs = blk + 128 * kG;
     const uint8_t* scales = blk + 192 * kG;
@@ -415,7 +415,7 @@ void group_q2_3_k(const uint8_t* group, const ActRows& acts, int64_t r0, float* 
   for (int j = 0; j < kRows; ++j) acc[j] = V::zero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_ahead(blk + line);
+    for (int64_t line = 0; line < kBlockBytes; line += 64) prefetch_group_ahead(blk + line);
     const uint8_t* hmask = blk;  // Q3_K
     const uint8_t* qs = blk + (kThreeBit ? 32 : 16) * kG;
     const uint8_t* sc = kThreeBit ? blk + 96 * kG : blk;

@@ -99,6 +99,10 @@ inline __m256i mask_to_0x10(__m256i hb, __m256i mask) {
 inline void prefetch_ahead(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p) + kWeightPrefetchAhead, _MM_HINT_T0);
 }
+// The group kernels' weight line kGroupPrefetchAhead bytes after p, into L2 (quant_dot.h).
+inline void prefetch_group_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p) + kGroupPrefetchAhead, _MM_HINT_T1);
+}
 
 // ---- 32-value blocks ---------------------------------------------------------
 
