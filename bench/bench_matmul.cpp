@@ -7,6 +7,10 @@
 //            kernels' instructions, both measured in the same run; quantized
 //            weights also on f32 tiles and, where oneDNN has a bf16 kernel
 //            for the CPU, on bf16 tiles (QuantPrefill), to pick the fastest.
+//   Each quantized row says the layout its weight was kept in ("layout":
+//   groups of 8 or 16 rows where load_weight packs them, else rows); where
+//   that is groups, GEMV runs are timed on GGML's rows too, so that a CPU
+//   whose group kernels lose in decode shows it.
 //
 //   longctx-bench matmul [--types q4_0,q8_0,q2_k,q3_k,q4_k,q5_k,q6_k,f16,bf16,f32]
 //                        [--shapes 4096x4096,14336x4096,4096x14336]
@@ -124,6 +128,7 @@ int run_matmul(const std::vector<std::string>& args) {
   // oneDNN, or on bf16 tiles where oneDNN has a bf16 kernel for this CPU:
   // time each that runs here (auto's choice is in the table's title).
   cpu::CpuBackend backend({.quant_prefill = cpu::QuantPrefill::kInt8});
+  cpu::CpuBackend rows_layout({.quant_prefill = cpu::QuantPrefill::kInt8, .weight_groups = false});
   cpu::CpuBackend f32_tiles({.quant_prefill = cpu::QuantPrefill::kF32Tiles});
   std::unique_ptr<cpu::CpuBackend> bf16_tiles;
   try {
@@ -133,7 +138,7 @@ int run_matmul(const std::vector<std::string>& args) {
   }
   std::vector<Record> records;
   auto time_matmul = [&](cpu::CpuBackend& be, GgmlType type, const std::vector<uint8_t>& bytes, int64_t n, int64_t k,
-                         int64_t m, const char* path) {
+                         int64_t m, const char* path, cpu::QuantLayout layout) {
     auto w = be.load_weight(HostWeight(type, {n, k}, bytes, "w"));
     std::vector<float> x(size_t(m * k));
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
@@ -155,10 +160,14 @@ int run_matmul(const std::vector<std::string>& args) {
     const double gbps = double(bytes.size()) / (ms * 1e-3) / 1e9;
     Record r;
     r.set("bench", "matmul").set("type", ggml_type_info(type).name).set("path", path).set("n", n).set("k", k);
+    if (!dtype_of(type)) {
+      const int64_t group = cpu::quant_group_rows(layout);
+      r.set("layout", group == 1 ? std::string("rows") : "groups of " + std::to_string(group));
+    }
     r.set("rows", m).set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
     r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
     r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
-    if (!dtype_of(type) && &be == &backend && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    if (!dtype_of(type) && (&be == &backend || &be == &rows_layout) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
     if (&be == bf16_tiles.get() && bf16_gflops > 0) r.set("of_bf16_peak", gflops / bf16_gflops);
     std::printf("%s\n", r.json().c_str());
     std::fflush(stdout);
@@ -168,10 +177,15 @@ int run_matmul(const std::vector<std::string>& args) {
     for (GgmlType type : a.types) {
       const std::vector<uint8_t> bytes = random_weight(type, n, k);
       const bool quantized = !dtype_of(type);
+      const cpu::QuantLayout layout = quantized ? cpu::preferred_quant_layout(type, n) : cpu::QuantLayout::kRows;
       for (int64_t m : a.rows) {
-        time_matmul(backend, type, bytes, n, k, m, quantized ? (m <= kGemvRows ? "int8 gemv" : "int8") : "float");
-        if (quantized && m > kGemvRows) time_matmul(f32_tiles, type, bytes, n, k, m, "f32 tiles");
-        if (quantized && m > kGemvRows && bf16_tiles) time_matmul(*bf16_tiles, type, bytes, n, k, m, "bf16 tiles");
+        const bool gemv = m <= kGemvRows;
+        time_matmul(backend, type, bytes, n, k, m, quantized ? (gemv ? "int8 gemv" : "int8") : "float", layout);
+        if (quantized && gemv && layout != cpu::QuantLayout::kRows)
+          time_matmul(rows_layout, type, bytes, n, k, m, "int8 gemv", cpu::QuantLayout::kRows);
+        if (quantized && !gemv) time_matmul(f32_tiles, type, bytes, n, k, m, "f32 tiles", layout);
+        if (quantized && !gemv && bf16_tiles)
+          time_matmul(*bf16_tiles, type, bytes, n, k, m, "bf16 tiles", layout);
       }
     }
   std::printf("\nCpuBackend::matmul y[rows, n] = x[rows, k] w[n, k]^T, %d threads, int8 kernels on %s, quantized "
@@ -182,7 +196,7 @@ int run_matmul(const std::vector<std::string>& args) {
               threads, cpu::quant_isa_name(cpu::best_quant_isa()),
               cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()), read_gbps, fma_gflops, int8_gops,
               bf16_gflops, int(kGemvRows));
-  print_table(records, {"type", "path", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
+  print_table(records, {"type", "path", "layout", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
                         "of_bf16_peak"});
   return 0;
 }

@@ -166,7 +166,7 @@ std::unique_ptr<BackendTensor> CpuBackend::load_weight(const HostWeight& host) {
   const size_t bytes = size_t(*ggml_bytes(type, numel));
   // Q4_0, Q8_0 and Q2_K..Q6_K matrices go in groups of 8 or 16 rows
   // where the kernels read those faster (quant_matmul.h, QuantLayout).
-  const QuantLayout layout = type == host.type && host.shape.size() == 2
+  const QuantLayout layout = impl_->options.weight_groups && type == host.type && host.shape.size() == 2
                                  ? preferred_quant_layout(type, host.shape[0])
                                  : QuantLayout::kRows;
   auto tensor = std::make_unique<CpuTensor>(type, host.shape, bytes, impl_->account, "load_weight", layout);

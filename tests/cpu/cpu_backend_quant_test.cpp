@@ -204,6 +204,42 @@ TEST(CpuBackendQuant, MatmulEqualsTheKernelForEveryRowCount) {
   }
 }
 
+// weight_groups = false keeps every quantized matrix in GGML's rows, byte for
+// byte, where the same backend would otherwise pack it in groups, and matmul
+// runs the row kernels on them.
+TEST(CpuBackendQuant, WithoutWeightGroupsMatricesKeepGgmlRows) {
+  std::mt19937 rng(4);
+  CpuBackend grouped(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8});
+  CpuBackend rows(CpuBackendOptions{.quant_prefill = QuantPrefill::kInt8, .weight_groups = false});
+  const int64_t k = 512, n = 32;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                        GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    const char* name = ggml_type_info(type).name;
+    const std::vector<uint8_t> bytes = random_blocks(type, size_t(n * k / ggml_type_info(type).block_elems), rng);
+    auto w = rows.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+    EXPECT_EQ(std::memcmp(w->data(), bytes.data(), bytes.size()), 0) << name;
+    if (preferred_quant_layout(type, n) != QuantLayout::kRows) {  // the option is what kept them
+      auto packed = grouped.load_weight(HostWeight(type, {n, k}, bytes, "w"));
+      EXPECT_NE(std::memcmp(packed->data(), bytes.data(), bytes.size()), 0) << name;
+    }
+    std::normal_distribution<float> normal;
+    for (int64_t m : {1, 3, 9}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (float& v : x) v = normal(rng);
+      auto xt = rows.alloc({m, k});
+      rows.upload(make_view(x.data(), DType::kF32, {m, k}), *xt);
+      auto yt = rows.alloc({m, n});
+      rows.matmul(*xt, *w, nullptr, *yt);
+      const std::vector<float> got = download(rows, *yt);
+      QuantizedActs acts;
+      quantize_acts(x.data(), m, k, k, quant_act_block(type), acts);
+      std::vector<float> want(static_cast<size_t>(m * n));
+      quant_matmul_tile(best_quant_isa(), type, QuantLayout::kRows, bytes.data(), acts, 0, m, 0, n, want.data(), n);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << name << " m " << m << " at " << i;
+    }
+  }
+}
+
 // f16 weights stay f16 (native): the decode kernel widens them in registers,
 // larger row counts widen tiles to f32 for oneDNN; both exact in the weights,
 // so only f32 accumulation differs from fp64: gamma_k sum |x w|.

@@ -5,12 +5,13 @@
 // Error(kInvalidArgument) naming the op and the shapes; dtypes likewise):
 // - load_weight: WeightStorage::kNative keeps a matrix in its type (f32, f16,
 //   bf16, or the quantized blocks of quant_matmul.h: Q4_0, Q4_1, Q5_0, Q5_1,
-//   Q8_0, Q4_K, Q5_K, Q6_K) and stores vectors (norms, biases) as f32;
+//   Q8_0, Q2_K..Q6_K) and stores vectors (norms, biases) as f32;
 //   kBF16 / kF32 convert everything (quantized blocks dequantized) once.
-//   Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices go in groups of rows where the
+//   Q4_0, Q8_0 and Q2_K..Q6_K matrices go in groups of rows where the
 //   CPU's int8 kernels read those (preferred_quant_layout: 16 rows on AVX-512
-//   VNNI, 8 on AVX2 and AVX-VNNI but not for Q5_K and Q6_K, row count a
-//   multiple of the group's), so the bytes behind data() are theirs rearranged.
+//   VNNI, 8 on AVX2 and AVX-VNNI for Q4_0, Q8_0 and Q4_K only, row count a
+//   multiple of the group's; CpuBackendOptions::weight_groups = false keeps
+//   GGML's rows), so the bytes behind data() are theirs rearranged.
 //   Weights of 4 MiB and more sit in 2 MiB-aligned memory marked for
 //   transparent huge pages (fewer TLB misses while streaming them).
 // - matmul: x f32 [n, ...] (in = product of the dims after the first),
@@ -78,6 +79,10 @@ struct CpuBackendOptions {
   uint64_t memory_budget_bytes = 0;
   Bf16Matmul bf16_matmul = Bf16Matmul::kAuto;
   QuantPrefill quant_prefill = QuantPrefill::kAuto;
+  // Quantized matrices go in groups of rows where this CPU's kernels read
+  // those (preferred_quant_layout); false keeps GGML's row layout, so that
+  // longctx-bench matmul can time what the groups gain on a CPU.
+  bool weight_groups = true;
 };
 
 class CpuBackend final : public Backend {
