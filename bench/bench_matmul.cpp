@@ -167,7 +167,8 @@ int run_matmul(const std::vector<std::string>& args) {
     r.set("rows", m).set("threads", threads).set("ms", ms).set("weight_bytes", int64_t(bytes.size()));
     r.set("gbps", gbps).set("of_bandwidth", gbps / read_gbps);
     r.set("gflops", gflops).set("of_fma_peak", gflops / fma_gflops);
-    if (!dtype_of(type) && (&be == &backend || &be == &rows_layout) && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
+    const bool int8_kernels = &be == &backend || &be == &rows_layout;
+    if (!dtype_of(type) && int8_kernels && int8_gops > 0) r.set("of_int8_peak", gflops / int8_gops);
     if (&be == bf16_tiles.get() && bf16_gflops > 0) r.set("of_bf16_peak", gflops / bf16_gflops);
     std::printf("%s\n", r.json().c_str());
     std::fflush(stdout);
@@ -196,8 +197,8 @@ int run_matmul(const std::vector<std::string>& args) {
               threads, cpu::quant_isa_name(cpu::best_quant_isa()),
               cpu::quant_prefill_name(cpu::CpuBackend().quant_prefill()), read_gbps, fma_gflops, int8_gops,
               bf16_gflops, int(kGemvRows));
-  print_table(records, {"type", "path", "layout", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops", "of_fma_peak", "of_int8_peak",
-                        "of_bf16_peak"});
+  print_table(records, {"type", "path", "layout", "n", "k", "rows", "ms", "gbps", "of_bandwidth", "gflops",
+                        "of_fma_peak", "of_int8_peak", "of_bf16_peak"});
   return 0;
 }
 
