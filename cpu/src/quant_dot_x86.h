@@ -231,6 +231,32 @@ inline __m256i group_sums_times(const int16_t* sum16, __m256i factors16) {
   return _mm256_madd_epi16(load256(sum16), factors16);
 }
 
+// The end of a 256-value block of k-quants whose codes went in unsigned, for
+// each activation row j (its d_a = rows.d[j][b]):
+// with mins (Q4_K, Q5_K, Q2_K): acc += d d_a dots - dmin d_a sum_g min_g sum16_g;
+template <int kRows>
+inline void add_block_with_mins(__m256 (&acc)[kRows], const __m256i (&dots)[kRows], const Rows<kRows>& rows,
+                                int64_t b, __m256i mins16, float d, float dmin) {
+  for (int j = 0; j < kRows; ++j) {
+    const float da = rows.d[j][b];
+    const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
+    acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
+  }
+}
+// with codes q + 2^kOffsetLog2 (Q6_K 32, Q3_K 4) under signed scales:
+// acc += d d_a (dots - 2^kOffsetLog2 sum_g scale_g sum16_g).
+template <int kOffsetLog2, int kRows>
+inline void add_block_with_offset(__m256 (&acc)[kRows], const __m256i (&dots)[kRows], const Rows<kRows>& rows,
+                                  int64_t b, __m128i scales8, float d) {
+  const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+  for (int j = 0; j < kRows; ++j) {
+    const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
+    const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, kOffsetLog2));
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
+  }
+}
+
 template <bool kFiveBit, int kRows>
 void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int64_t ldy) {
   constexpr int64_t kBlockBytes = kFiveBit ? 176 : 144;
@@ -268,13 +294,7 @@ void rows_qk_4_5(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
     // Each min applies to two groups of 16: duplicate the bytes, widen to int16.
     const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ks.min));
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-    const float d = f16_at(blk), dmin = f16_at(blk + 2);
-    for (int j = 0; j < kRows; ++j) {
-      const float da = rows.d[j][b];
-      const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
-      acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
-    }
+    add_block_with_mins(acc, dots, rows, b, mins16, f16_at(blk), f16_at(blk + 2));
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
 }
@@ -312,14 +332,7 @@ void rows_q6_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, int6
         }
       }
     }
-    // The codes are q + 32: subtract 32 * scale_g * (sum of group g).
-    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
-    const float d = f16_at(blk + 208);
-    for (int j = 0; j < kRows; ++j) {
-      const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
-      const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 5));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
-    }
+    add_block_with_offset<5>(acc, dots, rows, b, scales8, f16_at(blk + 208));  // codes q + 32
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
 }
@@ -396,22 +409,10 @@ void rows_q2_3_k(const uint8_t* w, const ActRows& acts, int64_t r0, float* y, in
       }
     }
     if constexpr (kThreeBit) {
-      const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
-      const float d = f16_at(blk + 108);
-      for (int j = 0; j < kRows; ++j) {
-        const __m256i offset = group_sums_times(rows.sum16[j] + 16 * b, scales16);
-        const __m256i dot = _mm256_sub_epi32(dots[j], _mm256_slli_epi32(offset, 2));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * rows.d[j][b]), acc[j]);
-      }
+      add_block_with_offset<2>(acc, dots, rows, b, scales8, f16_at(blk + 108));  // codes q + 4
     } else {
       const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
-      const float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
-      for (int j = 0; j < kRows; ++j) {
-        const float da = rows.d[j][b];
-        const __m256i mins = group_sums_times(rows.sum16[j] + 16 * b, mins16);
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[j]), _mm256_set1_ps(d * da), acc[j]);
-        acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * da), acc[j]);
-      }
+      add_block_with_mins(acc, dots, rows, b, mins16, f16_at(blk + 80), f16_at(blk + 82));
     }
   }
   for (int j = 0; j < kRows; ++j) y[j * ldy] = hsum(acc[j]);
