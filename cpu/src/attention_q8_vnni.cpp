@@ -38,6 +38,7 @@ namespace {
 constexpr int kGroup = kQ8VnniGroup;
 constexpr int kQuad = kQ8VnniQuad;
 constexpr int kMaxDim = 512;  // the largest head_dim a KVStore takes
+constexpr int kMaxGroups = kMaxDim / kGroup;
 
 // acc += a . b per 32-bit lane, the 4 unsigned bytes of a times the 4 signed
 // bytes of b (vpdpbusd). In asm because GCC 12 copies the sum of every
@@ -111,53 +112,69 @@ void score_heads(const PieceArgs& a, int h0, const int8_t* k_quads, const uint16
 }
 
 // Token slots of a chunk's weights: the lead of its first quad of tokens
-// (< 4), its n <= kQ8VnniChunk tokens, zeros to a whole vector after them.
-constexpr int kWeightSlots = kQ8VnniChunk + 2 * 16;
-// Bytes of a head's weight codes: 16 per quad of slots (WeightBytes).
-constexpr int kWeightBytes = kWeightSlots / kQuad * 16;
+// (< 4), its n <= kQ8VnniChunk tokens, zeros to a whole pair of vectors
+// after them.
+constexpr int kSlotVectors = (kQ8VnniChunk + kQuad - 1 + 15) / 16;  // at most 9 vectors of 16 slots
+constexpr int kSlotPairs = (kSlotVectors + 1) / 2;
+// Bytes of one head's weight codes for one group of channels: 8 per quad of
+// slots, 64 per pair of slot vectors (weight_byte).
+constexpr int kWeightBytes = kSlotPairs * 64;
 
-// The weights of P.V for G heads and one group of channels as 16-bit unsigned
-// codes: slot lead + j holds token j's w[i][j] = p[i][j] * scale[j] ~ code *
-// unit[i], the slots before lead and past lead + n hold 0. Per quad of slots
-// q, bytes[i][16 q ..] holds the four codes' low bytes, then their high bytes
-// (what vpdpbusd broadcasts per quad), then 8 bytes unused.
+// Where the codes of quad q of slots start among a group's weight bytes: the
+// four codes' low bytes, then their high bytes (what vpdpbusd broadcasts per
+// quad). Pair k of slot vectors (quads 8k .. 8k + 7) is stored as one vector:
+// its 128-bit lane l holds quad 8k + l, then quad 8k + 4 + l (weight_codes).
+inline int weight_byte(int q) { return 64 * (q >> 3) + 16 * (q & 3) + 8 * ((q >> 2) & 1); }
+
+// The weights of P.V for G heads and every group of channels as 16-bit
+// unsigned codes, bytes[i * groups + grp] (weight_byte): slot lead + j holds
+// token j's w = p[i][j] * scale_t[grp][j] ~ code * unit[i][grp], the slots
+// before lead and past lead + n hold 0. scale_t[grp][j] is token j's scale of
+// group grp, 0 from n to the end of its vector (transpose_scales). p is read
+// once per head for all its groups.
 template <int G>
-void weight_codes(const float* p, int p_stride, const float* scale, int n, int lead, uint8_t (*bytes)[kWeightBytes],
-                  float* unit) {
-  const int vectors = (n + 15) / 16;             // of tokens
-  const int slot_vectors = (lead + n + 15) / 16;  // at most vectors + 1
-  // Within each 128-bit lane (one quad of 32-bit codes): bytes 0, 4, 8, 12, then 1, 5, 9, 13.
-  const __m512i split = _mm512_set4_epi32(0, 0, 0x0D090501, 0x0C080400);
+void weight_codes(const float* p, int p_stride, const float* scale_t, int groups, int n, int lead,
+                  uint8_t (*bytes)[kWeightBytes], float (*unit)[kMaxGroups]) {
+  const int vectors = (n + 15) / 16;                          // of tokens
+  const int pairs = ((lead + n + 15) / 16 + 1) / 2;           // of slot vectors
+  // Per 128-bit lane of a pack of two code vectors (4 + 4 16-bit codes):
+  // the first four's low bytes, their high bytes, then the same of the next four.
+  const __m512i split = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
   // Slot lane l of vector k is token 16k + l - lead: of token vector k - 1
   // (the permute's first source) for l < lead, else of k (its second).
   const __m512i from = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                         _mm512_set1_epi32(16 - lead));
-  // The weights stay at token offsets in memory (a vector stored is loaded
-  // back whole) and move to their slots in registers.
-  alignas(64) float w[kQ8VnniChunk / 16 + 1][16];
   for (int i = 0; i < G; ++i) {
     const float* row = p + size_t(i) * p_stride;
-    __m512 top = _mm512_setzero_ps();
-    for (int v = 0; v < vectors; ++v) {
-      const __mmask16 m = first_lanes(n - 16 * v);
-      const __m512 p_v = _mm512_maskz_loadu_ps(m, row + 16 * v);
-      const __m512 w_v = _mm512_mul_ps(p_v, _mm512_maskz_loadu_ps(m, scale + 16 * v));
-      _mm512_store_ps(w[v], w_v);
-      top = _mm512_max_ps(top, w_v);
-    }
-    _mm512_store_ps(w[vectors], _mm512_setzero_ps());
-    const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
-    unit[i] = max / 65535.f;
-    const __m512 inverse = _mm512_set1_ps(max > 0.f ? 65535.f / max : 0.f);
-    __m512 before = _mm512_setzero_ps();
-    for (int k = 0; k < slot_vectors; ++k) {
-      const __m512 here = _mm512_load_ps(w[k]);
-      const __m512 slots = _mm512_permutex2var_ps(before, from, here);
-      before = here;
-      // Nearest, ties to even; w * (65535 / max) may pass 65535 by an ulp.
-      const __m512i code = _mm512_min_epu32(_mm512_cvtps_epu32(_mm512_mul_ps(slots, inverse)),
-                                            _mm512_set1_epi32(65535));
-      _mm512_storeu_si512(&bytes[i][16 * 4 * k], _mm512_shuffle_epi8(code, split));
+    __m512 p_v[kQ8VnniChunk / 16];
+    for (int v = 0; v < vectors; ++v) p_v[v] = _mm512_maskz_loadu_ps(first_lanes(n - 16 * v), row + 16 * v);
+    for (int grp = 0; grp < groups; ++grp) {
+      // The weights at token offsets, zero past n, then to their slots.
+      __m512 w[2 * kSlotPairs + 1];
+      w[0] = _mm512_setzero_ps();  // before token 0
+      __m512 top = _mm512_setzero_ps();
+      const float* scale = scale_t + size_t(grp) * kQ8VnniChunk;
+      for (int v = 0; v < vectors; ++v) {
+        w[v + 1] = _mm512_mul_ps(p_v[v], _mm512_load_ps(scale + 16 * v));
+        top = _mm512_max_ps(top, w[v + 1]);
+      }
+      for (int v = vectors + 1; v <= 2 * pairs; ++v) w[v] = _mm512_setzero_ps();
+      const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
+      unit[i][grp] = max / 65535.f;
+      const __m512 inverse = _mm512_set1_ps(max > 0.f ? 65535.f / max : 0.f);
+      uint8_t* out = bytes[i * groups + grp];
+      for (int k = 0; k < pairs; ++k) {
+        __m512i code[2];
+        for (int h = 0; h < 2; ++h) {
+          const int slot_vector = 2 * k + h;
+          const __m512 slots = lead == 0 ? w[slot_vector + 1]
+                                         : _mm512_permutex2var_ps(w[slot_vector], from, w[slot_vector + 1]);
+          // Nearest, ties to even; w * (65535 / max) may pass 65535 by an
+          // ulp, and the pack saturates it to 65535.
+          code[h] = _mm512_cvtps_epu32(_mm512_mul_ps(slots, inverse));
+        }
+        _mm512_store_si512(out + 64 * k, _mm512_shuffle_epi8(_mm512_packus_epi32(code[0], code[1]), split));
+      }
     }
   }
 }
@@ -168,12 +185,10 @@ void weight_codes(const float* p, int p_stride, const float* scale, int n, int l
 // lane, and vpdpbusd sums them times the quad's high bytes of the weights in
 // one sum, times the low bytes in another: sum_hi * 256 + sum_lo is the exact
 // integer sum of code * v (|sum| <= 33 quads * 4 * 65535 * 127 < 2^31).
+// bytes[i] and unit[i] are head h0 + i's codes and unit of this group.
 template <int G>
-void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, int n, int lead, const int8_t* v,
-                      const float* scale, int c, float* acc, LinePrefetch& prefetch) {
-  alignas(64) uint8_t bytes[G][kWeightBytes];
-  float unit[G];
-  weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale, n, lead, bytes, unit);
+void accumulate_group(const PieceArgs& a, int h0, int n, int lead, const int8_t* v, const uint8_t* const* bytes,
+                      const float* unit, int c, float* acc, LinePrefetch& prefetch) {
   const int dim = a.head_dim;
   __m512i sum_hi[G][2], sum_lo[G][2];
   for (int i = 0; i < G; ++i)
@@ -184,10 +199,11 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
     const int8_t* row = v + (size_t(q) * dim + size_t(c)) * kQuad;
     prefetch_step(walk, kQuad * kGroup);
     const __m512i codes[2] = {_mm512_loadu_si512(row), _mm512_loadu_si512(row + 64)};
+    const int at = weight_byte(q);
     for (int i = 0; i < G; ++i) {
       int32_t w_lo, w_hi;
-      std::memcpy(&w_lo, &bytes[i][16 * q], kQuad);
-      std::memcpy(&w_hi, &bytes[i][16 * q + kQuad], kQuad);
+      std::memcpy(&w_lo, bytes[i] + at, kQuad);
+      std::memcpy(&w_hi, bytes[i] + at + kQuad, kQuad);
       const __m512i weights_lo = _mm512_set1_epi32(w_lo), weights_hi = _mm512_set1_epi32(w_hi);
       for (int half = 0; half < 2; ++half) {
         dot_bytes(sum_hi[i][half], weights_hi, codes[half]);
@@ -207,33 +223,68 @@ void accumulate_group(const PieceArgs& a, int h0, const float* p, int p_stride, 
   }
 }
 
-// The 16 scales of group g from 16 tokens' rows of `groups` f32 (rows
-// contiguous): a tree of two-source permutes when groups is a power of two
-// (head_dim 32 to 512), each level doubling the tokens gathered, else a gather.
-inline __m512 group_column(const float* rows, int groups, int g) {
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if ((groups & (groups - 1)) != 0) {
-    return _mm512_i32gather_ps(_mm512_mullo_epi32(lane, _mm512_set1_epi32(groups)), rows + g, 4);
+// scale_t[grp][j] (rows kQ8VnniChunk apart) = token j's f16 scale of group
+// grp, v_scales[j * groups + grp], as f32; 0 for j from n to the chunk's end.
+// When groups is a power of two the chunk's scales, padded with zeros to
+// kQ8VnniChunk tokens, are one sequence whose element j * groups + grp must
+// move to grp * kQ8VnniChunk + j: each unzip (the even elements, then the odd
+// ones) rotates the bits of the index right by one, so log2(groups) unzips of
+// 16-bit lanes do it. Other group counts (head_dim 96, 160, ...) gather.
+void transpose_scales(const uint16_t* v_scales, int n, int groups, float* scale_t) {
+  const int count = n * groups;
+  if ((groups & (groups - 1)) == 0) {
+    constexpr int kMaxVectors = kQ8VnniChunk * kMaxGroups / 32;  // of 32 scales
+    const int vectors = kQ8VnniChunk * groups / 32;                // even: groups >= 1
+    __m512i seq[2][kMaxVectors];
+    for (int k = 0; k < vectors; ++k) {
+      const int left = count - 32 * k;
+      const __mmask32 lanes = left >= 32 ? ~__mmask32{0} : left > 0 ? (__mmask32{1} << left) - 1 : __mmask32{0};
+      seq[0][k] = _mm512_maskz_loadu_epi16(lanes, v_scales + 32 * k);
+    }
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
+                                          24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    int at = 0;
+    for (int unzips = __builtin_ctz(unsigned(groups)); unzips > 0; --unzips, at ^= 1) {
+      for (int k = 0; k < vectors / 2; ++k) {
+        seq[at ^ 1][k] = _mm512_permutex2var_epi16(seq[at][2 * k], even, seq[at][2 * k + 1]);
+        seq[at ^ 1][vectors / 2 + k] = _mm512_permutex2var_epi16(seq[at][2 * k], odd, seq[at][2 * k + 1]);
+      }
+    }
+    for (int k = 0; k < vectors; ++k) {
+      _mm512_store_ps(scale_t + 32 * k, _mm512_cvtph_ps(_mm512_castsi512_si256(seq[at][k])));
+      _mm512_store_ps(scale_t + 32 * k + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(seq[at][k], 1)));
+    }
+    return;
   }
-  if (groups == 1) return _mm512_load_ps(rows);
-  __m512 part[8];  // level 0: pairs of vectors, 2 * (16 / groups) tokens each
-  const int per_vector = 16 / groups;
-  {
-    // lane k < 2 * per_vector: token k of the pair, from vector k / per_vector
-    const __m512i token = _mm512_and_si512(lane, _mm512_set1_epi32(per_vector - 1));
-    const __m512i from_second = _mm512_slli_epi32(_mm512_srli_epi32(lane, __builtin_ctz(per_vector)), 4);
-    const __m512i index = _mm512_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(token, _mm512_set1_epi32(groups)),
-                                                            _mm512_set1_epi32(g)), from_second);
-    for (int i = 0; i < groups / 2; ++i) {
-      part[i] = _mm512_permutex2var_ps(_mm512_load_ps(rows + 32 * i), index, _mm512_load_ps(rows + 32 * i + 16));
+  alignas(64) float widened[kQ8VnniChunk * kMaxGroups];  // [j][grp], zero from n
+  for (int i = 0; i < kQ8VnniChunk * groups; i += 16) {
+    _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(count - i), v_scales + i)));
+  }
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(groups));
+  for (int grp = 0; grp < groups; ++grp) {
+    for (int j = 0; j < kQ8VnniChunk; j += 16) {
+      _mm512_store_ps(scale_t + grp * kQ8VnniChunk + j, _mm512_i32gather_ps(rows, widened + j * groups + grp, 4));
     }
   }
-  for (int have = 2 * per_vector, n = groups / 2; n > 1; have *= 2, n /= 2) {  // `have` tokens in each part
-    const __m512i index = _mm512_add_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(have - 1)),
-                                           _mm512_slli_epi32(_mm512_srli_epi32(lane, __builtin_ctz(have)), 4));
-    for (int i = 0; i < n / 2; ++i) part[i] = _mm512_permutex2var_ps(part[2 * i], index, part[2 * i + 1]);
+}
+
+// P.V of the chunk for the G heads from h0 (accumulate_q8_avx512_vnni):
+// their weight codes for every group, then each group's sums.
+template <int G>
+void accumulate_heads(const PieceArgs& a, int h0, const float* p, int p_stride, int n, int lead, const int8_t* v,
+                      const float* scale_t, float* acc, LinePrefetch& prefetch) {
+  const int groups = a.head_dim / kGroup;
+  alignas(64) uint8_t bytes[G * kMaxGroups][kWeightBytes];  // [head][group]
+  float unit[G][kMaxGroups];
+  weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale_t, groups, n, lead, bytes, unit);
+  for (int grp = 0; grp < groups; ++grp) {
+    const uint8_t* group_bytes[G];
+    float group_unit[G];
+    for (int i = 0; i < G; ++i) group_bytes[i] = bytes[i * groups + grp], group_unit[i] = unit[i][grp];
+    accumulate_group<G>(a, h0, n, lead, v, group_bytes, group_unit, grp * kGroup, acc, prefetch);
   }
-  return part[0];
 }
 
 }  // namespace
@@ -241,24 +292,12 @@ inline __m512 group_column(const float* rows, int groups, int g) {
 void accumulate_q8_avx512_vnni(const PieceArgs& args, const float* p, int p_stride, int n, int lead, const int8_t* v,
                                const uint16_t* v_scales, float* acc, LinePrefetch& prefetch) {
   const int groups = args.head_dim / kGroup;
-  // The chunk's scales [n][groups] widened to f32 (whole vectors of 16
-  // tokens, zero past n), then one group's over the tokens.
-  alignas(64) float widened[kQ8VnniChunk * (kMaxDim / kGroup)];
-  alignas(64) float scale[kQ8VnniChunk];
-  const int count = n * groups;
-  const int vectors = (n + 15) / 16;  // of 16 tokens
-  prefetch_step(prefetch, sizeof(uint16_t) * size_t(count));
-  for (int i = 0; i < vectors * 16 * groups; i += 16) {
-    _mm512_store_ps(widened + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(count - i), v_scales + i)));
-  }
-  for (int grp = 0; grp < groups; ++grp) {
-    for (int j = 0; j < vectors; ++j) {
-      _mm512_store_ps(scale + 16 * j, group_column(widened + 16 * j * groups, groups, grp));
-    }
-    for_head_groups(args.g, [&](auto heads, int h0) {
-      accumulate_group<decltype(heads)::value>(args, h0, p, p_stride, n, lead, v, scale, grp * kGroup, acc, prefetch);
-    });
-  }
+  alignas(64) float scale_t[kMaxGroups * kQ8VnniChunk];
+  prefetch_step(prefetch, sizeof(uint16_t) * size_t(n) * size_t(groups));
+  transpose_scales(v_scales, n, groups, scale_t);
+  for_head_groups(args.g, [&](auto heads, int h0) {
+    accumulate_heads<decltype(heads)::value>(args, h0, p, p_stride, n, lead, v, scale_t, acc, prefetch);
+  });
 }
 
 void score_q8_avx512_vnni(const PieceArgs& args, const int8_t* k_t, const uint16_t* k_scales, int n,
