@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "longctx/core/error.h"
+
 namespace longctx::chat {
 
 size_t complete_utf8_prefix(const std::string& bytes) {
@@ -41,9 +43,21 @@ void Progress::update(int64_t done, int64_t total) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - start_).count();
   const double fraction = double(done) / double(total);
-  const auto tokens_done = static_cast<int64_t>(fraction * double(tokens_));
-  const double rate = seconds > 0 ? double(tokens_done) / seconds : 0.0;
+  // The rate in prompt tokens: the whole prompt through every layer counts once.
+  const double rate = seconds > 0 ? fraction * double(tokens_) / seconds : 0.0;
   const double eta = fraction > 0 ? seconds * (1 - fraction) / fraction : 0.0;
+  // Prefill runs layer by layer over the whole prompt, so done counts
+  // token-layers: where it stands is a layer and a token of that layer.
+  std::string where;
+  if (tokens_ > 0 && total % tokens_ == 0) {
+    const int64_t layers = total / tokens_;
+    // 0-based; the end of a layer (done = k * tokens_) still counts as that layer
+    const int64_t layer = std::clamp<int64_t>((done - 1) / tokens_, 0, layers - 1);
+    where = str_cat(done - layer * tokens_, "/", tokens_, " tokens");
+    if (layers > 1) where = str_cat("layer ", layer + 1, "/", layers, ", ", where);
+  } else {
+    where = str_cat(static_cast<int64_t>(fraction * double(tokens_)), "/", tokens_, " tokens");
+  }
   if (tty_) {
     // Redraw at most 10 times a second, and at the end.
     if (drawn_ && done < total && now - last_draw_ < std::chrono::milliseconds(100)) return;
@@ -51,8 +65,7 @@ void Progress::update(int64_t done, int64_t total) {
     const int filled = static_cast<int>(fraction * kWidth);
     std::string bar(size_t(filled), '#');
     bar.resize(kWidth, '.');
-    std::fprintf(out_, "\rprefill [%s] %lld/%lld tokens  %.0f tok/s  ETA %.0fs   ", bar.c_str(),
-                 static_cast<long long>(tokens_done), static_cast<long long>(tokens_), rate, eta);
+    std::fprintf(out_, "\rprefill [%s] %s  %.0f tok/s  ETA %.0fs   ", bar.c_str(), where.c_str(), rate, eta);
     std::fflush(out_);
     drawn_ = true;
     last_draw_ = now;
@@ -61,8 +74,7 @@ void Progress::update(int64_t done, int64_t total) {
   const int decile = static_cast<int>(fraction * 10);
   if (decile == last_decile_ || decile == 0) return;
   last_decile_ = decile;
-  std::fprintf(out_, "prefill: %d%% (%lld/%lld tokens, %.0f tok/s, ETA %.0f s)\n", decile * 10,
-               static_cast<long long>(tokens_done), static_cast<long long>(tokens_), rate, eta);
+  std::fprintf(out_, "prefill: %d%% (%s, %.0f tok/s, ETA %.0f s)\n", decile * 10, where.c_str(), rate, eta);
   std::fflush(out_);
 }
 

@@ -28,8 +28,10 @@ class Utf8Stream {
 size_t complete_utf8_prefix(const std::string& bytes);
 
 // Prefill progress on `out` (stderr): on a terminal one line redrawn with \r,
-// "prefill [#####.....] 12288/32768 tokens  2450 tok/s  ETA 8s"; otherwise a
-// plain line at every 10%.
+// "prefill [#####.....] layer 1/2, 12288/32768 tokens  2450 tok/s  ETA 8s";
+// otherwise a plain line at every 10%. Prefill runs each layer over the
+// whole prompt, so the line names the layer and the token in it; the rate is
+// in prompt tokens (the prompt through every layer counts once).
 class Progress {
  public:
   Progress(std::FILE* out, int64_t tokens);
