@@ -127,14 +127,14 @@ constexpr int kWeightBytes = kSlotPairs * 64;
 inline int weight_byte(int q) { return 64 * (q >> 3) + 16 * (q & 3) + 8 * ((q >> 2) & 1); }
 
 // The weights of P.V for G heads and every group of channels as 16-bit
-// unsigned codes, bytes[i * groups + grp] (weight_byte): slot lead + j holds
+// unsigned codes, bytes[i][grp] (weight_byte): slot lead + j holds
 // token j's w = p[i][j] * scale_t[grp][j] ~ code * unit[i][grp], the slots
 // before lead and past lead + n hold 0. scale_t[grp][j] is token j's scale of
 // group grp, 0 from n to the end of its vector (transpose_scales). p is read
 // once per head for all its groups.
 template <int G>
 void weight_codes(const float* p, int p_stride, const float* scale_t, int groups, int n, int lead,
-                  uint8_t (*bytes)[kWeightBytes], float (*unit)[kMaxGroups]) {
+                  uint8_t (*bytes)[kMaxGroups][kWeightBytes], float (*unit)[kMaxGroups]) {
   const int vectors = (n + 15) / 16;                          // of tokens
   const int pairs = ((lead + n + 15) / 16 + 1) / 2;           // of slot vectors
   // Per 128-bit lane of a pack of two code vectors (4 + 4 16-bit codes):
@@ -162,7 +162,7 @@ void weight_codes(const float* p, int p_stride, const float* scale_t, int groups
       const float max = _mm512_reduce_max_ps(top);  // weights are >= 0
       unit[i][grp] = max / 65535.f;
       const __m512 inverse = _mm512_set1_ps(max > 0.f ? 65535.f / max : 0.f);
-      uint8_t* out = bytes[i * groups + grp];
+      uint8_t* out = bytes[i][grp];
       for (int k = 0; k < pairs; ++k) {
         __m512i code[2];
         for (int h = 0; h < 2; ++h) {
@@ -276,13 +276,13 @@ template <int G>
 void accumulate_heads(const PieceArgs& a, int h0, const float* p, int p_stride, int n, int lead, const int8_t* v,
                       const float* scale_t, float* acc, LinePrefetch& prefetch) {
   const int groups = a.head_dim / kGroup;
-  alignas(64) uint8_t bytes[G * kMaxGroups][kWeightBytes];  // [head][group]
+  alignas(64) uint8_t bytes[G][kMaxGroups][kWeightBytes];
   float unit[G][kMaxGroups];
   weight_codes<G>(p + size_t(h0) * p_stride, p_stride, scale_t, groups, n, lead, bytes, unit);
   for (int grp = 0; grp < groups; ++grp) {
     const uint8_t* group_bytes[G];
     float group_unit[G];
-    for (int i = 0; i < G; ++i) group_bytes[i] = bytes[i * groups + grp], group_unit[i] = unit[i][grp];
+    for (int i = 0; i < G; ++i) group_bytes[i] = bytes[i][grp], group_unit[i] = unit[i][grp];
     accumulate_group<G>(a, h0, n, lead, v, group_bytes, group_unit, grp * kGroup, acc, prefetch);
   }
 }
