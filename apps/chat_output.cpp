@@ -38,6 +38,19 @@ void Utf8Stream::finish() {
 Progress::Progress(std::FILE* out, int64_t tokens)
     : out_(out), tty_(isatty(fileno(out)) != 0), tokens_(tokens), start_(std::chrono::steady_clock::now()) {}
 
+std::string Progress::position(int64_t done, int64_t total) const {
+  // Prefill runs layer by layer over the whole prompt, so done counts
+  // token-layers: where it stands is a layer and a token of that layer.
+  if (tokens_ > 0 && total % tokens_ == 0) {
+    const int64_t layers = total / tokens_;
+    // 0-based; the end of a layer (done = k * tokens_) still counts as that layer
+    const int64_t layer = std::clamp<int64_t>((done - 1) / tokens_, 0, layers - 1);
+    const std::string tokens = str_cat(done - layer * tokens_, "/", tokens_, " tokens");
+    return layers > 1 ? str_cat("layer ", layer + 1, "/", layers, ", ", tokens) : tokens;
+  }
+  return str_cat(static_cast<int64_t>(double(done) / double(total) * double(tokens_)), "/", tokens_, " tokens");
+}
+
 void Progress::update(int64_t done, int64_t total) {
   if (total <= 0) return;
   const auto now = std::chrono::steady_clock::now();
@@ -46,18 +59,6 @@ void Progress::update(int64_t done, int64_t total) {
   // The rate in prompt tokens: the whole prompt through every layer counts once.
   const double rate = seconds > 0 ? fraction * double(tokens_) / seconds : 0.0;
   const double eta = fraction > 0 ? seconds * (1 - fraction) / fraction : 0.0;
-  // Prefill runs layer by layer over the whole prompt, so done counts
-  // token-layers: where it stands is a layer and a token of that layer.
-  std::string where;
-  if (tokens_ > 0 && total % tokens_ == 0) {
-    const int64_t layers = total / tokens_;
-    // 0-based; the end of a layer (done = k * tokens_) still counts as that layer
-    const int64_t layer = std::clamp<int64_t>((done - 1) / tokens_, 0, layers - 1);
-    where = str_cat(done - layer * tokens_, "/", tokens_, " tokens");
-    if (layers > 1) where = str_cat("layer ", layer + 1, "/", layers, ", ", where);
-  } else {
-    where = str_cat(static_cast<int64_t>(fraction * double(tokens_)), "/", tokens_, " tokens");
-  }
   if (tty_) {
     // Redraw at most 10 times a second, and at the end.
     if (drawn_ && done < total && now - last_draw_ < std::chrono::milliseconds(100)) return;
@@ -65,7 +66,8 @@ void Progress::update(int64_t done, int64_t total) {
     const int filled = static_cast<int>(fraction * kWidth);
     std::string bar(size_t(filled), '#');
     bar.resize(kWidth, '.');
-    std::fprintf(out_, "\rprefill [%s] %s  %.0f tok/s  ETA %.0fs   ", bar.c_str(), where.c_str(), rate, eta);
+    std::fprintf(out_, "\rprefill [%s] %s  %.0f tok/s  ETA %.0fs   ", bar.c_str(), position(done, total).c_str(),
+                 rate, eta);
     std::fflush(out_);
     drawn_ = true;
     last_draw_ = now;
@@ -74,7 +76,8 @@ void Progress::update(int64_t done, int64_t total) {
   const int decile = static_cast<int>(fraction * 10);
   if (decile == last_decile_ || decile == 0) return;
   last_decile_ = decile;
-  std::fprintf(out_, "prefill: %d%% (%s, %.0f tok/s, ETA %.0f s)\n", decile * 10, where.c_str(), rate, eta);
+  std::fprintf(out_, "prefill: %d%% (%s, %.0f tok/s, ETA %.0f s)\n", decile * 10, position(done, total).c_str(),
+               rate, eta);
   std::fflush(out_);
 }
 
