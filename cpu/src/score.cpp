@@ -55,6 +55,9 @@ struct ScorePlan {
   Reduce slot_reduce = Reduce::kMax;
   Reduce query_reduce = Reduce::kSum;
   std::vector<float> queries;  // [n_kv_heads][n_queries][slot_len]
+  // q8_0 stores: `queries` as 16-bit codes and their scales (score_kernels.h)
+  std::vector<int16_t> query_codes;  // [n_kv_heads][n_queries][slot_len]
+  std::vector<float> query_scales;   // [n_kv_heads][n_queries][slot_len / 32]
 };
 
 ScorePlan make_plan(const StoreLayout& layout, const TensorView& q, const ScoreParams& params) {
@@ -86,6 +89,13 @@ ScorePlan make_plan(const StoreLayout& layout, const TensorView& q, const ScoreP
         prepared[c] += row[c];
       }
     }
+  }
+  if (layout.kv_type == DType::kQ8_0) {
+    const int64_t rows = int64_t(n_kv_heads) * plan.n_queries;
+    plan.query_codes.resize(plan.queries.size());
+    plan.query_scales.resize(plan.queries.size() / kvstore::kQ8Group);
+    detail::quantize_score_queries(plan.queries.data(), rows, plan.slot_len, plan.query_codes.data(),
+                                   plan.query_scales.data());
   }
   return plan;
 }
@@ -156,7 +166,12 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
     detail::ScoreRun run;
     run.rep_dtype = layout.kv_type;  // the records' keys are kept in kv_type
     run.scales_offset = size_t(layout.rep_slots) * size_t(layout.shape.head_dim);  // q8_0: after every code
-    run.queries = plan.queries.data() + size_t(piece.head) * plan.n_queries * plan.slot_len;
+    const size_t first_query = size_t(piece.head) * size_t(plan.n_queries);
+    run.queries = plan.queries.data() + first_query * size_t(plan.slot_len);
+    if (layout.kv_type == DType::kQ8_0) {
+      run.query_codes = plan.query_codes.data() + first_query * size_t(plan.slot_len);
+      run.query_scales = plan.query_scales.data() + first_query * size_t(plan.slot_len / kvstore::kQ8Group);
+    }
     run.n_queries = plan.n_queries;
     run.slot_len = plan.slot_len;
     run.slot_reduce = plan.slot_reduce;

@@ -12,13 +12,18 @@
 // to what the reference, built from the stored keys, sees. q8_0 stores keep
 // their representatives in q8_0, quantized from the dequantized keys the
 // reference sees: each value is off by less than its group's scale (max |x|
-// of the group / 127, rounded up to f16), so sum |q_hc| * scale more.
+// of the group / 127, rounded up to f16), so sum |q_hc| * scale more. They
+// are scored in integers against the prepared query in 16-bit codes per 32
+// (score_kernels.h), each off by at most 2^-16 of its group's largest |x|, so
+// 2^-15 * sum over groups of (sum_h max_group |q_h|) * sum_c |rep_c| more
+// (twice the bound: the roundings of the scale and of x / scale too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -30,6 +35,7 @@
 #include "longctx/cpu/selection.h"
 #include "reference.h"
 #include "store_fixture.h"
+#include "../../cpu/src/score_kernels.h"
 
 namespace longctx::cpu {
 namespace {
@@ -50,6 +56,35 @@ double rep_unit_roundoff(DType kv_type) {
     case DType::kQ8_0: return 0;  // the codes' error is added in expected_scores
   }
   return 1;
+}
+
+// What scoring a q8_0 record's slot in integers can add to the error (see
+// the top): the prepared query of the group is the sum, or one, of the
+// group's heads, each element with a 16-bit code off by at most 2^-16 of its
+// group of 32's largest; the slot's values are the reference's, each within
+// `slot_scale(group)` of the stored one.
+double query_code_error(const std::vector<std::vector<double>>& q_group, const std::vector<double>& slot,
+                        const std::function<double(int)>& slot_scale) {
+  double error = 0.0;
+  for (int g0 = 0; g0 < int(slot.size()); g0 += 32) {
+    double q_max = 0.0;  // bounds the largest |prepared query| of the group
+    for (const auto& qh : q_group) {
+      double head_max = 0.0;
+      for (int ch = g0; ch < g0 + 32; ++ch) head_max = std::max(head_max, std::abs(qh[size_t(ch)]));
+      q_max += head_max;
+    }
+    double slot_sum = 0.0;
+    for (int ch = g0; ch < g0 + 32; ++ch) slot_sum += std::abs(slot[size_t(ch)]) + slot_scale(g0);
+    error += 0x1p-15 * q_max * slot_sum;
+  }
+  return error;
+}
+
+// The largest |x| of slot[g0, g0 + 32) / 127, rounded up to f16 (a bound on the q8_0 scale).
+double q8_group_scale(const std::vector<double>& slot, int g0) {
+  double amax = 0.0;
+  for (int ch = g0; ch < g0 + 32; ++ch) amax = std::max(amax, std::abs(slot[size_t(ch)]));
+  return amax / 127.0 * (1.0 + 0x1p-10);
 }
 
 // Forces each Highway target in turn (those this CPU runs), then Highway's own choice (0).
@@ -157,14 +192,13 @@ Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Q
       if (c.kv_type == DType::kQ8_0) {
         // q8_0 records (kv_store.h): each slot value is off by less than its
         // group's scale, at most max |x| of the group / 127 rounded up to f16.
-        for (const auto& slot : reps)
-          for (int g0 = 0; g0 < c.head_dim; g0 += 32) {
-            double amax = 0.0;
-            for (int ch = g0; ch < g0 + 32; ++ch) amax = std::max(amax, std::abs(slot[size_t(ch)]));
-            const double scale = amax / 127.0 * (1.0 + 0x1p-10);
+        for (const auto& slot : reps) {
+          const auto scale = [&slot](int g0) { return q8_group_scale(slot, g0); };
+          for (int g0 = 0; g0 < c.head_dim; g0 += 32)
             for (const auto& qh : q_group)
-              for (int ch = g0; ch < g0 + 32; ++ch) tolerance += std::abs(qh[size_t(ch)]) * scale;
-          }
+              for (int ch = g0; ch < g0 + 32; ++ch) tolerance += std::abs(qh[size_t(ch)]) * scale(g0);
+          tolerance += query_code_error(q_group, slot, scale);
+        }
       }
       if (c.type == RT::kMean) {
         for (const auto& qh : q_group)
@@ -262,7 +296,13 @@ TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
             for (int ch = 0; ch < c.head_dim; ++ch)
               magnitude += std::abs(q.rows[size_t(h * group + g)][size_t(ch)]) *
                            (std::abs(reps[0][size_t(ch)]) + std::abs(reps[1][size_t(ch)]));
-          const double slack = double(2 * c.head_dim + group + 5) * kEps32 * magnitude;
+          double slack = double(2 * c.head_dim + group + 5) * kEps32 * magnitude;
+          if (dtype == DType::kQ8_0) {
+            const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group,
+                                                           q.rows.begin() + (h + 1) * group);
+            for (const auto& slot : reps)
+              slack += query_code_error(q_group, slot, [&slot](int g0) { return q8_group_scale(slot, g0); });
+          }
           for (const auto& key : keys) {
             double dot = 0;
             for (int g = 0; g < group; ++g)
@@ -315,10 +355,138 @@ TEST(ScoreBlocks, Q8QuestBoundHoldsWhereItIsTight) {
     const float score = scores[size_t(b)];
     double dot = 0.0, magnitude = 0.0;
     for (const float x : a) dot += double(x) * x, magnitude += double(x) * x;
-    ASSERT_GE(double(score), dot - double(2 * kDim + 6) * kEps32 * 2.0 * magnitude) << "block " << b;
+    const std::vector<double> slot(a.begin(), a.end());  // the block's max and min, up to its scale
+    const auto scale = [&slot](int g0) { return q8_group_scale(slot, g0); };
+    const double slack = double(2 * kDim + 6) * kEps32 * 2.0 * magnitude + 2.0 * query_code_error({slot}, slot, scale);
+    ASSERT_GE(double(score), dot - slack) << "block " << b;
     at_or_above += score >= dot;
   }
   EXPECT_GT(at_or_above, kBlocks / 2);
+}
+
+// q8_0 scores against the values the records hold (codes times f16 scales,
+// read from the record bytes): the fp64 test above allows for the keys'
+// rounding to 8 bits, about 1/254 of each group's largest, which would hide
+// an error of the integer kernel far larger than its query codes' 2^-16; here
+// only the fp32 accumulation and those codes are allowed for.
+TEST(ScoreBlocks, Q8ScoresMatchTheStoredCodes) {
+  std::mt19937 rng(9);
+  const std::vector<int64_t> targets = targets_to_test();
+  int blocks_checked = 0;
+  for (const RT type : {RT::kQuest, RT::kMax, RT::kMean, RT::kFix, RT::kDynamic}) {
+    for (int i = 0; i < 2; ++i) {
+      const StoreCase c = random_case(type, DType::kQ8_0, rng);
+      SCOPED_TRACE(c.describe());
+      const TestStore ts(c, rng);
+      const kvstore::KVStore& store = ts.store();
+      const kvstore::Partition part = store.partition(TestStore::kLayer);
+      const int64_t n_context = part.end_context_block - part.first_context_block;
+      const int dim = c.head_dim;
+      const int stored_slots = store.layout().rep_slots;
+      // stored[h][block - first][slot][channel]
+      std::vector<std::vector<std::vector<std::vector<double>>>> stored(size_t(c.n_kv_heads));
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        for (int64_t b = part.first_context_block; b < part.end_context_block; ++b) {
+          const std::byte* record = store.rep_record(TestStore::kLayer, h, b);
+          const auto* codes = reinterpret_cast<const int8_t*>(record);
+          const auto* scales = reinterpret_cast<const uint16_t*>(record + size_t(stored_slots) * size_t(dim));
+          const int valid = type == RT::kQuest ? 2 : store.valid_rep_slots(TestStore::kLayer, h, b);
+          std::vector<std::vector<double>> slots(size_t(valid), std::vector<double>(size_t(dim), 0.0));
+          for (int j = 0; j < valid; ++j)
+            for (int ch = 0; ch < dim; ++ch)
+              slots[size_t(j)][size_t(ch)] = double(codes[j * dim + ch]) * f16_bits_to_f32(scales[(j * dim + ch) / 32]);
+          stored[size_t(h)].push_back(std::move(slots));
+        }
+      }
+      const bool slotted = type == RT::kFix || type == RT::kDynamic;
+      for (const int group : {1, 4}) {
+        const Query q = random_query(c.n_kv_heads * group, dim, rng);
+        for (const Reduce gqa : {Reduce::kSum, Reduce::kMax}) {
+          for (const Reduce dynamic : {Reduce::kMax, Reduce::kMean}) {
+            if (!slotted && dynamic == Reduce::kMean) continue;
+            SCOPED_TRACE(str_cat("g=", group, " gqa=", reduce_name(gqa), " dynamic=", reduce_name(dynamic)));
+            std::vector<double> expected, tolerance;
+            for (int h = 0; h < c.n_kv_heads; ++h) {
+              const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group,
+                                                             q.rows.begin() + (h + 1) * group);
+              for (const auto& slots : stored[size_t(h)]) {
+                const score_ref::BlockScore e = score_ref::block_score(type, slots, q_group, gqa, dynamic);
+                double allowed = double(2 * dim + group + int(slots.size()) + 4) * kEps32 * e.magnitude;
+                for (const auto& slot : slots) allowed += query_code_error(q_group, slot, [](int) { return 0.0; });
+                expected.push_back(e.score);
+                tolerance.push_back(allowed);
+              }
+            }
+            for (const int64_t target : targets) {
+              SCOPED_TRACE(target == 0 ? "default dispatch" : hwy::TargetName(target));
+              const ForcedHighwayTarget forced(target);
+              std::vector<float> scores(size_t(c.n_kv_heads * n_context), std::nanf(""));
+              score_blocks(store, TestStore::kLayer, q.view, ScoreParams{gqa, dynamic},
+                           make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}));
+              for (size_t k = 0; k < scores.size(); ++k) {
+                const int64_t block = part.first_context_block + int64_t(k % size_t(n_context));
+                ASSERT_NEAR(scores[k], expected[k], tolerance[k]) << "kv head " << k / size_t(n_context) << ", block "
+                                                                  << block;
+              }
+              blocks_checked += int(scores.size());
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(blocks_checked, 1000);
+}
+
+// The 16-bit query codes of q8_0 scoring: per 32 values the largest |x|
+// gets code +-32767, every value is within half a scale of code * scale (up
+// to the f32 roundings of the scale and of x / scale), a zero group is all
+// zero codes, and a group holding NaN or Inf gets a NaN scale, its
+// neighbours unchanged.
+TEST(ScoreBlocks, Q8QueryCodesAreWithinHalfAScale) {
+  std::mt19937 rng(404);
+  std::normal_distribution<float> normal;
+  constexpr int kLen = 256, kRows = 3, kGroups = kRows * kLen / 32;
+  // One group's codes and scale against its values.
+  const auto check_group = [](const float* x, const int16_t* codes, float scale) {
+    float amax = 0.f;
+    int largest_code = 0;
+    for (int i = 0; i < 32; ++i) {
+      amax = std::max(amax, std::abs(x[i]));
+      largest_code = std::max(largest_code, std::abs(int(codes[i])));
+    }
+    ASSERT_FLOAT_EQ(scale, amax / 32767.f);
+    ASSERT_EQ(largest_code, amax > 0.f ? 32767 : 0);
+    // x * (32767 / amax) and the scale are f32: each adds up to 32767 * 2^-24 codes.
+    for (int i = 0; i < 32; ++i)
+      ASSERT_LE(std::abs(double(codes[i]) * scale - x[i]), (0.5 + 0x1p-7) * double(scale)) << "value " << i;
+  };
+  const std::vector<int64_t> targets = targets_to_test();
+  for (int round = 0; round < 50; ++round) {
+    std::vector<float> x(size_t(kRows) * kLen);
+    const float magnitude = std::ldexp(1.f, int(rng() % 60) - 30);
+    for (float& v : x) v = normal(rng) * magnitude;
+    std::fill_n(x.begin() + 32, 32, 0.f);  // group 1: zeros
+    std::fill_n(x.begin() + 64, 32, 0.f);  // group 2: one value
+    x[64 + rng() % 32] = -magnitude;
+    const int bad_group = round % 2 == 1 ? 3 + int(rng() % (kGroups - 3)) : -1;
+    if (bad_group >= 0) x[size_t(bad_group) * 32 + rng() % 32] = round % 4 == 1 ? std::nanf("") : -INFINITY;
+    for (const int64_t target : targets) {
+      const ForcedHighwayTarget forced(target);
+      std::vector<int16_t> codes(x.size(), 7);
+      std::vector<float> scales(kGroups, -1.f);
+      detail::quantize_score_queries(x.data(), kRows, kLen, codes.data(), scales.data());
+      for (int g = 0; g < kGroups; ++g) {
+        SCOPED_TRACE(str_cat(target == 0 ? "default dispatch" : hwy::TargetName(target), ", round ", round,
+                             ", group ", g));
+        if (g == bad_group) {
+          EXPECT_TRUE(std::isnan(scales[size_t(g)]));
+        } else {
+          check_group(x.data() + 32 * g, codes.data() + 32 * g, scales[size_t(g)]);
+        }
+      }
+    }
+  }
 }
 
 TEST(ScoreBlocks, EmptyContextWritesNothing) {
