@@ -225,7 +225,7 @@ void QuantizeScoreQueries(const float* queries, int64_t rows, int len, int16_t* 
   for (int64_t g = 0; g < rows * len / 32; ++g) {
     const float* x = queries + g * 32;
     int16_t* group_codes = codes + g * 32;
-    VF32 largest = hn::Zero(df), not_finite = hn::Zero(df);  // x - x is NaN for NaN and Inf, else 0
+    hn::Vec<decltype(df)> largest = hn::Zero(df), not_finite = hn::Zero(df);  // x - x: NaN for NaN and Inf, else 0
     for (size_t i = 0; i < 32; i += lanes) {
       const auto v = hn::LoadU(df, x + i);
       largest = hn::Max(largest, hn::Abs(v));
@@ -238,8 +238,10 @@ void QuantizeScoreQueries(const float* queries, int64_t rows, int len, int16_t* 
     }
     const float amax = hn::GetLane(hn::MaxOfLanes(df, largest));
     scales[g] = amax / kMaxCode;
-    // |x| * 32767 / amax is at most 32767 within 2^-23 of it: rounded, in range.
-    const auto inverse = hn::Set(df, amax > 0.f ? kMaxCode / amax : 0.f);
+    // |x| * 32767 / amax is at most 32767 within 2^-23 of it: rounded, in
+    // range. Below the smallest normal f32, 32767 / amax could overflow: such
+    // a group, like a zero one, gets zero codes.
+    const auto inverse = hn::Set(df, amax >= std::numeric_limits<float>::min() ? kMaxCode / amax : 0.f);
     for (size_t i = 0; i < 32; i += lanes) {
       const auto code = hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inverse));
       hn::StoreU(hn::DemoteTo(di16, code), di16, group_codes + i);

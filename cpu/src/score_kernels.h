@@ -55,7 +55,8 @@ void score_records(const ScoreRun& run);
 // (a multiple of 32) elements: per 32, scale = max |x| / 32767 and code =
 // x / scale rounded to nearest, so each element is off by at most half a
 // scale (2^-16 of the group's largest); a group holding NaN or Inf gets a NaN
-// scale, so its scores are NaN as in f32.
+// scale, so its scores are NaN as in f32, and one whose largest is below the
+// smallest normal f32 zero codes.
 void quantize_score_queries(const float* queries, int64_t rows, int len, int16_t* codes, float* scales);
 
 }  // namespace longctx::cpu::detail
