@@ -1,9 +1,11 @@
 // The activation quantizer of quant_matmul.h, vectorized with Highway and
 // dispatched at run time to the best target of this CPU. Every target gives
 // the bits of the scalar rule: d = absmax / 127, q = the nearest integer (ties
-// to even, as lrint in the default rounding mode) of x * (127 / absmax).
+// to even, as lrint in the default rounding mode) of x * (127 / absmax), 0
+// where absmax is below the smallest normal f32.
 // Scalar, a call to lrint per value cost ~5 ns: about 2% of a decode step,
 // whose every matmul quantizes its activation row.
+#include <cfloat>
 #include <cmath>
 
 #include "quant_dot.h"
@@ -43,7 +45,9 @@ void QuantizeActBlocks(const float* x, int64_t n_blocks, int64_t block, int8_t* 
     }
     const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
     d[b] = amax / 127.f;
-    const auto inverse = hn::Set(df, amax > 0.f ? 127.f / amax : 0.f);
+    // Below the smallest normal f32, 127 / amax can overflow to Inf (and a
+    // zero times Inf gave code -128): such a block, like a zero one, gets 0.
+    const auto inverse = hn::Set(df, amax >= FLT_MIN ? 127.f / amax : 0.f);
     for (size_t i = 0; i < size_t(block); i += lanes) {
       // |x * inverse| <= 127 (1 + 2^-23): the int8 demotion never saturates.
       hn::StoreU(hn::DemoteTo(di8, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inverse))), di8, q + i);

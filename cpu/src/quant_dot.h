@@ -28,8 +28,8 @@ constexpr int kGroupPrefetchAhead = 4096;
 
 // Activations quantized per block of `block` values (32 or 256; Highway,
 // quant_acts_hwy.cpp): d[b] = absmax / 127 and q = the nearest integer (ties
-// to even) of x * (127 / absmax), 0 where absmax is 0; a block holding NaN or
-// Inf gets d = NaN and q = 0.
+// to even) of x * (127 / absmax), 0 where absmax is 0 or below the smallest
+// normal f32; a block holding NaN or Inf gets d = NaN and q = 0.
 void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d);
 
 // QuantizedActs as plain pointers. The ISA files see only this: a member

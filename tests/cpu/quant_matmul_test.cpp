@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -277,7 +278,7 @@ TEST(QuantMatmul, IsasAreListedBestFirstWithGenericLast) {
 
 // The quantizer is vectorized: on every Highway target, products exactly
 // halfway between two codes (ties go to even) and their f32 neighbours
-// (0.5 - 2^-25 among them), zero blocks and non-finite blocks must give the
+// (0.5 - 2^-25 among them), zero, subnormal and non-finite blocks must give the
 // scalar rule's codes and scales bit for bit.
 TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
   std::mt19937 rng(11);
@@ -303,6 +304,10 @@ TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
       if (b == 4) {  // tiny values: an absmax (127e-30) far from 127
         for (int64_t i = 0; i < block; ++i) row[i] *= 1e-30f;
       }
+      if (b == 5) {  // a subnormal absmax: 127 / absmax is Inf, the codes 0
+        std::fill(row, row + block, 0.f);
+        row[rng() % block] = -0x1p-140f;
+      }
     }
     for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + ", block " + std::to_string(block));
@@ -324,7 +329,7 @@ TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
           continue;
         }
         ASSERT_EQ(d, amax / 127.f) << "block " << b;
-        const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+        const float inverse = amax >= std::numeric_limits<float>::min() ? 127.f / amax : 0.f;
         for (int64_t i = 0; i < block; ++i) {
           const float product = row[i] * inverse;
           ASSERT_EQ(acts.q[size_t(b * block + i)], std::lrint(product))
