@@ -1,4 +1,5 @@
-// The activation quantizer of quant_matmul.h, vectorized with Highway and
+// The activation quantizer of quant_matmul.h (and its 16-bit twin, which
+// block scoring of q8_0 stores codes its query with), vectorized with Highway and
 // dispatched at run time to the best target of this CPU. Every target gives
 // the bits of the scalar rule: d = absmax / 127, q = the nearest integer (ties
 // to even, as lrint in the default rounding mode) of x * (127 / absmax), 0
@@ -7,6 +8,7 @@
 // whose every matmul quantizes its activation row.
 #include <cfloat>
 #include <cmath>
+#include <limits>
 
 #include "quant_dot.h"
 
@@ -25,9 +27,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 // At most 32 lanes, so that a vector lies in one block (32 or 256 values).
 using DF = hn::CappedTag<float, 32>;
 
-void QuantizeActBlocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d) {
+// The rule for codes of type Code (max code 127 or 32767).
+template <typename Code>
+void QuantizeBlocks(const float* x, int64_t n_blocks, int64_t block, Code* q, float* d) {
+  constexpr float kMaxCode = float(std::numeric_limits<Code>::max());
   const DF df;
-  const hn::Rebind<int8_t, DF> di8;
+  const hn::Rebind<Code, DF> dq;
   const size_t lanes = hn::Lanes(df);
   const auto limit = hn::Set(df, HUGE_VALF);
   for (int64_t b = 0; b < n_blocks; ++b, x += block, q += block) {
@@ -44,15 +49,23 @@ void QuantizeActBlocks(const float* x, int64_t n_blocks, int64_t block, int8_t* 
       continue;
     }
     const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
-    d[b] = amax / 127.f;
-    // Below the smallest normal f32, 127 / amax can overflow to Inf (and a
-    // zero times Inf gave code -128): such a block, like a zero one, gets 0.
-    const auto inverse = hn::Set(df, amax >= FLT_MIN ? 127.f / amax : 0.f);
+    d[b] = amax / kMaxCode;
+    // Below the smallest normal f32, kMaxCode / amax can overflow to Inf (and
+    // a zero times Inf gave code -128): such a block, like a zero one, gets 0.
+    const auto inverse = hn::Set(df, amax >= FLT_MIN ? kMaxCode / amax : 0.f);
     for (size_t i = 0; i < size_t(block); i += lanes) {
-      // |x * inverse| <= 127 (1 + 2^-23): the int8 demotion never saturates.
-      hn::StoreU(hn::DemoteTo(di8, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inverse))), di8, q + i);
+      // |x * inverse| <= kMaxCode (1 + 2^-23): the demotion never saturates.
+      hn::StoreU(hn::DemoteTo(dq, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inverse))), dq, q + i);
     }
   }
+}
+
+void QuantizeActBlocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d) {
+  QuantizeBlocks(x, n_blocks, block, q, d);
+}
+
+void QuantizeActBlocks16(const float* x, int64_t n_blocks, int64_t block, int16_t* q, float* d) {
+  QuantizeBlocks(x, n_blocks, block, q, d);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -63,9 +76,14 @@ HWY_AFTER_NAMESPACE();
 namespace longctx::cpu::detail {
 
 HWY_EXPORT(QuantizeActBlocks);
+HWY_EXPORT(QuantizeActBlocks16);
 
 void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d) {
   HWY_DYNAMIC_DISPATCH(QuantizeActBlocks)(x, n_blocks, block, q, d);
+}
+
+void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int16_t* q, float* d) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActBlocks16)(x, n_blocks, block, q, d);
 }
 
 }  // namespace longctx::cpu::detail

@@ -31,6 +31,10 @@ constexpr int kGroupPrefetchAhead = 4096;
 // to even) of x * (127 / absmax), 0 where absmax is 0 or below the smallest
 // normal f32; a block holding NaN or Inf gets d = NaN and q = 0.
 void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int8_t* q, float* d);
+// The same in 16-bit codes: d[b] = absmax / 32767, each value within half of
+// d (2^-16 of absmax). Block scoring of a q8_0 store codes its query so
+// (score_kernels.h): 8-bit codes would break QUEST's bound.
+void quantize_act_blocks(const float* x, int64_t n_blocks, int64_t block, int16_t* q, float* d);
 
 // QuantizedActs as plain pointers. The ISA files see only this: a member
 // function or std::vector instantiated there would be compiled with that

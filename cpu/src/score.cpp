@@ -23,6 +23,7 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/node_executor.h"
+#include "quant_dot.h"
 #include "score_kernels.h"
 
 namespace longctx::cpu {
@@ -91,11 +92,11 @@ ScorePlan make_plan(const StoreLayout& layout, const TensorView& q, const ScoreP
     }
   }
   if (layout.kv_type == DType::kQ8_0) {
-    const int64_t rows = int64_t(n_kv_heads) * plan.n_queries;
+    const int64_t groups = int64_t(plan.queries.size()) / kvstore::kQ8Group;
     plan.query_codes.resize(plan.queries.size());
-    plan.query_scales.resize(plan.queries.size() / kvstore::kQ8Group);
-    detail::quantize_score_queries(plan.queries.data(), rows, plan.slot_len, plan.query_codes.data(),
-                                   plan.query_scales.data());
+    plan.query_scales.resize(size_t(groups));
+    detail::quantize_act_blocks(plan.queries.data(), groups, kvstore::kQ8Group, plan.query_codes.data(),
+                                plan.query_scales.data());
   }
   return plan;
 }

@@ -216,39 +216,6 @@ void ScoreRecordsOf(const ScoreRun& run) {
   }
 }
 
-// quantize_score_queries (score_kernels.h), a group of 32 at a time.
-void QuantizeScoreQueries(const float* queries, int64_t rows, int len, int16_t* codes, float* scales) {
-  constexpr float kMaxCode = 32767.f;
-  const hn::CappedTag<float, 16> df;  // lanes divide the 32 of a group
-  const hn::Rebind<int16_t, decltype(df)> di16;
-  const size_t lanes = hn::Lanes(df);
-  for (int64_t g = 0; g < rows * len / 32; ++g) {
-    const float* x = queries + g * 32;
-    int16_t* group_codes = codes + g * 32;
-    hn::Vec<decltype(df)> largest = hn::Zero(df), not_finite = hn::Zero(df);  // x - x: NaN for NaN and Inf, else 0
-    for (size_t i = 0; i < 32; i += lanes) {
-      const auto v = hn::LoadU(df, x + i);
-      largest = hn::Max(largest, hn::Abs(v));
-      not_finite = hn::Add(not_finite, hn::Sub(v, v));
-    }
-    if (!(hn::GetLane(hn::SumOfLanes(df, not_finite)) == 0.f)) {  // a NaN scale: NaN products, as in f32
-      scales[g] = std::numeric_limits<float>::quiet_NaN();
-      std::fill_n(group_codes, 32, int16_t{0});
-      continue;
-    }
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, largest));
-    scales[g] = amax / kMaxCode;
-    // |x| * 32767 / amax is at most 32767 within 2^-23 of it: rounded, in
-    // range. Below the smallest normal f32, 32767 / amax could overflow: such
-    // a group, like a zero one, gets zero codes.
-    const auto inverse = hn::Set(df, amax >= std::numeric_limits<float>::min() ? kMaxCode / amax : 0.f);
-    for (size_t i = 0; i < 32; i += lanes) {
-      const auto code = hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inverse));
-      hn::StoreU(hn::DemoteTo(di16, code), di16, group_codes + i);
-    }
-  }
-}
-
 void ScoreRecords(const ScoreRun& run) {
   switch (run.rep_dtype) {
     case DType::kF32: return ScoreRecordsOf<DType::kF32>(run);
@@ -266,13 +233,8 @@ HWY_AFTER_NAMESPACE();
 namespace longctx::cpu::detail {
 
 HWY_EXPORT(ScoreRecords);
-HWY_EXPORT(QuantizeScoreQueries);
 
 void score_records(const ScoreRun& run) { HWY_DYNAMIC_DISPATCH(ScoreRecords)(run); }
-
-void quantize_score_queries(const float* queries, int64_t rows, int len, int16_t* codes, float* scales) {
-  HWY_DYNAMIC_DISPATCH(QuantizeScoreQueries)(queries, rows, len, codes, scales);
-}
 
 }  // namespace longctx::cpu::detail
 #endif  // HWY_ONCE

@@ -21,7 +21,7 @@ namespace longctx::cpu::detail {
 //   out     = query_reduce over q of score_q                  (sum or max)
 // with fp32 accumulation. QUEST's max|min pair is one slot of 2*head_dim.
 // q8_0 records are scored in integers: each query comes as 16-bit codes with
-// an f32 scale per 32 elements (quantize_score_queries), each group's
+// an f32 scale per 32 elements (quantize_act_blocks, quant_dot.h), each group's
 // products of codes are summed exactly, then times both scales.
 struct ScoreRun {
   DType rep_dtype = DType::kF16;
@@ -50,13 +50,5 @@ struct ScoreRun {
 constexpr size_t kScorePrefetchBytes = 8192;
 
 void score_records(const ScoreRun& run);
-
-// The 16-bit codes and scales of q8_0 scoring for `rows` queries of `len`
-// (a multiple of 32) elements: per 32, scale = max |x| / 32767 and code =
-// x / scale rounded to nearest, so each element is off by at most half a
-// scale (2^-16 of the group's largest); a group holding NaN or Inf gets a NaN
-// scale, so its scores are NaN as in f32, and one whose largest is below the
-// smallest normal f32 zero codes.
-void quantize_score_queries(const float* queries, int64_t rows, int len, int16_t* codes, float* scales);
 
 }  // namespace longctx::cpu::detail

@@ -14,9 +14,10 @@
 // reference sees: each value is off by less than its group's scale (max |x|
 // of the group / 127, rounded up to f16), so sum |q_hc| * scale more. They
 // are scored in integers against the prepared query in 16-bit codes per 32
-// (score_kernels.h), each off by at most 2^-16 of its group's largest |x|, so
-// 2^-15 * sum over groups of (sum_h max_group |q_h|) * sum_c |rep_c| more
-// (twice the bound: the roundings of the scale and of x / scale too).
+// (quantize_act_blocks, quant_dot.h), each off by at most 2^-16 of its
+// group's largest |x|, so 2^-15 * sum over groups of (sum_h max_group |q_h|)
+// * sum_c |rep_c| more (twice the bound: the roundings of the scale and of
+// x / scale too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@
 #include "longctx/cpu/selection.h"
 #include "reference.h"
 #include "store_fixture.h"
-#include "../../cpu/src/score_kernels.h"
+#include "../../cpu/src/quant_dot.h"
 
 namespace longctx::cpu {
 namespace {
@@ -482,7 +483,7 @@ TEST(ScoreBlocks, Q8QueryCodesAreWithinHalfAScale) {
       const ForcedHighwayTarget forced(target);
       std::vector<int16_t> codes(x.size(), 7);
       std::vector<float> scales(kGroups, -1.f);
-      detail::quantize_score_queries(x.data(), kRows, kLen, codes.data(), scales.data());
+      detail::quantize_act_blocks(x.data(), kGroups, 32, codes.data(), scales.data());
       for (int g = 0; g < kGroups; ++g) {
         SCOPED_TRACE(str_cat(target == 0 ? "default dispatch" : hwy::TargetName(target), ", round ", round,
                              ", group ", g));
