@@ -147,6 +147,11 @@ Query random_query(int n_q_heads, int head_dim, std::mt19937& rng) {
   return q;
 }
 
+// The rows of kv head h's `group` query heads.
+std::vector<std::vector<double>> group_rows(const Query& q, int h, int group) {
+  return {q.rows.begin() + h * group, q.rows.begin() + (h + 1) * group};
+}
+
 // Representatives of every (kv head, context block) of the test store, from the stored keys.
 struct StoreReference {
   std::vector<std::vector<std::vector<std::vector<double>>>> reps;  // [head][block - first][slot][channel]
@@ -185,7 +190,7 @@ Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Q
   const int slot_len = c.type == RT::kQuest ? 2 * c.head_dim : c.head_dim;
   Expected e;
   for (int h = 0; h < c.n_kv_heads; ++h) {
-    const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group, q.rows.begin() + (h + 1) * group);
+    const std::vector<std::vector<double>> q_group = group_rows(q, h, group);
     for (size_t i = 0; i < ref.reps[size_t(h)].size(); ++i) {
       const auto& reps = ref.reps[size_t(h)][i];
       const score_ref::BlockScore s =
@@ -300,8 +305,7 @@ TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
                            (std::abs(reps[0][size_t(ch)]) + std::abs(reps[1][size_t(ch)]));
           double slack = double(2 * c.head_dim + group + 5) * kEps32 * magnitude;
           if (dtype == DType::kQ8_0) {
-            const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group,
-                                                           q.rows.begin() + (h + 1) * group);
+            const std::vector<std::vector<double>> q_group = group_rows(q, h, group);
             for (const auto& slot : reps)
               slack += query_code_error(q_group, slot, [&slot](int g0) { return q8_group_scale(slot, g0); });
           }
@@ -409,8 +413,7 @@ TEST(ScoreBlocks, Q8ScoresMatchTheStoredCodes) {
             SCOPED_TRACE(str_cat("g=", group, " gqa=", reduce_name(gqa), " dynamic=", reduce_name(dynamic)));
             std::vector<double> expected, tolerance;
             for (int h = 0; h < c.n_kv_heads; ++h) {
-              const std::vector<std::vector<double>> q_group(q.rows.begin() + h * group,
-                                                             q.rows.begin() + (h + 1) * group);
+              const std::vector<std::vector<double>> q_group = group_rows(q, h, group);
               for (const auto& slots : stored[size_t(h)]) {
                 const score_ref::BlockScore e = score_ref::block_score(type, slots, q_group, gqa, dynamic);
                 double allowed = double(2 * dim + group + int(slots.size()) + 4) * kEps32 * e.magnitude;
