@@ -19,10 +19,6 @@ class Utf8Stream {
   void finish();
 
  private:
-  // "layer 2/32, 8192/131075 tokens" (only the tokens for one layer), built
-  // only for a line that is drawn.
-  std::string position(int64_t done, int64_t total) const;
-
   std::FILE* out_;
   std::string pending_;
 };
