@@ -546,51 +546,43 @@ int run_accuracy(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "accuracy: ", args[i], " needs a value");
       return args[++i];
     };
-    try {
-      if (args[i] == "--contexts") {
-        a.contexts.clear();
-        for (const std::string& x : split(next())) a.contexts.push_back(std::stoll(x));
-      } else if (args[i] == "--budgets") {
-        a.budgets.clear();
-        for (const std::string& x : split(next())) a.budgets.push_back(std::stod(x));
-      } else if (args[i] == "--workloads") {
-        a.workloads = split(next());
-      } else if (args[i] == "--policies") {
-        a.policies = split(next());
-      } else if (args[i] == "--needle-heads") {
-        a.shape.needle_heads.clear();
-        for (const std::string& x : split(next())) a.shape.needle_heads.push_back(std::stoi(x));
-      } else if (args[i] == "--rope-theta") {
-        a.shape.rope_theta = std::stod(next());
-      } else if (args[i] == "--seeds") {
-        a.seeds = std::stoi(next());
-      } else if (args[i] == "--chunk") {
-        chunk = std::stoi(next());
-      } else if (args[i] == "--kv-type") {
-        const std::string& name = next();
-        const std::optional<DType> t = parse_dtype(name);
-        if (!t || (*t != DType::kF16 && *t != DType::kQ8_0))
-          fail(ErrorCode::kInvalidArgument, "accuracy: --kv-type must be f16 or q8_0, got '", name, "'");
-        a.shape.kv_type = *t;
-      } else if (args[i] == "--quick") {
-        a.contexts = {16384};
-        a.budgets = {1, 2, 5};
-      } else {
-        fail(ErrorCode::kInvalidArgument, "accuracy: unknown argument '", args[i], "'");
+    if (args[i] == "--contexts") {
+      a.contexts = parse_list(next(), "accuracy: --contexts", 1024);
+    } else if (args[i] == "--budgets") {
+      a.budgets.clear();
+      for (const std::string& x : split(next())) a.budgets.push_back(parse_number(x, "accuracy: --budgets", 0, 100));
+    } else if (args[i] == "--workloads") {
+      a.workloads = split(next());
+    } else if (args[i] == "--policies") {
+      a.policies = split(next());
+    } else if (args[i] == "--needle-heads") {
+      a.shape.needle_heads.clear();
+      for (const int64_t kv : parse_list(next(), "accuracy: --needle-heads", 0)) {
+        if (kv >= a.shape.kv_heads)
+          fail(ErrorCode::kInvalidArgument, "accuracy: needle head ", kv, " outside [0, ", a.shape.kv_heads, ")");
+        a.shape.needle_heads.push_back(int(kv));
       }
-    } catch (const std::logic_error&) {  // stoi/stod: not a number
-      fail(ErrorCode::kInvalidArgument, "accuracy: bad value for ", args[i - 1], ": '", args[i], "'");
+    } else if (args[i] == "--rope-theta") {
+      a.shape.rope_theta = parse_number(next(), "accuracy: --rope-theta", 1, 1e12);
+    } else if (args[i] == "--seeds") {
+      a.seeds = int(parse_int(next(), "accuracy: --seeds", 1));
+    } else if (args[i] == "--chunk") {
+      chunk = int(parse_int(next(), "accuracy: --chunk", 1));
+    } else if (args[i] == "--kv-type") {
+      const std::string& name = next();
+      const std::optional<DType> t = parse_dtype(name);
+      if (!t || (*t != DType::kF16 && *t != DType::kQ8_0))
+        fail(ErrorCode::kInvalidArgument, "accuracy: --kv-type must be f16 or q8_0, got '", name, "'");
+      a.shape.kv_type = *t;
+    } else if (args[i] == "--quick") {
+      a.contexts = {16384};
+      a.budgets = {1, 2, 5};
+    } else {
+      fail(ErrorCode::kInvalidArgument, "accuracy: unknown argument '", args[i], "'");
     }
   }
-  if (a.seeds < 1) fail(ErrorCode::kInvalidArgument, "accuracy: --seeds must be >= 1");
-  if (chunk < 1) fail(ErrorCode::kInvalidArgument, "accuracy: --chunk must be >= 1");
-  for (int kv : a.shape.needle_heads)
-    if (kv < 0 || kv >= a.shape.kv_heads)
-      fail(ErrorCode::kInvalidArgument, "accuracy: needle head ", kv, " outside [0, ", a.shape.kv_heads, ")");
-  for (int64_t n : a.contexts)
-    if (n < 1024) fail(ErrorCode::kInvalidArgument, "accuracy: context ", n, " tokens: must be >= 1024");
   for (double pct : a.budgets)
-    if (!(pct > 0 && pct <= 100)) fail(ErrorCode::kInvalidArgument, "accuracy: budget ", pct, "% outside (0, 100]");
+    if (pct == 0) fail(ErrorCode::kInvalidArgument, "accuracy: --budgets: a budget of 0% attends nothing; must be > 0");
   for (const std::string& w : a.workloads)
     if (w != "needle" && w != "multiquery" && w != "prefill")
       fail(ErrorCode::kInvalidArgument, "accuracy: unknown workload '", w, "' (needle, multiquery, prefill)");

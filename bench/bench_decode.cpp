@@ -187,9 +187,12 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, cons
 
 DecodeArgs parse_args(const char* command, const std::vector<std::string>& args) {
   DecodeArgs a;
+  const auto option = [&](const char* name) { return str_cat(command, ": ", name); };
+  // The smallest context and budget: the sinks, the local window and one selected block.
+  constexpr int64_t kSmallest = kInitial + kLocal + kBlock;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, command, ": ", args[i], " needs a value");
       return args[++i];
     };
     if (args[i] == "--model") a.model = next();
@@ -205,11 +208,11 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
       else if (v == "f32-tiles") a.quant_prefill = cpu::QuantPrefill::kF32Tiles;
       else fail(ErrorCode::kInvalidArgument, command,
                 ": --quant-prefill must be auto, int8, bf16-tiles or f32-tiles, got '", v, "'");
-    } else if (args[i] == "--contexts") a.contexts = parse_list(next());
-    else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next());
-    else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
-    else if (args[i] == "--steps") a.steps = std::stoi(next());
-    else if (args[i] == "--chunk") a.chunk_size = std::stoll(next());
+    } else if (args[i] == "--contexts") a.contexts = parse_list(next(), option("--contexts"), kSmallest);
+    else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next(), option("--tokens"), 1);
+    else if (args[i] == "--budget") a.budget_tokens = parse_int(next(), option("--budget"), kSmallest);
+    else if (args[i] == "--steps") a.steps = int(parse_int(next(), option("--steps"), 1));
+    else if (args[i] == "--chunk") a.chunk_size = parse_int(next(), option("--chunk"), 1);
     else if (args[i] == "--kv-type") {
       const auto t = parse_dtype(next());
       if (!t) fail(ErrorCode::kInvalidArgument, command, ": --kv-type must be f16, bf16, f32 or q8_0");
@@ -217,13 +220,6 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
     } else if (args[i] == "--quick") a.contexts = {4096, 32768}, a.steps = 8, a.prefill_tokens = {1024};
     else fail(ErrorCode::kInvalidArgument, command, ": unknown argument '", args[i], "'");
   }
-  if (a.steps < 1 || a.chunk_size < 1 || a.budget_tokens < kInitial + kLocal + kBlock)
-    fail(ErrorCode::kInvalidArgument, command, ": --steps and --chunk must be >= 1 and --budget >= ",
-         kInitial + kLocal + kBlock);
-  for (int64_t c : a.contexts)
-    if (c < kInitial + kLocal + kBlock) fail(ErrorCode::kInvalidArgument, command, ": context ", c, " is too small");
-  for (int64_t n : a.prefill_tokens)
-    if (n < 1) fail(ErrorCode::kInvalidArgument, command, ": --tokens must be >= 1");
   return a;
 }
 

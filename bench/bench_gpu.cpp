@@ -350,26 +350,19 @@ int run_gpu(const std::vector<std::string>& args) {
   GpuArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "gpu: ", args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--histories") a.histories = parse_list(next());
-    else if (args[i] == "--chunk") a.chunk = std::stoll(next());
-    else if (args[i] == "--windows") a.windows = parse_list(next());
-    else if (args[i] == "--contexts") a.contexts = parse_list(next());
-    else if (args[i] == "--reps") a.reps = std::stoi(next());
+    if (args[i] == "--histories") a.histories = parse_list(next(), "gpu: --histories", 0);
+    else if (args[i] == "--chunk") a.chunk = parse_int(next(), "gpu: --chunk", 1);
+    else if (args[i] == "--windows") a.windows = parse_list(next(), "gpu: --windows", 1);
+    else if (args[i] == "--contexts") a.contexts = parse_list(next(), "gpu: --contexts", 2048);
+    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "gpu: --reps", 1));
     else if (args[i] == "--no-sdpa") a.sdpa = false;
     else if (args[i] == "--no-e2e") a.e2e = false;
     else if (args[i] == "--quick") a.histories = {32768}, a.windows = {4096, 65536}, a.contexts = {32768}, a.reps = 3;
     else fail(ErrorCode::kInvalidArgument, "gpu: unknown argument '", args[i], "'");
   }
-  if (a.reps < 1 || a.chunk < 1) fail(ErrorCode::kInvalidArgument, "gpu: --reps and --chunk must be >= 1");
-  for (int64_t h : a.histories)
-    if (h < 0) fail(ErrorCode::kInvalidArgument, "gpu: history ", h, " must be >= 0");
-  for (int64_t w : a.windows)
-    if (w < 1) fail(ErrorCode::kInvalidArgument, "gpu: window ", w, " must be >= 1");
-  for (int64_t c : a.contexts)
-    if (c < 2048) fail(ErrorCode::kInvalidArgument, "gpu: context ", c, " must be >= 2048");
 
   std::string why;
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices(&why);

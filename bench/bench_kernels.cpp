@@ -315,20 +315,21 @@ int run_kernels(const std::vector<std::string>& args) {
   KernelsArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "kernels: ", args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--contexts") a.contexts = parse_list(next());
-    else if (args[i] == "--prefill-histories") a.prefill_histories = parse_list(next());
-    else if (args[i] == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
-    else if (args[i] == "--prefill-reps") a.prefill_reps = std::stoi(next());
+    if (args[i] == "--contexts") a.contexts = parse_list(next(), "kernels: --contexts", 1);
+    else if (args[i] == "--prefill-histories")
+      a.prefill_histories = parse_list(next(), "kernels: --prefill-histories", 0);
+    else if (args[i] == "--prefill-chunk") a.prefill_chunk = parse_int(next(), "kernels: --prefill-chunk", 1);
+    else if (args[i] == "--prefill-reps") a.prefill_reps = int(parse_int(next(), "kernels: --prefill-reps", 1));
     else if (args[i] == "--no-prefill") a.prefill_histories.clear();
-    else if (args[i] == "--reps") a.reps = std::stoi(next());
-    else if (args[i] == "--budget") a.budget_tokens = std::stoll(next());
-    else if (args[i] == "--split") a.split_tokens = std::stoll(next());
-    else if (args[i] == "--q-heads") a.q_heads = std::stoi(next());
-    else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
-    else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
+    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "kernels: --reps", 1));
+    else if (args[i] == "--budget") a.budget_tokens = parse_int(next(), "kernels: --budget", 0);
+    else if (args[i] == "--split") a.split_tokens = parse_int(next(), "kernels: --split", 0);
+    else if (args[i] == "--q-heads") a.q_heads = int(parse_int(next(), "kernels: --q-heads", 1));
+    else if (args[i] == "--kv-heads") a.kv_heads = int(parse_int(next(), "kernels: --kv-heads", 1));
+    else if (args[i] == "--head-dim") a.head_dim = int(parse_int(next(), "kernels: --head-dim", 1));
     else if (args[i] == "--target") a.target = next();
     else if (args[i] == "--dtype") a.dtypes = parse_kv_types(next(), "kernels: --dtype");
     else if (args[i] == "--quick") {
@@ -336,13 +337,9 @@ int run_kernels(const std::vector<std::string>& args) {
       a.prefill_histories = {8192}, a.prefill_chunk = 1024;
     } else fail(ErrorCode::kInvalidArgument, "kernels: unknown argument '", args[i], "'");
   }
-  if (a.kv_heads < 1 || a.q_heads < a.kv_heads || a.q_heads % a.kv_heads != 0)
+  if (a.q_heads % a.kv_heads != 0)
     fail(ErrorCode::kInvalidArgument, "kernels: --q-heads (", a.q_heads, ") must be a positive multiple of --kv-heads (",
          a.kv_heads, ")");
-  if (a.prefill_chunk < 1 || a.prefill_reps < 1)
-    fail(ErrorCode::kInvalidArgument, "kernels: --prefill-chunk and --prefill-reps must be >= 1");
-  for (int64_t h : a.prefill_histories)
-    if (h < 0) fail(ErrorCode::kInvalidArgument, "kernels: --prefill-histories must be >= 0, got ", h);
   const ForcedTarget forced(a.target);
   a.target = runnable_targets().front().second;  // the forced one, or the best this CPU runs
   const int all = tbb::info::default_concurrency();

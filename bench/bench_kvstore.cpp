@@ -109,14 +109,14 @@ int run_kvstore(const std::vector<std::string>& args) {
   KvstoreArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "kvstore: ", args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--tokens") a.tokens = std::stoi(next());
-    else if (args[i] == "--layers") a.layers = std::stoi(next());
-    else if (args[i] == "--kv-heads") a.kv_heads = std::stoi(next());
-    else if (args[i] == "--head-dim") a.head_dim = std::stoi(next());
-    else if (args[i] == "--reps") a.reps_count = std::stoi(next());
+    if (args[i] == "--tokens") a.tokens = int(parse_int(next(), "kvstore: --tokens", 1));
+    else if (args[i] == "--layers") a.layers = int(parse_int(next(), "kvstore: --layers", 1));
+    else if (args[i] == "--kv-heads") a.kv_heads = int(parse_int(next(), "kvstore: --kv-heads", 1));
+    else if (args[i] == "--head-dim") a.head_dim = int(parse_int(next(), "kvstore: --head-dim", 1));
+    else if (args[i] == "--reps") a.reps_count = int(parse_int(next(), "kvstore: --reps", 1));
     else if (args[i] == "--kv-type") a.kv_types = parse_kv_types(next(), "kvstore: --kv-type");
     else if (args[i] == "--quick") a.layers = 4, a.reps_count = 3;
     else fail(ErrorCode::kInvalidArgument, "kvstore: unknown argument '", args[i], "'");

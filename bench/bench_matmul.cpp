@@ -85,7 +85,7 @@ int run_matmul(const std::vector<std::string>& args) {
   MatmulArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, args[i], " needs a value");
+      if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "matmul: ", args[i], " needs a value");
       return args[++i];
     };
     auto words = [](const std::string& list) {
@@ -105,10 +105,11 @@ int run_matmul(const std::vector<std::string>& args) {
       for (const std::string& w : words(next())) {
         const size_t x = w.find('x');
         if (x == std::string::npos) fail(ErrorCode::kInvalidArgument, "matmul: --shapes wants NxK, got '", w, "'");
-        a.shapes.emplace_back(std::stoll(w.substr(0, x)), std::stoll(w.substr(x + 1)));
+        a.shapes.emplace_back(parse_int(w.substr(0, x), "matmul: --shapes N", 1),
+                              parse_int(w.substr(x + 1), "matmul: --shapes K", 1));
       }
-    } else if (args[i] == "--rows") a.rows = parse_list(next());
-    else if (args[i] == "--reps") a.reps = std::stoi(next());
+    } else if (args[i] == "--rows") a.rows = parse_list(next(), "matmul: --rows", 1);
+    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "matmul: --reps", 1));
     else if (args[i] == "--quick") a.shapes = {{4096, 4096}}, a.rows = {1, 128}, a.reps = 3;
     else fail(ErrorCode::kInvalidArgument, "matmul: unknown argument '", args[i], "'");
   }

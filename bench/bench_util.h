@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,8 +45,18 @@ void print_table(const std::vector<Record>& records, const std::vector<std::stri
 // naming both places when neither has it.
 std::string tools_script(const std::string& name);
 
-// "4096,32768" -> {4096, 32768} (a benchmark's list options).
-std::vector<int64_t> parse_list(const std::string& list);
+// A benchmark option's value: `text`, whole, as a decimal integer in
+// [min, max], else Error(kInvalidArgument) naming `option` ("kernels:
+// --reps"), the text and the range. max defaults to the largest int, so the
+// value fits the int fields it is assigned to.
+int64_t parse_int(const std::string& text, const std::string& option, int64_t min,
+                  int64_t max = std::numeric_limits<int>::max());
+// The same for a finite number in [min, max].
+double parse_number(const std::string& text, const std::string& option, double min, double max);
+
+// "4096,32768" -> {4096, 32768} (a benchmark's list options), each value as
+// parse_int takes it; an empty list or item throws naming `option`.
+std::vector<int64_t> parse_list(const std::string& list, const std::string& option, int64_t min);
 
 // "f16,q8_0" -> the KV types it names, in order (a benchmark's KV type list);
 // an unknown or repeated name, or none, throws kInvalidArgument naming

@@ -74,6 +74,26 @@ def main():
         check(option in out, f"kernels --help describes {option}", out)
     rc, out, err = run([BENCH, "accuracy", "--policies", "questt"])
     check(rc == 1 and "unknown policy 'questt'" in err, "unknown policy named", err)
+    # Numeric options: refused before anything runs (no JSON line), naming the option, the text and the range.
+    for args, expected in [
+        (["kernels", "--contexts", "4096,abc"], "kernels: --contexts must be an integer, got 'abc'"),
+        (["kernels", "--contexts", "4096,"], "kernels: --contexts must be an integer, got ''"),
+        (["kernels", "--reps", "3x"], "kernels: --reps must be an integer, got '3x'"),
+        (["kernels", "--reps", "0"], "kernels: --reps is 0, must be >= 1"),
+        (["kernels", "--budget", "-1"], "kernels: --budget is -1, must be >= 0"),
+        (["kernels", "--contexts", "99999999999"], "kernels: --contexts is 99999999999, must be in [1, 2147483647]"),
+        (["kernels", "--reps"], "kernels: --reps needs a value"),
+        (["kvstore", "--tokens", "-5"], "kvstore: --tokens is -5, must be >= 1"),
+        (["matmul", "--shapes", "4096x-1"], "matmul: --shapes K is -1, must be >= 1"),
+        (["decode", "--contexts", "1000"], "decode: --contexts is 1000, must be >= 1280"),
+        (["prefill", "--tokens", "0"], "prefill: --tokens is 0, must be >= 1"),
+        (["gpu", "--reps", "0"], "gpu: --reps is 0, must be >= 1"),
+        (["accuracy", "--budgets", "1,nan"], "accuracy: --budgets is nan, must be in [0, 100]"),
+        (["accuracy", "--budgets", "0"], "accuracy: --budgets: a budget of 0% attends nothing"),
+        (["accuracy", "--seeds", "two"], "accuracy: --seeds must be an integer, got 'two'"),
+    ]:
+        rc, out, err = run([BENCH] + args, timeout=60)
+        check(rc == 1 and expected in err and "{" not in out, f"longctx-bench {' '.join(args)} refused up front", err)
     print(f"test_bench_cli: {_env.passed} checks passed")
 
 
