@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "int_flag.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
+#include "longctx/core/flag.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
@@ -77,7 +77,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tokens") a.tokens_text = value();
     else if (flag == "--config") a.config_path = value();
     else if (flag == "--set") a.overrides.push_back(value());
-    else if (flag == "--context") a.context = apps::parse_int_flag(flag, value(), 1, INT64_MAX);
+    else if (flag == "--context") a.context = parse_int_flag(flag, value(), 1, INT64_MAX);
     else if (flag == "--dump-logits") a.dump_path = value();
     else if (flag == "--no-bos") a.bos = false;
     else if (flag == "--weights") {

@@ -24,9 +24,9 @@
 #include <thread>
 
 #include "backend_choice.h"
-#include "int_flag.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/model/llama.h"
 #include "server_api.h"
 #include "server_engine.h"
@@ -92,13 +92,13 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--model") a.model_path = value();
     else if (flag == "--set") a.overrides.push_back(value());
     else if (flag == "--host") a.host = value();
-    else if (flag == "--port") a.port = int(apps::parse_int_flag(flag, value(), 0, 65535));
+    else if (flag == "--port") a.port = int(parse_int_flag(flag, value(), 0, 65535));
     else if (flag == "--api-key") a.api_key = value();
-    else if (flag == "--max-queued") a.max_queued = size_t(apps::parse_int_flag(flag, value(), 0, 1 << 20));
+    else if (flag == "--max-queued") a.max_queued = size_t(parse_int_flag(flag, value(), 0, 1 << 20));
     else if (flag == "--max-body-bytes") a.max_body_bytes = size_t(parse_byte_count(value(), flag));
     else if (flag == "--cache-dir") a.cache_dir = value();
     else if (flag == "--cache-bytes") a.cache_bytes = parse_byte_count(value(), flag);
-    else if (flag == "--grace-seconds") a.grace_seconds = double(apps::parse_int_flag(flag, value(), 0, 3600));
+    else if (flag == "--grace-seconds") a.grace_seconds = double(parse_int_flag(flag, value(), 0, 3600));
     else if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);

@@ -86,6 +86,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
@@ -546,11 +547,17 @@ int run_accuracy(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "accuracy: ", args[i], " needs a value");
       return args[++i];
     };
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = "accuracy: " + args[i];
+      return parse_int_flag(flag, next(), min, kMaxInt);
+    };
     if (args[i] == "--contexts") {
       a.contexts = parse_list(next(), "accuracy: --contexts", 1024);
     } else if (args[i] == "--budgets") {
       a.budgets.clear();
-      for (const std::string& x : split(next())) a.budgets.push_back(parse_number(x, "accuracy: --budgets", 0, 100));
+      for (const std::string& x : split(next()))
+        a.budgets.push_back(parse_number_flag("accuracy: --budgets", x, 0, 100));
     } else if (args[i] == "--workloads") {
       a.workloads = split(next());
     } else if (args[i] == "--policies") {
@@ -563,11 +570,11 @@ int run_accuracy(const std::vector<std::string>& args) {
         a.shape.needle_heads.push_back(int(kv));
       }
     } else if (args[i] == "--rope-theta") {
-      a.shape.rope_theta = parse_number(next(), "accuracy: --rope-theta", 1, 1e12);
+      a.shape.rope_theta = parse_number_flag("accuracy: --rope-theta", next(), 1, 1e12);
     } else if (args[i] == "--seeds") {
-      a.seeds = int(parse_int(next(), "accuracy: --seeds", 1));
+      a.seeds = int(int_value(1));
     } else if (args[i] == "--chunk") {
-      chunk = int(parse_int(next(), "accuracy: --chunk", 1));
+      chunk = int(int_value(1));
     } else if (args[i] == "--kv-type") {
       const std::string& name = next();
       const std::optional<DType> t = parse_dtype(name);

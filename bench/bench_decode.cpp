@@ -39,6 +39,7 @@
 #include "timed_backend.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/quant_matmul.h"
 #include "longctx/cpu/selection.h"
@@ -187,13 +188,18 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, cons
 
 DecodeArgs parse_args(const char* command, const std::vector<std::string>& args) {
   DecodeArgs a;
-  const auto option = [&](const char* name) { return str_cat(command, ": ", name); };
+  const auto option = [&](const char* name) { return str_cat(command, ": ", name); };  // for the lists
   // The smallest context and budget: the sinks, the local window and one selected block.
   constexpr int64_t kSmallest = kInitial + kLocal + kBlock;
   for (size_t i = 0; i < args.size(); ++i) {
     auto next = [&]() -> const std::string& {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, command, ": ", args[i], " needs a value");
       return args[++i];
+    };
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = str_cat(command, ": ", args[i]);
+      return parse_int_flag(flag, next(), min, kMaxInt);
     };
     if (args[i] == "--model") a.model = next();
     else if (args[i] == "--weights") {
@@ -210,9 +216,9 @@ DecodeArgs parse_args(const char* command, const std::vector<std::string>& args)
                 ": --quant-prefill must be auto, int8, bf16-tiles or f32-tiles, got '", v, "'");
     } else if (args[i] == "--contexts") a.contexts = parse_list(next(), option("--contexts"), kSmallest);
     else if (args[i] == "--tokens") a.prefill_tokens = parse_list(next(), option("--tokens"), 1);
-    else if (args[i] == "--budget") a.budget_tokens = parse_int(next(), option("--budget"), kSmallest);
-    else if (args[i] == "--steps") a.steps = int(parse_int(next(), option("--steps"), 1));
-    else if (args[i] == "--chunk") a.chunk_size = parse_int(next(), option("--chunk"), 1);
+    else if (args[i] == "--budget") a.budget_tokens = int_value(kSmallest);
+    else if (args[i] == "--steps") a.steps = int(int_value(1));
+    else if (args[i] == "--chunk") a.chunk_size = int_value(1);
     else if (args[i] == "--kv-type") {
       const auto t = parse_dtype(next());
       if (!t) fail(ErrorCode::kInvalidArgument, command, ": --kv-type must be f16, bf16, f32 or q8_0");

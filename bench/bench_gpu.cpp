@@ -38,6 +38,7 @@
 #include "bench_util.h"
 #include "longctx/core/config.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/core/random.h"
 #include "longctx/gpu/attention.h"
 #include "longctx/gpu/cuda_backend.h"
@@ -353,11 +354,16 @@ int run_gpu(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "gpu: ", args[i], " needs a value");
       return args[++i];
     };
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = "gpu: " + args[i];
+      return parse_int_flag(flag, next(), min, kMaxInt);
+    };
     if (args[i] == "--histories") a.histories = parse_list(next(), "gpu: --histories", 0);
-    else if (args[i] == "--chunk") a.chunk = parse_int(next(), "gpu: --chunk", 1);
+    else if (args[i] == "--chunk") a.chunk = int_value(1);
     else if (args[i] == "--windows") a.windows = parse_list(next(), "gpu: --windows", 1);
     else if (args[i] == "--contexts") a.contexts = parse_list(next(), "gpu: --contexts", 2048);
-    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "gpu: --reps", 1));
+    else if (args[i] == "--reps") a.reps = int(int_value(1));
     else if (args[i] == "--no-sdpa") a.sdpa = false;
     else if (args[i] == "--no-e2e") a.e2e = false;
     else if (args[i] == "--quick") a.histories = {32768}, a.windows = {4096, 65536}, a.contexts = {32768}, a.reps = 3;

@@ -30,6 +30,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "longctx/cpu/selection.h"
@@ -318,18 +319,23 @@ int run_kernels(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "kernels: ", args[i], " needs a value");
       return args[++i];
     };
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = "kernels: " + args[i];
+      return parse_int_flag(flag, next(), min, kMaxInt);
+    };
     if (args[i] == "--contexts") a.contexts = parse_list(next(), "kernels: --contexts", 1);
     else if (args[i] == "--prefill-histories")
       a.prefill_histories = parse_list(next(), "kernels: --prefill-histories", 0);
-    else if (args[i] == "--prefill-chunk") a.prefill_chunk = parse_int(next(), "kernels: --prefill-chunk", 1);
-    else if (args[i] == "--prefill-reps") a.prefill_reps = int(parse_int(next(), "kernels: --prefill-reps", 1));
+    else if (args[i] == "--prefill-chunk") a.prefill_chunk = int_value(1);
+    else if (args[i] == "--prefill-reps") a.prefill_reps = int(int_value(1));
     else if (args[i] == "--no-prefill") a.prefill_histories.clear();
-    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "kernels: --reps", 1));
-    else if (args[i] == "--budget") a.budget_tokens = parse_int(next(), "kernels: --budget", 0);
-    else if (args[i] == "--split") a.split_tokens = parse_int(next(), "kernels: --split", 0);
-    else if (args[i] == "--q-heads") a.q_heads = int(parse_int(next(), "kernels: --q-heads", 1));
-    else if (args[i] == "--kv-heads") a.kv_heads = int(parse_int(next(), "kernels: --kv-heads", 1));
-    else if (args[i] == "--head-dim") a.head_dim = int(parse_int(next(), "kernels: --head-dim", 1));
+    else if (args[i] == "--reps") a.reps = int(int_value(1));
+    else if (args[i] == "--budget") a.budget_tokens = int_value(0);
+    else if (args[i] == "--split") a.split_tokens = int_value(0);
+    else if (args[i] == "--q-heads") a.q_heads = int(int_value(1));
+    else if (args[i] == "--kv-heads") a.kv_heads = int(int_value(1));
+    else if (args[i] == "--head-dim") a.head_dim = int(int_value(1));
     else if (args[i] == "--target") a.target = next();
     else if (args[i] == "--dtype") a.dtypes = parse_kv_types(next(), "kernels: --dtype");
     else if (args[i] == "--quick") {

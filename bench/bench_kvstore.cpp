@@ -11,6 +11,7 @@
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/kvstore/kv_store.h"
 
 namespace longctx::bench {
@@ -112,11 +113,16 @@ int run_kvstore(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "kvstore: ", args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--tokens") a.tokens = int(parse_int(next(), "kvstore: --tokens", 1));
-    else if (args[i] == "--layers") a.layers = int(parse_int(next(), "kvstore: --layers", 1));
-    else if (args[i] == "--kv-heads") a.kv_heads = int(parse_int(next(), "kvstore: --kv-heads", 1));
-    else if (args[i] == "--head-dim") a.head_dim = int(parse_int(next(), "kvstore: --head-dim", 1));
-    else if (args[i] == "--reps") a.reps_count = int(parse_int(next(), "kvstore: --reps", 1));
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = "kvstore: " + args[i];
+      return parse_int_flag(flag, next(), min, kMaxInt);
+    };
+    if (args[i] == "--tokens") a.tokens = int(int_value(1));
+    else if (args[i] == "--layers") a.layers = int(int_value(1));
+    else if (args[i] == "--kv-heads") a.kv_heads = int(int_value(1));
+    else if (args[i] == "--head-dim") a.head_dim = int(int_value(1));
+    else if (args[i] == "--reps") a.reps_count = int(int_value(1));
     else if (args[i] == "--kv-type") a.kv_types = parse_kv_types(next(), "kvstore: --kv-type");
     else if (args[i] == "--quick") a.layers = 4, a.reps_count = 3;
     else fail(ErrorCode::kInvalidArgument, "kvstore: unknown argument '", args[i], "'");

@@ -28,6 +28,7 @@
 #include "bench_util.h"
 #include "longctx/core/backend.h"
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/quant_matmul.h"
 
@@ -88,6 +89,11 @@ int run_matmul(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "matmul: ", args[i], " needs a value");
       return args[++i];
     };
+    // The option's value as an integer in [min, kMaxInt], named with the option.
+    auto int_value = [&](int64_t min) {
+      const std::string flag = "matmul: " + args[i];
+      return parse_int_flag(flag, next(), min, kMaxInt);
+    };
     auto words = [](const std::string& list) {
       std::vector<std::string> out;
       for (size_t pos = 0; pos <= list.size();) {
@@ -105,11 +111,11 @@ int run_matmul(const std::vector<std::string>& args) {
       for (const std::string& w : words(next())) {
         const size_t x = w.find('x');
         if (x == std::string::npos) fail(ErrorCode::kInvalidArgument, "matmul: --shapes wants NxK, got '", w, "'");
-        a.shapes.emplace_back(parse_int(w.substr(0, x), "matmul: --shapes N", 1),
-                              parse_int(w.substr(x + 1), "matmul: --shapes K", 1));
+        a.shapes.emplace_back(parse_int_flag("matmul: --shapes N", w.substr(0, x), 1, kMaxInt),
+                              parse_int_flag("matmul: --shapes K", w.substr(x + 1), 1, kMaxInt));
       }
     } else if (args[i] == "--rows") a.rows = parse_list(next(), "matmul: --rows", 1);
-    else if (args[i] == "--reps") a.reps = int(parse_int(next(), "matmul: --reps", 1));
+    else if (args[i] == "--reps") a.reps = int(int_value(1));
     else if (args[i] == "--quick") a.shapes = {{4096, 4096}}, a.rows = {1, 128}, a.reps = 3;
     else fail(ErrorCode::kInvalidArgument, "matmul: unknown argument '", args[i], "'");
   }

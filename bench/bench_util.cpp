@@ -6,8 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +16,7 @@
 #include <optional>
 
 #include "longctx/core/error.h"
+#include "longctx/core/flag.h"
 #include "longctx/tools/test_model.h"
 
 namespace longctx::bench {
@@ -161,34 +160,11 @@ std::string tools_script(const std::string& name) {
        " (the source tree longctx-bench was built from)");
 }
 
-int64_t parse_int(const std::string& text, const std::string& option, int64_t min, int64_t max) {
-  int64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, value);
-  if (text.empty() || error == std::errc::invalid_argument || stop != end)
-    fail(ErrorCode::kInvalidArgument, option, " must be an integer, got '", text, "'");
-  if (error == std::errc() && value >= min && value <= max) return value;
-  // Only the lower bound when the upper is the default one, unless the value passed it.
-  if (error == std::errc() && value < min && max == std::numeric_limits<int>::max())
-    fail(ErrorCode::kInvalidArgument, option, " is ", text, ", must be >= ", min);
-  fail(ErrorCode::kInvalidArgument, option, " is ", text, ", must be in [", min, ", ", max, "]");
-}
-
-double parse_number(const std::string& text, const std::string& option, double min, double max) {
-  char* stop = nullptr;
-  const double value = std::strtod(text.c_str(), &stop);
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || stop != text.c_str() + text.size())
-    fail(ErrorCode::kInvalidArgument, option, " must be a number, got '", text, "'");
-  if (!(value >= min && value <= max))  // NaN fails too
-    fail(ErrorCode::kInvalidArgument, option, " is ", text, ", must be in [", min, ", ", max, "]");
-  return value;
-}
-
 std::vector<int64_t> parse_list(const std::string& list, const std::string& option, int64_t min) {
   std::vector<int64_t> values;
   for (size_t pos = 0; pos <= list.size();) {
     const size_t comma = std::min(list.find(',', pos), list.size());
-    values.push_back(parse_int(list.substr(pos, comma - pos), option, min));
+    values.push_back(parse_int_flag(option, list.substr(pos, comma - pos), min, kMaxInt));
     pos = comma + 1;
   }
   return values;

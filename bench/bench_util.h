@@ -45,17 +45,12 @@ void print_table(const std::vector<Record>& records, const std::vector<std::stri
 // naming both places when neither has it.
 std::string tools_script(const std::string& name);
 
-// A benchmark option's value: `text`, whole, as a decimal integer in
-// [min, max], else Error(kInvalidArgument) naming `option` ("kernels:
-// --reps"), the text and the range. max defaults to the largest int, so the
-// value fits the int fields it is assigned to.
-int64_t parse_int(const std::string& text, const std::string& option, int64_t min,
-                  int64_t max = std::numeric_limits<int>::max());
-// The same for a finite number in [min, max].
-double parse_number(const std::string& text, const std::string& option, double min, double max);
+// The largest value of an int option (parse_int_flag's upper bound for the
+// options assigned to int fields).
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
 
-// "4096,32768" -> {4096, 32768} (a benchmark's list options), each value as
-// parse_int takes it; an empty list or item throws naming `option`.
+// "4096,32768" -> {4096, 32768} (a benchmark's list options), each value an
+// integer in [min, kMaxInt] (parse_int_flag, naming `option`); so is an empty item.
 std::vector<int64_t> parse_list(const std::string& list, const std::string& option, int64_t min);
 
 // "f16,q8_0" -> the KV types it names, in order (a benchmark's KV type list);

@@ -8,14 +8,14 @@
 // --depth: where the key sits, 0 = start, 1 = end (default: drawn from the
 // seed); --no-question leaves the question out of the text (it is still in
 // the JSON); --json defaults to DOC with its extension replaced by .json.
-#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
+#include "longctx/core/flag.h"
 #include "longctx/tools/demo_model.h"
 #include "longctx/tools/haystack.h"
 
@@ -25,23 +25,6 @@ using namespace longctx;
 
 constexpr const char* kUsage =
     "usage: longctx-make-haystack [--tokens N] [--depth D] [--seed N] [--no-question] --out DOC.txt [--json FILE]\n";
-
-int64_t parse_int(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || errno == ERANGE || v < 0)
-    fail(ErrorCode::kInvalidArgument, flag, ": expected a non-negative integer, got '", text, "'");
-  return v;
-}
-
-double parse_depth(const char* text) {
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (*text == '\0' || *end != '\0' || !(v >= 0.0 && v <= 1.0))
-    fail(ErrorCode::kInvalidArgument, "--depth: expected a number in [0, 1], got '", text, "'");
-  return v;
-}
 
 void write_text(const std::string& path, const std::string& text) {
   write_file_atomically(path, [&](FileSink& sink) { sink.write(text.data(), text.size()); });
@@ -59,9 +42,9 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) fail(ErrorCode::kInvalidArgument, flag, " needs a value");
         return argv[++i];
       };
-      if (flag == "--tokens") spec.tokens = parse_int(flag, value());
-      else if (flag == "--depth") spec.depth = parse_depth(value());
-      else if (flag == "--seed") spec.seed = static_cast<uint64_t>(parse_int(flag, value()));
+      if (flag == "--tokens") spec.tokens = parse_int_flag(flag, value(), 0, INT64_MAX);
+      else if (flag == "--depth") spec.depth = parse_number_flag(flag, value(), 0, 1);
+      else if (flag == "--seed") spec.seed = static_cast<uint64_t>(parse_int_flag(flag, value(), 0, INT64_MAX));
       else if (flag == "--no-question") spec.question = false;
       else if (flag == "--out") out = value();
       else if (flag == "--json") json = value();

@@ -76,21 +76,21 @@ def main():
     check(rc == 1 and "unknown policy 'questt'" in err, "unknown policy named", err)
     # Numeric options: refused before anything runs (no JSON line), naming the option, the text and the range.
     for args, expected in [
-        (["kernels", "--contexts", "4096,abc"], "kernels: --contexts must be an integer, got 'abc'"),
-        (["kernels", "--contexts", "4096,"], "kernels: --contexts must be an integer, got ''"),
-        (["kernels", "--reps", "3x"], "kernels: --reps must be an integer, got '3x'"),
-        (["kernels", "--reps", "0"], "kernels: --reps is 0, must be >= 1"),
-        (["kernels", "--budget", "-1"], "kernels: --budget is -1, must be >= 0"),
-        (["kernels", "--contexts", "99999999999"], "kernels: --contexts is 99999999999, must be in [1, 2147483647]"),
+        (["kernels", "--contexts", "4096,abc"], "--contexts: expected an integer in [1, 2147483647], got 'abc'"),
+        (["kernels", "--contexts", "4096,"], "kernels: --contexts: expected an integer in [1, 2147483647], got ''"),
+        (["kernels", "--reps", "3x"], "kernels: --reps: expected an integer in [1, 2147483647], got '3x'"),
+        (["kernels", "--reps", "0"], "kernels: --reps: expected an integer in [1, 2147483647], got '0'"),
+        (["kernels", "--budget", "-1"], "kernels: --budget: expected an integer in [0, 2147483647], got '-1'"),
+        (["kernels", "--contexts", "99999999999"], "kernels: --contexts: expected an integer in [1, 2147483647]"),
         (["kernels", "--reps"], "kernels: --reps needs a value"),
-        (["kvstore", "--tokens", "-5"], "kvstore: --tokens is -5, must be >= 1"),
-        (["matmul", "--shapes", "4096x-1"], "matmul: --shapes K is -1, must be >= 1"),
-        (["decode", "--contexts", "1000"], "decode: --contexts is 1000, must be >= 1280"),
-        (["prefill", "--tokens", "0"], "prefill: --tokens is 0, must be >= 1"),
-        (["gpu", "--reps", "0"], "gpu: --reps is 0, must be >= 1"),
-        (["accuracy", "--budgets", "1,nan"], "accuracy: --budgets is nan, must be in [0, 100]"),
+        (["kvstore", "--tokens", "-5"], "kvstore: --tokens: expected an integer in [1, 2147483647], got '-5'"),
+        (["matmul", "--shapes", "4096x-1"], "matmul: --shapes K: expected an integer in [1, 2147483647], got '-1"),
+        (["decode", "--contexts", "1000"], "decode: --contexts: expected an integer in [1280, 2147483647], got '1000'"),
+        (["prefill", "--tokens", "0"], "prefill: --tokens: expected an integer in [1, 2147483647], got '0'"),
+        (["gpu", "--reps", "0"], "gpu: --reps: expected an integer in [1, 2147483647], got '0'"),
+        (["accuracy", "--budgets", "1,nan"], "accuracy: --budgets: expected a number in [0, 100], got 'nan'"),
         (["accuracy", "--budgets", "0"], "accuracy: --budgets: a budget of 0% attends nothing"),
-        (["accuracy", "--seeds", "two"], "accuracy: --seeds must be an integer, got 'two'"),
+        (["accuracy", "--seeds", "two"], "accuracy: --seeds: expected an integer in [1, 2147483647], got 'two'"),
     ]:
         rc, out, err = run([BENCH] + args, timeout=60)
         check(rc == 1 and expected in err and "{" not in out, f"longctx-bench {' '.join(args)} refused up front", err)
