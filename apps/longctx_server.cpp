@@ -9,6 +9,8 @@
 #include <tbb/global_control.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -143,12 +145,18 @@ json timings_json(const Usage& u) {
           {"cached_tokens", u.cached_tokens}};
 }
 
-// Counts of answered requests by path and status, for /metrics.
+// Counts of answered requests by path and status, for /metrics. Only the
+// server's own paths are labels, every other one counts as "other": a label
+// taken from the request would let a client add series without bound, and
+// write lines of its own into /metrics through quotes and newlines.
 class RequestCounts {
  public:
   void add(const std::string& path, int status) {
+    static constexpr std::array<const char*, 6> kPaths = {"/", "/health", "/metrics", "/v1/models",
+                                                          "/v1/chat/completions", "/v1/completions"};
+    const bool known = std::find(kPaths.begin(), kPaths.end(), path) != kPaths.end();
     std::lock_guard lock(mutex_);
-    ++counts_[{path, status}];
+    ++counts_[{known ? path : "other", status}];
   }
   std::map<std::pair<std::string, int>, int64_t> get() const {
     std::lock_guard lock(mutex_);

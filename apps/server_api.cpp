@@ -62,7 +62,9 @@ std::string message_content(const json& content, const std::string& param) {
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string where = str_cat(param, "[", i, "]");
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+    const bool text_part = part.is_object() && part.contains("type") && part["type"] == "text" &&
+                           part.contains("text") && part["text"].is_string();
+    if (!text_part)
       bad(where, str_cat("'", where, "' must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)"));
     text += part["text"].get<std::string>();
   }
@@ -85,6 +87,8 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat, con
     body = json::parse(text);
   } catch (const json::parse_error& e) {
     bad("", str_cat("malformed JSON at byte ", e.byte, ": ", e.what()));
+  } catch (const json::exception& e) {  // valid syntax it cannot hold, e.g. a number past a double
+    bad("", str_cat("unreadable JSON: ", e.what()));
   }
   if (!body.is_object()) bad("", str_cat("the request body must be a JSON object, got ", type_name(body)));
 
@@ -129,8 +133,9 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat, con
     if (!body["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     r.include_usage = get_bool(body["stream_options"], "include_usage", false);
   }
-  // max_completion_tokens is the newer name of max_tokens.
-  const char* max_key = body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  // max_completion_tokens is the newer name of max_tokens (null: not given).
+  const bool newer = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null();
+  const char* max_key = newer ? "max_completion_tokens" : "max_tokens";
   r.max_tokens = get_integer(body, max_key, std::min<int64_t>(limits.defaults.max_tokens, limits.max_seq_len), 1,
                              limits.max_seq_len);
   r.temperature = get_number(body, "temperature", limits.defaults.temperature, 0.0, 2.0);

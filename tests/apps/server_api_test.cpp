@@ -80,6 +80,16 @@ TEST(ServerApi, BadFieldsAreRefusedNamingThem) {
   expect_refused(str_cat("{", ok, R"(, "stream_options": true})"), true, 400, "stream_options");
   expect_refused(R"({"prompt": 3})", false, 400, "prompt");
   expect_refused(R"({"prompt": ["a", "b"]})", false, 400, "prompt");
+  // Values of types the parser did not expect are the client's mistake (400), not the server's (500).
+  expect_refused(R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", true, 400,
+                 "messages[0].content[0]");
+  expect_refused(str_cat("{", ok, R"(, "max_tokens": 1e400})"), true, 400, "");
+}
+
+TEST(ServerApi, NullMaxCompletionTokensLeavesMaxTokens) {
+  const CompletionRequest r =
+      parse_completion_request(R"({"prompt": "x", "max_completion_tokens": null, "max_tokens": 2})", false, limits());
+  EXPECT_EQ(r.max_tokens, 2);
 }
 
 TEST(ServerApi, ErrorBodyHasOpenAIsShape) {
