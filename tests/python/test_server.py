@@ -456,7 +456,12 @@ def run_all(tmp):
         check(code == 200 and long_key in streamed_text(text), "the pass key from a 32K document", text[-500:])
         bad_input(server)
         queue_and_disconnect(server, long_doc)
+        # A path of the client's (a quote and a newline in it) is no label of /metrics: it counts as "other".
+        code, _, _ = server.request("/x%22%7D%201%0Afake_metric%7Bpath%3D%22")
+        check(code == 404, "an unknown path is a 404")
         _, _, text = server.request("/metrics")
+        check("fake_metric" not in text and "longctx_requests_total{path=\"other\",status=\"404\"} " in text,
+              "/metrics: an unknown path counts as other, and writes nothing of its own", text)
         for name in ("longctx_requests_total{path=\"/v1/chat/completions\",status=\"200\"}",
                      "longctx_requests_total{path=\"/v1/chat/completions\",status=\"400\"}",
                      "longctx_cached_tokens_total", "longctx_prefill_tokens_per_second", "longctx_kv_dram_bytes"):
