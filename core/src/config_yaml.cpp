@@ -2,10 +2,6 @@
 // from the file, then the overrides, converted in the order written and
 // checked, every error naming FILE:LINE:COL and the key; and config_to_yaml.
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -16,6 +12,7 @@
 
 #include "config_internal.h"
 #include "longctx/core/error.h"
+#include "longctx/core/file.h"
 
 namespace longctx {
 
@@ -236,16 +233,16 @@ LongContextConfig parse_config(const std::string& yaml_text, const std::string& 
 }
 
 LongContextConfig load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ignored;
-  if (std::filesystem::is_directory(path, ignored)) {
-    fail(ErrorCode::kIo, "cannot read config file '", path, "': it is a directory");
+  // Configs are a few KiB: a larger file is something else given by mistake
+  // (a model as --config), which would otherwise be read whole into memory.
+  constexpr size_t kMaxConfigBytes = size_t(1) << 20;
+  std::vector<std::byte> bytes;
+  try {
+    bytes = read_file(path, kMaxConfigBytes);
+  } catch (const Error& e) {
+    fail(ErrorCode::kIo, "cannot read config file: ", e.what());
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCode::kIo, "cannot read config file '", path, "': ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(ErrorCode::kIo, "cannot read config file '", path, "': read failed");
-  return parse_config(text.str(), path, overrides);
+  return parse_config(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path, overrides);
 }
 
 std::string config_to_yaml(const LongContextConfig& config) {

@@ -32,8 +32,11 @@ class FdCloser {
 std::string errno_text(int error) { return std::strerror(error); }
 
 // Opens `path` for reading and checks it is a regular file; returns fd and size.
+// O_NONBLOCK: opening a FIFO for reading would wait for a writer (forever, for
+// a path given by mistake); it is refused as not a regular file instead. On a
+// regular file the flag changes nothing.
 int open_regular_file(const std::string& path, size_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(ErrorCode::kIo, "cannot open '", path, "': ", errno_text(errno));
   struct stat info;
   if (::fstat(fd, &info) != 0) {
@@ -101,10 +104,14 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
-std::vector<std::byte> read_file(const std::string& path) {
+std::vector<std::byte> read_file(const std::string& path, size_t max_bytes) {
   size_t expected_size = 0;
   const int fd = open_regular_file(path, &expected_size);
   FdCloser closer(fd);
+  const auto too_large = [&] {
+    fail(ErrorCode::kIo, "'", path, "' is larger than ", format_bytes(max_bytes), ", the most its reader takes");
+  };
+  if (expected_size > max_bytes) too_large();
   // Read until end of file: the size from fstat is only a hint (the file may
   // change). One spare byte lets the final read see end of file without growing.
   std::vector<std::byte> bytes(expected_size + 1);
@@ -118,6 +125,7 @@ std::vector<std::byte> read_file(const std::string& path) {
     }
     if (got == 0) break;
     filled += static_cast<size_t>(got);
+    if (filled > max_bytes) too_large();  // it grew, or fstat did not know its size
   }
   bytes.resize(filled);
   return bytes;

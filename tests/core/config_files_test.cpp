@@ -52,6 +52,17 @@ TEST(ConfigFiles, LoadErrorsNameThePath) {
     EXPECT_EQ(std::string(e.what()), bad.string() + ":2:13: key 'block_size': must be in 1..1024, got 0");
   }
   EXPECT_EQ(load_config_file(bad.string(), {"block_size=8"}).block_size, 8);
+  // A file far larger than any config (a model given as --config) is refused before it is read whole.
+  const fs::path huge = dir / "model.gguf";
+  write_text(huge, std::string((size_t(1) << 20) + 1, '#'));
+  try {
+    load_config_file(huge.string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo);
+    EXPECT_EQ(std::string(e.what()), "cannot read config file: '" + huge.string() +
+                                         "' is larger than 1.00 MiB, the most its reader takes");
+  }
   fs::remove_all(dir);
 }
 

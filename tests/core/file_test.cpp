@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -128,6 +130,27 @@ TEST_F(FileTest, DirectoryIsNotARegularFile) {
   const Error e = expect_io_error([&] { MappedFile file(dir_.string()); });
   EXPECT_NE(std::string(e.what()).find(dir_.string()), std::string::npos) << e.what();
   expect_io_error([&] { read_file(dir_.string()); });
+}
+
+TEST_F(FileTest, FifoIsRefusedWithoutWaitingForAWriter) {
+  // Opened without O_NONBLOCK, a FIFO with no writer blocks the open forever.
+  const std::string fifo = path("pipe.gguf");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  Error e = expect_io_error([&] { MappedFile file(fifo); });
+  EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  e = expect_io_error([&] { read_file(fifo); });
+  EXPECT_NE(std::string(e.what()).find(fifo), std::string::npos) << e.what();
+}
+
+TEST_F(FileTest, ReadFileRefusesMoreThanItsLimit) {
+  const std::string target = path("limit.bin");
+  write_plain(target, std::string(100, 'x'));
+  EXPECT_EQ(read_file(target, 100).size(), 100u);
+  const Error e = expect_io_error([&] { read_file(target, 99); });
+  EXPECT_EQ(std::string(e.what()), "'" + target + "' is larger than 99 B, the most its reader takes");
+  // A file whose size fstat does not know is stopped as it is read.
+  if (!fs::exists("/proc/self/status")) GTEST_SKIP() << "no /proc";
+  expect_io_error([&] { read_file("/proc/self/status", 8); });
 }
 
 TEST_F(FileTest, ReadFileAndMappedFileRoundTrip) {

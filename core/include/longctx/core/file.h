@@ -33,8 +33,10 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Reads a whole file into memory (Error kIo on failure).
-std::vector<std::byte> read_file(const std::string& path);
+// Reads a whole regular file into memory: Error(kIo) naming the path when it
+// cannot, or when the file holds more than max_bytes (before that much
+// memory is taken: a file that is not what the caller reads may be huge).
+std::vector<std::byte> read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 // Writes a file atomically: the bytes go to "<path>.tmp.<pid>", which is
 // fsync'ed and renamed over `path`, and the directory is fsync'ed. On any
