@@ -319,6 +319,34 @@ def test_forward_errors():
     close(got, expect, "bf16 model within bf16 rounding of the f32 model", rel=0.1)
 
 
+def test_forward_stopped_part_way():
+    """A forward that fails after some layers appended its tokens (here layer
+    1's keys overflow what a q8_0 store holds) leaves the layers holding
+    different counts: the next forward says so and how to go on (position
+    0), rather than that one layer's count does not match, and position 0 works."""
+    model = tiny_llama.random_model(seed=5, num_attention_heads=4, num_key_value_heads=2, hidden_size=128)
+    q8 = longctx.Config.load(DENSE, ["kv_type=q8_0"])
+    longctx.inject(model, [{"match": {"class": "LlamaAttention"},
+                            "replace": {"class": "longctx.torch.SparseAttention", "kwargs": {"config": q8}}}])
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(5))
+    k_proj = model.model.layers[1].self_attn.k_proj
+    weight = k_proj.weight.data.clone()
+    with torch.no_grad():
+        model(ids)
+        store = model.model.layers[0].self_attn.session.store  # made by the first forward
+        k_proj.weight.data.mul_(1e9)
+        raises(lambda: model(ids[:, :1], position_ids=torch.tensor([[10]])), longctx.Error, "layer 1")
+        k_proj.weight.data.copy_(weight)
+        check((store.n_tokens(0), store.n_tokens(1)) == (11, 10), "the failed forward appended to layer 0 only")
+        for position in (10, 11):
+            raises(lambda: model(ids[:, :1], position_ids=torch.tensor([[position]])), ValueError,
+                   "layers hold 10 to 11 tokens", "position 0")
+        check((store.n_tokens(0), store.n_tokens(1)) == (11, 10), "the refused forwards appended nothing")
+        model(ids, position_ids=torch.arange(10)[None])
+    check((store.n_tokens(0), store.n_tokens(1)) == (10, 10), "position 0 starts the sequence again")
+    longctx.uninject(model)
+
+
 def test_older_transformers_return_arity():
     """An attention module taking output_attentions (transformers < 4.48) returns three values; so must its
     replacement, with the caller's past_key_value passed through."""
@@ -369,8 +397,8 @@ def main():
     test_import_without_torch()
     for test in (test_same_logits, test_q8_0_kv_cache, test_select_full_budget_and_rules_file, test_module_scaling,
                  test_uninject,
-                 test_rules_errors, test_forward_errors, test_older_transformers_return_arity,
-                 test_readme_shows_the_shipped_rules):
+                 test_rules_errors, test_forward_errors, test_forward_stopped_part_way,
+                 test_older_transformers_return_arity, test_readme_shows_the_shipped_rules):
         test()
     print(f"test_inject: {_env.passed} checks passed")
 

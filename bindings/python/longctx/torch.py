@@ -250,6 +250,17 @@ class SparseAttention(nn.Module):
         p0 = int(src[0])
         if not torch.equal(src.cpu().long(), torch.arange(p0, p0 + n)):
             raise ValueError(f"{self._where()}: positions must be consecutive, got {src.tolist()[:8]}...")
+        # A forward that failed or was interrupted part way leaves the first
+        # layers holding its tokens and the others not: checked where a
+        # forward starts (layer 0), and wherever a position does not match.
+        # Layers holding nothing are left out: a module called on its own
+        # (not through its model) fills only its layer.
+        if p0 != 0 and (p0 != n_cached or self.layer_idx == 0):
+            counts = sorted({self.session.n_tokens(layer) for layer in range(self.session.n_layers)} - {0})
+            if len(counts) > 1:
+                raise ValueError(f"{self._where()}: the longctx KV store's layers hold {counts[0]} to {counts[-1]} "
+                                 "tokens, as an earlier forward that failed or was interrupted part way left them; "
+                                 "start the sequence again (position 0)")
         if p0 != 0 and p0 != n_cached:
             raise ValueError(f"{self._where()}: the forward starts at position {p0} but the longctx KV store "
                              f"holds {n_cached} tokens of this layer; only continuing the sequence (position "
