@@ -195,6 +195,12 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
     }
     if (!p.freq_factors.empty()) inv /= p.freq_factors[static_cast<size_t>(i)];
     result[static_cast<size_t>(i)] = static_cast<float>(inv);
+    // Each parameter passed its check, yet together they can leave f32 (a
+    // tiny factor or frequency factor divides by nearly 0): the angles would be inf, the rotations NaN.
+    if (!positive_finite(result[static_cast<size_t>(i)]))
+      fail(ErrorCode::kInvalidArgument, "rope: the inverse frequency of pair ", i, " is ", inv,
+           ", outside f32's positive range (theta ", p.theta, ", scaling factor ", p.factor,
+           p.freq_factors.empty() ? "" : str_cat(", frequency factor ", p.freq_factors[size_t(i)]), ")");
   }
   return result;
 }

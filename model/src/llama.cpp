@@ -203,6 +203,15 @@ void check_llama_tensors(const GgufFile& f, TransformerSpec& s) {
         fail(ErrorCode::kCorrupt, f.name(), ": tensor 'rope_freqs.weight': value ", i, " is ",
              s.rope.freq_factors[i], ", expected a positive finite divisor");
   }
+  // Keys each in range can still give parameters the backend refuses, or
+  // frequencies past f32 (a factor of 1e-45): refused here, naming the file,
+  // rather than when the model first runs.
+  try {
+    (void)rope_inv_freq(s.rope);
+  } catch (const Error& e) {
+    fail(ErrorCode::kCorrupt, f.name(), ": the RoPE keys of '", s.arch, ".rope.*' (and rope_freqs.weight) give ",
+         "parameters longctx cannot run: ", e.what());
+  }
   s.validate();
 }
 

@@ -640,6 +640,13 @@ TEST(CpuBackendRope, InvFreqRejectsInvalidParameters) {
   expect_error([&] { rope_inv_freq(p); }, inv, {"freq_factors[5]"});
   p.freq_factors[5] = 2.f;
   EXPECT_EQ(rope_inv_freq(p).size(), 32u);
+  // Each value valid, the frequency past f32: a denormal divisor.
+  p.freq_factors[5] = 1.4e-45f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"inverse frequency of pair 5", "frequency factor 1.4"});
+  p.freq_factors.clear();
+  p.scaling = RopeScaling::kLinear;
+  p.factor = 1.4e-45f;
+  expect_error([&] { rope_inv_freq(p); }, inv, {"inverse frequency of pair 0", "scaling factor 1.4"});
 }
 
 }  // namespace

@@ -426,6 +426,35 @@ TEST(Llama, RopeFreqsWithYarnIsRefused) {
             "m.gguf: tensor 'rope_freqs.weight' given together with 'llama.rope.scaling.type' (yarn)");
 }
 
+// Keys each within its own range can still leave f32 once the backend
+// combines them (a denormal factor divides the frequencies past f32's range),
+// or be refused by it once narrowed to f32 (1e-300 becomes 0): refused at
+// load, naming the file and the RoPE keys, not as NaN logits later.
+TEST(Llama, RopeKeysTheBackendCannotRunAreRefusedAtLoad) {
+  const struct {
+    const char* what;
+    std::function<void(GgufWriter&)> set;
+  } cases[] = {
+      {"inverse frequency of pair 0", [](GgufWriter& w) { w.set_f32("llama.rope.scaling.factor", 1.4e-45f); }},
+      {"scaling factor must be positive", [](GgufWriter& w) { w.set_f64("llama.rope.scaling.factor", 1e-300); }},
+      {"attn_factor must be positive", [](GgufWriter& w) { w.set_f64("llama.rope.scaling.attn_factor", 1e-300); }},
+      {"n_rot must be positive", nullptr},  // rope.dimension_count 0, in range for the key itself
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    GgufWriter w = tools::make_test_model(tools::test_model_by_name("gqa-128"));
+    if (c.set) c.set(w);
+    std::vector<uint8_t> bytes = w.to_bytes();
+    if (!c.set) {  // the key's u32 value follows its name and type
+      const std::string key = "llama.rope.dimension_count";
+      std::memset(&bytes[testing::find_unique(bytes, key) + key.size() + 4], 0, 4);
+    }
+    const std::string message = load_error(bytes, ErrorCode::kCorrupt);
+    EXPECT_EQ(message.rfind("m.gguf: the RoPE keys of 'llama.rope.*'", 0), 0u) << message;
+    EXPECT_NE(message.find(c.what), std::string::npos) << message;
+  }
+}
+
 TEST(Llama, MissingBiasOfOneLayerIsNamed) {
   TestModelSpec t = tools::test_model_by_name("qwen2-bias");
   std::vector<uint8_t> bytes = tools::make_test_model(t).to_bytes();
