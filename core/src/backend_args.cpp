@@ -1,6 +1,8 @@
 #include "longctx/core/backend_args.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -127,6 +129,31 @@ std::span<const int> scale_fields(GgmlType type) {
   }
 }
 
+// The index of the first of n values of `bytes` (each sizeof(Bits), in
+// memory order) whose exponent bits `exponent` are all set (NaN or
+// infinite), or nullopt. A scan of all the weight's bytes: it runs chunk by
+// chunk in a loop without early exit (one the compiler vectorizes), and
+// looks for the index only in the chunk that has one.
+template <class Bits>
+std::optional<size_t> first_non_finite(std::span<const uint8_t> bytes, Bits exponent) {
+  const auto non_finite = [&](size_t i) {
+    Bits v;
+    std::memcpy(&v, bytes.data() + i * sizeof(Bits), sizeof(Bits));
+    return (v & exponent) == exponent;
+  };
+  constexpr size_t kChunk = 4096;
+  const size_t n = bytes.size() / sizeof(Bits);
+  for (size_t begin = 0; begin < n; begin += kChunk) {
+    const size_t end = std::min(n, begin + kChunk);
+    bool any = false;
+    for (size_t i = begin; i < end; ++i) any |= non_finite(i);
+    if (!any) continue;
+    for (size_t i = begin; i < end; ++i)
+      if (non_finite(i)) return i;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void check_host_weight(const HostWeight& w) {
@@ -150,6 +177,15 @@ void check_host_weight(const HostWeight& w) {
         fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": block ", b, " (byte ",
              b * block_bytes + size_t(field), ") has a NaN or infinite scale");
     }
+  // A float weight's values likewise: one NaN or Inf (a norm's, an
+  // embedding row's) makes every logit NaN, found only at the sampler.
+  std::optional<size_t> bad;
+  if (w.type == GgmlType::kF32) bad = first_non_finite<uint32_t>(w.bytes, 0x7F800000u);
+  if (w.type == GgmlType::kF16) bad = first_non_finite<uint16_t>(w.bytes, 0x7C00u);
+  if (w.type == GgmlType::kBF16) bad = first_non_finite<uint16_t>(w.bytes, 0x7F80u);
+  if (bad)
+    fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": value ", *bad, " (byte ",
+         *bad * size_t(info.block_bytes), ") is NaN or infinite");
 }
 
 void check_embed_args(const BackendTensor& table, std::span<const int32_t> tokens, const BackendTensor& out) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -136,6 +137,24 @@ TEST(CpuBackendQuant, LoadWeightRefusesBadBlocksNamingTheWeight) {
   std::memcpy(q3k.data() + 108, &inf_bits, 2);
   expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ3_K, {1, 256}, q3k, "blk.0.attn_k.weight")); },
                ErrorCode::kInvalidArgument, {"blk.0.attn_k.weight", "block 0", "NaN or infinite scale"});
+  // A NaN or Inf value of a float weight, past the first 4096-value chunk of the scan, named by index and byte.
+  for (const auto& [type, bad_bits, size] : {std::tuple{GgmlType::kF32, uint32_t{0x7FC00000}, 4},
+                                             std::tuple{GgmlType::kF32, uint32_t{0xFF800000}, 4},
+                                             std::tuple{GgmlType::kF16, uint32_t{0x7C00}, 2},
+                                             std::tuple{GgmlType::kF16, uint32_t{0xFE00}, 2},
+                                             std::tuple{GgmlType::kBF16, uint32_t{0x7FC0}, 2},
+                                             std::tuple{GgmlType::kBF16, uint32_t{0xFF80}, 2}}) {
+    SCOPED_TRACE(ggml_type_info(type).name);
+    std::vector<uint8_t> values(size_t(size) * 3 * 4096);  // zeros: finite
+    // The largest finite value just before it: all exponent bits but the lowest.
+    const uint32_t largest = type == GgmlType::kF32 ? 0x7F7FFFFF : type == GgmlType::kF16 ? 0x7BFF : 0x7F7F;
+    std::memcpy(values.data() + size_t(size) * 5000, &largest, size_t(size));
+    EXPECT_NO_THROW(backend.load_weight(HostWeight(type, {3, 4096}, values, "ok")));
+    std::memcpy(values.data() + size_t(size) * 5001, &bad_bits, size_t(size));
+    expect_error([&] { backend.load_weight(HostWeight(type, {3, 4096}, values, "output_norm.weight")); },
+                 ErrorCode::kInvalidArgument,
+                 {"output_norm.weight", str_cat("value 5001 (byte ", 5001 * size, ")"), "NaN or infinite"});
+  }
   // A type the backend does not compute with.
   const std::vector<uint8_t> q8k(292);
   expect_error([&] { backend.load_weight(HostWeight(GgmlType::kQ8_K, {1, 256}, q8k, "odd")); },
