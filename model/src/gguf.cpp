@@ -46,6 +46,19 @@ std::string describe_what(const What& what) {
   return out;
 }
 
+// The first control byte of a key or tensor name, as "byte 3 is the control
+// byte 0x1b"; ""
+// when none. Names go into messages and reports as they are: a NUL cut a
+// message short, an escape sequence drove the terminal. No GGUF name has one.
+std::string control_byte(std::string_view name) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7F)
+      return str_cat("byte ", i, " is the control byte 0x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+  }
+  return "";
+}
+
 uint64_t byteswap32(uint32_t v) {
   return ((v & 0xFFu) << 24) | ((v & 0xFF00u) << 8) | ((v >> 8) & 0xFF00u) | (v >> 24);
 }
@@ -227,6 +240,8 @@ void GgufFile::Impl::parse() {
     const uint64_t at = c.pos();
     const std::string_view key = c.string({"key", {}, i});
     const What what{"key", key, i};
+    if (const std::string bad = control_byte(key); !bad.empty())
+      corrupt_at(at, What{"key", {}, i}, str_cat("the name's ", bad));
     if (key.empty()) corrupt_at(at, what, "empty key");
     if (key.size() > kMaxKeyBytes) corrupt_at(at, what, str_cat("key of ", key.size(), " bytes (the limit is 65535)"));
     if (key_index.count(key)) corrupt_at(at, what, "duplicate key");
@@ -300,6 +315,8 @@ void GgufFile::Impl::parse_tensor_info(Cursor& c, uint64_t index) {
   const uint64_t at = c.pos();
   const std::string_view tname = c.string({"tensor", {}, index, "name"});
   What what{"tensor", tname, index};
+  if (const std::string bad = control_byte(tname); !bad.empty())
+    corrupt_at(at, What{"tensor", {}, index}, str_cat("the name's ", bad));
   if (tname.empty()) corrupt_at(at, what, "empty tensor name");
   if (tensor_index.count(tname)) corrupt_at(at, what, "duplicate tensor name");
 

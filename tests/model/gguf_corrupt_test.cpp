@@ -218,6 +218,21 @@ TEST(GgufCorrupt, EmptyAndDuplicateKeys) {
   parse_error(Raw().header(1, 0).str("").u32(1).u64(1).u32(0).u64(0).u64(0).u64(0).bytes, kCorrupt, {"tensor #0", "empty tensor name"});
 }
 
+// Names go into messages and longctx-info's listing as they are: one with a
+// control byte (a NUL cut the message there, ESC drove the terminal) is
+// refused by index, the byte named, without printing the name.
+TEST(GgufCorrupt, NamesWithControlBytes) {
+  for (const std::string& name : {std::string("a\0b", 3), std::string("\x1b[2J"), std::string("ok\x7f")}) {
+    const std::string message = parse_error(Raw().header(0, 1).str(name).u32(0).put("\1\0", 2).bytes, kCorrupt,
+                                            {"key #0: the name's byte", "is the control byte 0x", "offset 24"});
+    EXPECT_EQ(message.find(name), std::string::npos) << message;
+  }
+  auto bytes = base_file();
+  const size_t t = find_unique(bytes, "tensor.h3");
+  bytes[t + 6] = '\n';
+  parse_error(bytes, kCorrupt, {"tensor #", "the name's byte 6 is the control byte 0x0a"});
+}
+
 TEST(GgufCorrupt, Alignment) {
   GgufWriter wrong_type = base_writer();
   wrong_type.set_raw("general.alignment", 10, Raw().u64(32).bytes);
