@@ -194,6 +194,16 @@ int q8_unstorable_channel(const float* row, int head_dim) {
   return -1;
 }
 
+uint32_t storable_bits(DType source, DType kv_type) {
+  if (source == DType::kF32) {
+    if (kv_type == DType::kF16) return 0x477fefffu;   // below 65520
+    if (kv_type == DType::kBF16) return 0x7f7f7fffu;  // below the tie 0x7f7f8000
+    return 0x7f7fffffu;                               // FLT_MAX
+  }
+  if (source == DType::kBF16 && kv_type == DType::kF16) return 0x477fu;  // 65280; the next, 65536, is past 65520
+  return source == DType::kF16 ? 0x7bffu : 0x7f7fu;  // their largest finite values
+}
+
 }  // namespace detail
 
 // ---- the page format ---------------------------------------------------------------

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include <tbb/parallel_for.h>
+
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/local_window.h"
@@ -114,6 +116,54 @@ void check_q8_storable(const KVStore& store, int layer, const TensorView& k, con
        head, " at position ", store.n_tokens(layer) + b.t, ", channel ", b.channel, " is ", b.x,
        ": a q8_0 store holds finite values whose group of 32 channels has a scale max|x|/127 within f16's range "
        "(|x| <= 8.3e6); nothing was appended");
+}
+
+// The same for an f32, f16 or bf16 store: NaN, +-Inf, or a value that rounds
+// to Inf in it (one NaN key would make every later score of its head NaN).
+// The keys, then the values, as bit patterns (detail::first_unstorable): the
+// whole tensor at once when it is contiguous, else row by row.
+void check_storable(const KVStore& store, int layer, const TensorView& k, const TensorView& v) {
+  const DType kv_type = store.layout().kv_type;
+  const int64_t n_heads = store.layout().shape.n_kv_heads;
+  const int64_t d = store.layout().shape.head_dim;
+  const int64_t n = k.shape[0];
+  for (const TensorView* src : {&k, &v}) {
+    const uint32_t limit = detail::storable_bits(src->dtype, kv_type);
+    const size_t elem = dtype_size(src->dtype);
+    const auto row = [&](int64_t t, int64_t h) {
+      return static_cast<const std::byte*>(src->data) + size_t(t * src->strides[0] + h * src->strides[1]) * elem;
+    };
+    int64_t t = 0, h = 0, c = -1;
+    if (src->strides[1] == d && src->strides[0] == n_heads * d) {
+      // A prefill chunk's megabytes in pieces on every thread; the first piece that has one names it.
+      constexpr int64_t kPiece = int64_t(1) << 18;
+      const int64_t total = n * n_heads * d, pieces = (total + kPiece - 1) / kPiece;
+      std::vector<int64_t> first(size_t(pieces), -1);
+      const auto check_piece = [&](int64_t p) {
+        const int64_t begin = p * kPiece;
+        const int64_t at = detail::first_unstorable(static_cast<const std::byte*>(src->data) + size_t(begin) * elem,
+                                                    src->dtype, size_t(std::min(kPiece, total - begin)), limit);
+        if (at >= 0) first[size_t(p)] = begin + at;
+      };
+      if (pieces == 1) check_piece(0);  // a decode step's token: no task
+      else tbb::parallel_for(int64_t{0}, pieces, check_piece);
+      const auto found = std::find_if(first.begin(), first.end(), [](int64_t i) { return i >= 0; });
+      if (found != first.end()) t = *found / (n_heads * d), h = *found / d % n_heads, c = *found % d;
+    } else {
+      for (int64_t r = 0; r < n * n_heads && c < 0; ++r) {
+        t = r / n_heads, h = r % n_heads;
+        c = detail::first_unstorable(row(t, h), src->dtype, size_t(d), limit);
+      }
+    }
+    if (c < 0) continue;
+    const char* holds = kv_type == DType::kF32 ? "an f32 store holds finite values"
+                        : kv_type == DType::kF16
+                            ? "an f16 store holds values that do not round to Inf in it (|x| < 65520)"
+                            : "a bf16 store holds values that do not round to Inf in it";
+    fail(ErrorCode::kInvalidArgument, "KV store append (layer ", layer, "): ", src == &v ? "value" : "key",
+         " of kv head ", h, " at position ", store.n_tokens(layer) + t, ", channel ", c, " is ",
+         load_as_f32(row(t, h), src->dtype, size_t(c)), ": ", holds, "; nothing was appended");
+  }
 }
 
 }  // namespace
@@ -296,6 +346,7 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
     fail(ErrorCode::kInvalidArgument, where, n0, " tokens held + ", n, " appended would exceed max_seq_len ",
          config_.max_seq_len);
   if (layout_.kv_type == DType::kQ8_0) check_q8_storable(*this, layer, k, v);
+  else check_storable(*this, layer, k, v);
 
   // Reserve list capacity, then take every page of every head; only then
   // change anything (the inserts below cannot throw).

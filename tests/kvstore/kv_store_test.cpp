@@ -3,6 +3,7 @@
 // reference is in representatives_test.cpp.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -286,6 +287,62 @@ TEST(KVStore, Q8RefusesUnstorableValuesInEveryLaneOnEveryHighwayTarget) {
     EXPECT_EQ(ts.store->n_tokens(0), 0);
     ts.store->append(0, k.view, k.view);  // the row itself fits
     EXPECT_EQ(ts.store->n_tokens(0), 1);
+  }
+}
+
+// Every store type refuses what it cannot hold, naming the kv head, position
+// and channel, and nothing changes: NaN and +-Inf (one NaN key makes every
+// later score of its head NaN), and for f16 and bf16 the values that round
+// to Inf in them (65520 and 3.3961e38 are the ties that do; the f32 just
+// below each is kept as their largest). Sources of each dtype, head_dim 8
+// and 24 (not whole vectors of the widest target), every Highway target.
+TEST(KVStore, RefusesNonFiniteAndOverflowingValuesInEveryStoreType) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const ForcedHighwayTarget forced(target);
+    for (const DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(dtype_name(kv_type));
+      const float tie = kv_type == DType::kF16 ? 65520.f : std::bit_cast<float>(0x7f7f8000u);
+      for (const int head_dim : {8, 24}) {
+        TestStore ts = make_store({1, 2, head_dim}, small_config(16, kv_type, RT::kQuest, 2, 100));
+        std::mt19937 rng(7);
+        const Input v = random_input(rng, 3, 2, head_dim, DType::kF32, false);
+        std::vector<float> bad_values = {nan, inf, -inf};
+        if (kv_type != DType::kF32) bad_values.insert(bad_values.end(), {tie, -tie});
+        for (const DType source : {DType::kF32, DType::kF16, DType::kBF16}) {
+          for (const float bad : bad_values) {
+            if (source != DType::kF32 && std::isfinite(bad)) continue;  // a 16-bit source cannot hold the ties
+            SCOPED_TRACE(str_cat(dtype_name(source), " source, ", bad));
+            for (const int channel : {0, head_dim - 1}) {
+              std::vector<float> row(v.values);
+              row[size_t(2 * head_dim + channel)] = bad;  // token 1, kv head 0
+              std::vector<uint16_t> half(row.size());
+              if (source != DType::kF32) convert(row.data(), DType::kF32, half.data(), source, row.size());
+              const TensorView k_view =
+                  source == DType::kF32 ? make_view(row.data(), DType::kF32, {3, 2, head_dim})
+                                        : make_view(half.data(), source, {3, 2, head_dim});
+              expect_error([&] { ts.store->append(0, k_view, v.view); }, ErrorCode::kInvalidArgument,
+                           {"key of kv head 0 at position 1", str_cat("channel ", channel), "nothing was appended"});
+              EXPECT_EQ(ts.store->n_tokens(0), 0);
+            }
+          }
+        }
+        // Rows apart in memory (a slice of wider rows): checked row by row.
+        std::vector<float> wide(size_t(3 * 2 * (head_dim + 8)), 0.5f);
+        wide[size_t((2 + 1) * (head_dim + 8) + 3)] = nan;  // token 1, kv head 1, channel 3
+        TensorView strided = make_view(wide.data(), DType::kF32, {3, 2, head_dim});
+        strided.strides[0] = 2 * (head_dim + 8), strided.strides[1] = head_dim + 8;
+        expect_error([&] { ts.store->append(0, v.view, strided); }, ErrorCode::kInvalidArgument,
+                     {"value of kv head 1 at position 1", "channel 3", "nan"});
+        EXPECT_EQ(ts.store->n_tokens(0), 0);
+        // The largest values that stay finite are kept.
+        std::vector<float> row(v.values);
+        row[0] = kv_type == DType::kF32 ? std::numeric_limits<float>::max() : std::nextafter(tie, 0.f);
+        ts.store->append(0, make_view(row.data(), DType::kF32, {3, 2, head_dim}), v.view);
+        EXPECT_EQ(ts.store->n_tokens(0), 3);
+      }
+    }
   }
 }
 

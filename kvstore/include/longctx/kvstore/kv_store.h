@@ -249,11 +249,12 @@ class KVStore {
 
   // Appends n tokens to `layer`. k, v: [n, n_kv_heads, head_dim], any dtype,
   // innermost dimension contiguous, other strides arbitrary; converted to
-  // kv_type with longctx::convert's rounding (q8_0: quantized as above; a
-  // value it cannot hold is an Error(kInvalidArgument) naming the layer,
-  // kv head, position and channel). importance (optional, rank 0 =
-  // absent = 0): finite f32 [n, n_kv_heads], inner dimension contiguous;
-  // validated for every type, used by DYNAMIC only. Everything is validated
+  // kv_type with longctx::convert's rounding (q8_0: quantized as above). A
+  // value the store cannot hold is an Error(kInvalidArgument) naming the
+  // layer, kv head, position and channel: NaN and Inf in every type, and
+  // what would round to Inf in it (f16: |x| >= 65520; q8_0: above).
+  // importance (optional, rank 0 = absent = 0): finite f32 [n, n_kv_heads],
+  // inner dimension contiguous; validated for every type, used by DYNAMIC only. Everything is validated
   // (Error kInvalidArgument, also when n_tokens + n > max_seq_len) and all
   // pages are allocated (Error kOutOfMemory) before anything is written: on
   // error the store is unchanged. n == 0 is a no-op.
