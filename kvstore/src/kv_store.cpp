@@ -158,7 +158,8 @@ void check_storable(const KVStore& store, int layer, const TensorView& k, const 
     if (c < 0) continue;
     const char* holds = kv_type == DType::kF32 ? "an f32 store holds finite values"
                         : kv_type == DType::kF16
-                            ? "an f16 store holds values that do not round to Inf in it (|x| < 65520)"
+                            ? "an f16 store holds values that do not round to Inf in it (|x| < 65520; kv_type "
+                              "bf16 or f32 holds larger ones)"
                             : "a bf16 store holds values that do not round to Inf in it";
     fail(ErrorCode::kInvalidArgument, "KV store append (layer ", layer, "): ", src == &v ? "value" : "key",
          " of kv head ", h, " at position ", store.n_tokens(layer) + t, ", channel ", c, " is ",
