@@ -131,7 +131,7 @@ py::tuple merge_attention(py::handle out_a, py::handle lse_a, py::handle out_b, 
   shape.pop_back();
   py::array_t<float> lse = new_f32(shape);
   const int head_dim = int(oa.view.shape[size_t(rank - 1)]);
-  const int n_heads = head_dim == 0 ? 0 : int(oa.view.numel() / head_dim);
+  const int n_heads = int(la.view.numel());  // so also with head_dim 0, whose lse still merge
   float* op = out.mutable_data();
   float* lp = lse.mutable_data();
   {

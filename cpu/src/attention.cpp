@@ -113,8 +113,9 @@ void check_query_and_outputs(const kvstore::KVStore& store, int layer, const Ten
   check_dtype(as_const(lse), "decode_attention lse", DType::kF32);
   check_shape(as_const(lse), "decode_attention lse", {n_q_heads});
   check_inner_contiguous(as_const(lse), "decode_attention lse");
-  if (!std::isfinite(params.scale)) {
-    fail(ErrorCode::kInvalidArgument, "decode_attention params.scale: ", params.scale, " is not finite");
+  if (!(std::isfinite(params.scale) && params.scale >= 0.f)) {  // as prefill_attention and the policies take it
+    fail(ErrorCode::kInvalidArgument, "decode_attention params.scale: ", params.scale,
+         " must be finite and >= 0 (0 = 1/sqrt(head_dim))");
   }
   if (params.split_tokens < 0) {
     fail(ErrorCode::kInvalidArgument, "decode_attention params.split_tokens: ", params.split_tokens,

@@ -1,4 +1,7 @@
 // The LSE merge of two partial attention results (docs/architecture.md, numerical contract).
+#include <cmath>
+#include <utility>
+
 #include "longctx/core/error.h"
 #include "longctx/core/lse_merge.h"
 #include "longctx/cpu/attention.h"
@@ -10,6 +13,13 @@ void merge_attention(const float* out_a, const float* lse_a, const float* out_b,
   if (n_heads < 0 || head_dim < 0) {
     fail(ErrorCode::kInvalidArgument, "merge_attention: negative n_heads ", n_heads, " or head_dim ", head_dim);
   }
+  // A part's lse is finite, or -inf when it saw no key: NaN or +inf would
+  // come out as NaN (checked first: on error nothing is written).
+  for (int h = 0; h < n_heads; ++h)
+    for (const auto& [part, l] : {std::pair{"lse_a", lse_a[h]}, std::pair{"lse_b", lse_b[h]}})
+      if (std::isnan(l) || l == INFINITY)
+        fail(ErrorCode::kInvalidArgument, "merge_attention: ", part, "[", h, "] is ", l,
+             "; a part's lse is finite, or -inf when it attended no key");
   for (int h = 0; h < n_heads; ++h) {
     const size_t row = size_t(h) * size_t(head_dim);
     // Read both lse before writing: lse may alias lse_a or lse_b.

@@ -751,6 +751,8 @@ TEST(DecodeAttention, RejectsBadArgumentsNamingThem) {
   DecodeAttentionParams bad_scale;
   bad_scale.scale = std::numeric_limits<float>::quiet_NaN();
   expect_invalid("scale", decode(1, qv, ok, bad_scale, ov, lv));
+  bad_scale.scale = -0.125f;  // refused as prefill_attention and the policies refuse it
+  expect_invalid("scale: -0.125 must be finite and >= 0", decode(1, qv, ok, bad_scale, ov, lv));
   DecodeAttentionParams bad_split;
   bad_split.split_tokens = -1;
   expect_invalid("split_tokens", decode(1, qv, ok, bad_split, ov, lv));

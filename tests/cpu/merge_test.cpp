@@ -2,6 +2,7 @@
 // empty parts on either side, aliasing, extreme lse values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -198,10 +199,33 @@ TEST(MergeAttention, MergingHalvesGivesTheWhole) {
   }
 }
 
+// A part's lse is finite or -inf: NaN or +inf is refused naming the part and
+// head, before anything is written (the merged result would be NaN).
+TEST(MergeAttention, RejectsNaNAndPlusInfLse) {
+  const float good[2] = {0.5f, -INFINITY}, out_a[4] = {1, 2, 3, 4}, out_b[4] = {5, 6, 7, 8};
+  for (const float bad : {NAN, INFINITY}) {
+    for (const bool in_b : {false, true}) {
+      float lse_a[2] = {good[0], good[1]}, lse_b[2] = {good[0], good[1]};
+      (in_b ? lse_b : lse_a)[1] = bad;
+      float out[4] = {9, 9, 9, 9}, lse[2] = {9, 9};
+      try {
+        merge_attention(out_a, lse_a, out_b, lse_b, out, lse, 2, 2);
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(str_cat(in_b ? "lse_b" : "lse_a", "[1] is ")), std::string::npos)
+            << e.what();
+      }
+      EXPECT_TRUE(std::all_of(out, out + 4, [](float x) { return x == 9.f; }) && lse[0] == 9.f && lse[1] == 9.f);
+    }
+  }
+}
+
 TEST(MergeAttention, RejectsNegativeSizesAndAcceptsZero) {
   float x = 0;
   merge_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 16);
-  merge_attention(&x, &x, &x, &x, &x, &x, 1, 0);
+  float la = 0.f, lb = 0.f, l = 7.f;  // head_dim 0: the lse still merge
+  merge_attention(&x, &la, &x, &lb, &x, &l, 1, 0);
+  EXPECT_FLOAT_EQ(l, std::log(2.f));
   for (auto [n, d] : {std::pair{-1, 4}, std::pair{2, -3}}) {
     try {
       merge_attention(&x, &x, &x, &x, &x, &x, n, d);

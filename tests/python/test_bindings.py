@@ -587,6 +587,15 @@ class AttentionTest(unittest.TestCase):
             lc.merge_attention(oa, la[:2], ob, lb)
         with self.assertRaisesRegex(lc.Error, r"contiguous"):
             lc.merge_attention(oa[:, :, ::2], la, ob[:, :, ::2], lb)
+        # head_dim 0: no output values, but the lse merge (they were left unwritten).
+        empty = np.zeros((3, 0), np.float32)
+        out, lse = lc.merge_attention(empty, np.zeros(3, np.float32), empty, np.zeros(3, np.float32))
+        self.assertEqual(out.shape, (3, 0))
+        np.testing.assert_allclose(lse, np.full(3, np.log(2)), rtol=1e-6)
+        bad = la.copy()
+        bad[1, 2] = np.nan
+        with self.assertRaisesRegex(lc.Error, r"lse_a\[6\] is nan"):
+            lc.merge_attention(oa, bad, ob, lb)
 
 
 class DecodePolicyTest(unittest.TestCase):
