@@ -1,11 +1,10 @@
 #include "longctx/core/backend_args.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <string>
 
+#include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -129,31 +128,6 @@ std::span<const int> scale_fields(GgmlType type) {
   }
 }
 
-// The index of the first of n values of `bytes` (each sizeof(Bits), in
-// memory order) whose exponent bits `exponent` are all set (NaN or
-// infinite), or nullopt. A scan of all the weight's bytes: it runs chunk by
-// chunk in a loop without early exit (one the compiler vectorizes), and
-// looks for the index only in the chunk that has one.
-template <class Bits>
-std::optional<size_t> first_non_finite(std::span<const uint8_t> bytes, Bits exponent) {
-  const auto non_finite = [&](size_t i) {
-    Bits v;
-    std::memcpy(&v, bytes.data() + i * sizeof(Bits), sizeof(Bits));
-    return (v & exponent) == exponent;
-  };
-  constexpr size_t kChunk = 4096;
-  const size_t n = bytes.size() / sizeof(Bits);
-  for (size_t begin = 0; begin < n; begin += kChunk) {
-    const size_t end = std::min(n, begin + kChunk);
-    bool any = false;
-    for (size_t i = begin; i < end; ++i) any |= non_finite(i);
-    if (!any) continue;
-    for (size_t i = begin; i < end; ++i)
-      if (non_finite(i)) return i;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 void check_host_weight(const HostWeight& w) {
@@ -179,13 +153,14 @@ void check_host_weight(const HostWeight& w) {
     }
   // A float weight's values likewise: one NaN or Inf (a norm's, an
   // embedding row's) makes every logit NaN, found only at the sampler.
-  std::optional<size_t> bad;
-  if (w.type == GgmlType::kF32) bad = first_non_finite<uint32_t>(w.bytes, 0x7F800000u);
-  if (w.type == GgmlType::kF16) bad = first_non_finite<uint16_t>(w.bytes, 0x7C00u);
-  if (w.type == GgmlType::kBF16) bad = first_non_finite<uint16_t>(w.bytes, 0x7F80u);
-  if (bad)
-    fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": value ", *bad, " (byte ",
-         *bad * size_t(info.block_bytes), ") is NaN or infinite");
+  const std::optional<DType> float_type = w.type == GgmlType::kF32    ? std::optional(DType::kF32)
+                                          : w.type == GgmlType::kF16  ? std::optional(DType::kF16)
+                                          : w.type == GgmlType::kBF16 ? std::optional(DType::kBF16)
+                                                                      : std::nullopt;
+  const int64_t bad = float_type ? first_non_finite(w.bytes.data(), *float_type, size_t(*numel)) : -1;
+  if (bad >= 0)
+    fail(ErrorCode::kInvalidArgument, "weight '", w.name, "': ", shape(), ": value ", bad, " (byte ",
+         bad * info.block_bytes, ") is NaN or infinite");
 }
 
 void check_embed_args(const BackendTensor& table, std::span<const int32_t> tokens, const BackendTensor& out) {

@@ -50,14 +50,11 @@ bool q8_row_storable(const float* row, int head_dim);
 int q8_unstorable_channel(const float* row, int head_dim);
 
 // What an f32, f16 or bf16 store holds of a `source` element (f32, f16,
-// bf16): the largest bit pattern, sign cleared, whose value it keeps finite.
-// Every finite one when the store's type is at least as wide; in an f16
-// store what does not round to Inf (|x| < 65520, the tie that does, to the
-// even Inf); in a bf16 store from f32, below the tie 0x7f7f8000.
+// bf16): the largest bit pattern, sign cleared, whose value it keeps finite
+// (the limit of first_magnitude_above, dtype.h). Every finite one when the
+// store's type is at least as wide; in an f16 store what does not round to
+// Inf (|x| < 65520, the tie that does, to the even Inf); in a bf16 store
+// from f32, below the tie 0x7f7f8000.
 uint32_t storable_bits(DType source, DType kv_type);
-
-// The index of the first of n `source` values whose bits, sign cleared,
-// exceed `limit` (storable_bits), or -1 (storable_hwy.cpp).
-int64_t first_unstorable(const void* x, DType source, size_t n, uint32_t limit);
 
 }  // namespace longctx::kvstore::detail

@@ -120,7 +120,7 @@ void check_q8_storable(const KVStore& store, int layer, const TensorView& k, con
 
 // The same for an f32, f16 or bf16 store: NaN, +-Inf, or a value that rounds
 // to Inf in it (one NaN key would make every later score of its head NaN).
-// The keys, then the values, as bit patterns (detail::first_unstorable): the
+// The keys, then the values, as bit patterns (first_magnitude_above): the
 // whole tensor at once when it is contiguous, else row by row.
 void check_storable(const KVStore& store, int layer, const TensorView& k, const TensorView& v) {
   const DType kv_type = store.layout().kv_type;
@@ -141,7 +141,7 @@ void check_storable(const KVStore& store, int layer, const TensorView& k, const 
       std::vector<int64_t> first(size_t(pieces), -1);
       const auto check_piece = [&](int64_t p) {
         const int64_t begin = p * kPiece;
-        const int64_t at = detail::first_unstorable(static_cast<const std::byte*>(src->data) + size_t(begin) * elem,
+        const int64_t at = first_magnitude_above(static_cast<const std::byte*>(src->data) + size_t(begin) * elem,
                                                     src->dtype, size_t(std::min(kPiece, total - begin)), limit);
         if (at >= 0) first[size_t(p)] = begin + at;
       };
@@ -152,7 +152,7 @@ void check_storable(const KVStore& store, int layer, const TensorView& k, const 
     } else {
       for (int64_t r = 0; r < n * n_heads && c < 0; ++r) {
         t = r / n_heads, h = r % n_heads;
-        c = detail::first_unstorable(row(t, h), src->dtype, size_t(d), limit);
+        c = first_magnitude_above(row(t, h), src->dtype, size_t(d), limit);
       }
     }
     if (c < 0) continue;

@@ -454,5 +454,39 @@ TEST(DtypeConvert, RejectsOverlapNullAndInvalidDtype) {
                  "invalid dtype");
 }
 
+// Every value past the limit found at every position of a row (whole
+// vectors of the widest target and the scalar tail), the first of two
+// named, on every Highway target; the sign never counts.
+TEST(DtypeMagnitude, FirstAboveTheLimitAtEveryPositionOnEveryTarget) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const testing::ForcedHighwayTarget forced(target);
+    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      const size_t n = 75;
+      const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> values(n);
+      for (size_t i = 0; i < n; ++i) values[i] = (i % 2 ? -1.f : 1.f) * float(i % 7);  // at most 6
+      std::vector<uint32_t> bits(n);  // the values in dtype, 2 or 4 bytes each
+      const auto in_dtype = [&](const std::vector<float>& x) {
+        convert(x.data(), DType::kF32, bits.data(), dtype, n);
+        return static_cast<const void*>(bits.data());
+      };
+      const uint32_t six = dtype == DType::kF32 ? 0x40c00000u : dtype == DType::kF16 ? 0x4600u : 0x40c0u;
+      EXPECT_EQ(first_magnitude_above(in_dtype(values), dtype, n, six), -1);
+      EXPECT_EQ(first_non_finite(in_dtype(values), dtype, n), -1);
+      EXPECT_EQ(first_magnitude_above(in_dtype(values), dtype, n, six - 1), 6);  // the first |x| = 6
+      for (size_t at = 0; at < n; ++at) {
+        for (const float bad : {nan, inf, -inf}) {
+          std::vector<float> x(values);
+          x[at] = bad;
+          if (at + 3 < n) x[at + 3] = nan;
+          ASSERT_EQ(first_non_finite(in_dtype(x), dtype, n), int64_t(at)) << bad;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx

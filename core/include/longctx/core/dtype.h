@@ -34,6 +34,14 @@ float bf16_bits_to_f32(uint16_t bits);
 // src and dst must not overlap unless they are the same pointer and dtype.
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
 
+// The index of the first of n contiguous values of `dtype` (f32, f16, bf16)
+// whose bit pattern, sign cleared, exceeds `limit`, or -1: magnitudes order
+// as those patterns do, NaN above Inf above every finite value, so a limit
+// is "the largest magnitude allowed". Vectorized (magnitude_hwy.cpp).
+int64_t first_magnitude_above(const void* data, DType dtype, size_t n, uint32_t limit);
+// The index of the first NaN or infinite one of n values, or -1.
+int64_t first_non_finite(const void* data, DType dtype, size_t n);
+
 // Reads element i of a buffer of `dtype` as float (for references and tests).
 float load_as_f32(const void* data, DType dtype, size_t i);
 // Writes value (rounded) as element i of a buffer of `dtype`.

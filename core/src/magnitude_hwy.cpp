@@ -1,22 +1,21 @@
-// The check that an appended key or value is one the store can hold
-// (block_page.h: storable_bits, first_unstorable), vectorized with Highway
-// and dispatched at run time: it reads every appended byte once, as bit
-// patterns, with no conversion (a per-row conversion to f32 made an f16
-// store append 3.5x slower).
+// first_magnitude_above (dtype.h), vectorized with Highway and dispatched at
+// run time: it reads the values once as bit patterns, with no conversion
+// (the KV store's append checks every appended value with it; a per-row
+// conversion to f32 made an f16 store append 3.5x slower).
 #include <cstdint>
 #include <limits>
 
-#include "block_page.h"
+#include "longctx/core/dtype.h"
 
 // foreach_target.h re-includes this file once per target, looked up through
-// the include directories: kvstore/include/../src is this folder.
+// the include directories: core/include/../src is this folder.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/storable_hwy.cpp"
+#define HWY_TARGET_INCLUDE "../src/magnitude_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace longctx::kvstore::detail {
+namespace longctx {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -37,23 +36,29 @@ int64_t FirstAbove(const Bits* x, size_t n, Bits limit) {
   return -1;
 }
 
-int64_t FirstUnstorable(const void* x, DType source, size_t n, uint32_t limit) {
-  if (source == DType::kF32) return FirstAbove(static_cast<const int32_t*>(x), n, int32_t(limit));
+int64_t FirstMagnitudeAbove(const void* x, DType dtype, size_t n, uint32_t limit) {
+  if (dtype == DType::kF32) return FirstAbove(static_cast<const int32_t*>(x), n, int32_t(limit));
   return FirstAbove(static_cast<const int16_t*>(x), n, int16_t(limit));  // f16, bf16
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace longctx::kvstore::detail
+}  // namespace longctx
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace longctx::kvstore::detail {
+namespace longctx {
 
-HWY_EXPORT(FirstUnstorable);
+HWY_EXPORT(FirstMagnitudeAbove);
 
-int64_t first_unstorable(const void* x, DType source, size_t n, uint32_t limit) {
-  return HWY_DYNAMIC_DISPATCH(FirstUnstorable)(x, source, n, limit);
+int64_t first_magnitude_above(const void* data, DType dtype, size_t n, uint32_t limit) {
+  dtype_size(dtype);  // refuses q8_0, which has no elements
+  return HWY_DYNAMIC_DISPATCH(FirstMagnitudeAbove)(data, dtype, n, limit);
 }
 
-}  // namespace longctx::kvstore::detail
+int64_t first_non_finite(const void* data, DType dtype, size_t n) {
+  const uint32_t largest_finite = dtype == DType::kF32 ? 0x7f7fffffu : dtype == DType::kF16 ? 0x7bffu : 0x7f7fu;
+  return first_magnitude_above(data, dtype, n, largest_finite);
+}
+
+}  // namespace longctx
 #endif  // HWY_ONCE
