@@ -152,6 +152,30 @@ void check_inner_contiguous(const TensorView& view, const char* what) {
   }
 }
 
+void check_finite(const TensorView& view, const char* what) {
+  if (view.numel() == 0) return;
+  const int inner = view.rank - 1;
+  const int64_t row_len = inner >= 0 ? view.shape[inner] : 1;
+  const size_t elem = dtype_size(view.dtype);
+  std::array<int64_t, kMaxTensorRank> index{};  // of the row's first element, the inner entry 0
+  for (int64_t row = 0; row < view.numel() / row_len; ++row) {
+    int64_t offset = 0, rest = row;
+    for (int dim = inner - 1; dim >= 0; --dim) {
+      index[size_t(dim)] = rest % view.shape[dim];
+      rest /= view.shape[dim];
+      offset += index[size_t(dim)] * view.strides[dim];
+    }
+    const auto* first = static_cast<const std::byte*>(view.data) + offset * int64_t(elem);
+    const int64_t at = first_non_finite(first, view.dtype, size_t(row_len));
+    if (at < 0) continue;
+    if (inner >= 0) index[size_t(inner)] = at;
+    std::string where;
+    for (int dim = 0; dim < view.rank; ++dim) where += str_cat(dim ? ", " : "", index[size_t(dim)]);
+    fail(ErrorCode::kInvalidArgument, what, ": element [", where, "] is ", load_as_f32(first, view.dtype, size_t(at)),
+         "; it must be finite");
+  }
+}
+
 void check_host_view(const TensorView& view, const char* op, const char* arg) {
   if (view.rank < 0 || view.rank > kMaxTensorRank)
     fail(ErrorCode::kInvalidArgument, op, ": ", arg, " has rank ", view.rank);

@@ -107,6 +107,7 @@ void check_query_and_outputs(const kvstore::KVStore& store, int layer, const Ten
     fail(ErrorCode::kInvalidArgument, "decode_attention q: ", n_q_heads,
          " query heads is not a positive multiple of the store's ", shape.n_kv_heads, " kv heads");
   }
+  check_finite(q, "decode_attention q");  // a NaN query gave out 0 and lse -inf, as if no key were attended
   check_dtype(as_const(out), "decode_attention out", DType::kF32);
   check_shape(as_const(out), "decode_attention out", {n_q_heads, shape.head_dim});
   check_inner_contiguous(as_const(out), "decode_attention out");

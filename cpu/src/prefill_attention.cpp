@@ -407,6 +407,7 @@ void run_prefill(const kvstore::KVStore& store, int layer, int64_t first_pos, co
   }
   if (n == 0) return;
   check_inner_contiguous(q, "prefill_attention q");
+  check_finite(q, "prefill_attention q");  // a NaN query gave NaN rows
   check_inner_contiguous(as_const(out), "prefill_attention out");
   check_inner_contiguous(as_const(lse), "prefill_attention lse");
 

@@ -173,6 +173,30 @@ TEST(Tensor, CheckShapeAndDtypeMessages) {
             "k: expected dtype f32, got f16");
 }
 
+// The first NaN or Inf of a view, in row-major order, named by its index;
+// rows apart in memory, every dtype that has elements.
+TEST(Tensor, CheckFiniteNamesTheFirstBadElement) {
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<float> values(3 * 2 * 12, 1.5f);  // [3][2][12], of which a [3, 2, 10] view is taken
+    std::vector<uint32_t> storage(values.size());
+    const auto view_of = [&] {
+      convert(values.data(), DType::kF32, storage.data(), dtype, values.size());
+      TensorView v = make_view(storage.data(), dtype, {3, 2, 10});
+      v.strides = {24, 12, 1, 0};
+      return v;
+    };
+    check_finite(view_of(), "k");
+    values[10] = std::numeric_limits<float>::quiet_NaN();  // [0, 0, 10]: outside the view
+    check_finite(view_of(), "k");
+    values[(2 * 2 + 1) * 12 + 7] = -std::numeric_limits<float>::infinity();
+    values[(2 * 2 + 1) * 12 + 9] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(invalid_argument_message([&] { check_finite(view_of(), "k"); }),
+              "k: element [2, 1, 7] is -inf; it must be finite");
+  }
+  check_finite(make_view(nullptr, DType::kF32, {0, 4}), "empty");
+}
+
 TEST(Tensor, CheckInnerContiguous) {
   std::vector<float> storage(64);
   TensorView q = make_view(storage.data(), DType::kF32, {4, 8});

@@ -751,6 +751,10 @@ TEST(DecodeAttention, RejectsBadArgumentsNamingThem) {
   DecodeAttentionParams bad_scale;
   bad_scale.scale = std::numeric_limits<float>::quiet_NaN();
   expect_invalid("scale", decode(1, qv, ok, bad_scale, ov, lv));
+  std::vector<float> q_nan(q);
+  q_nan[64 + 5] = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid("decode_attention q: element [1, 5] is nan",
+                 decode(1, make_view(q_nan.data(), DType::kF32, {4, 64}), ok, defaults, ov, lv));
   bad_scale.scale = -0.125f;  // refused as prefill_attention and the policies refuse it
   expect_invalid("scale: -0.125 must be finite and >= 0", decode(1, qv, ok, bad_scale, ov, lv));
   DecodeAttentionParams bad_split;

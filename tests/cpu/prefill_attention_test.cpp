@@ -376,6 +376,11 @@ TEST(PrefillAttention, RejectsInvalidArgumentsNamingThem) {
   TensorView null_q = qv;
   null_q.data = nullptr;
   expect_invalid([&] { prefill_attention(store, 1, 15, null_q, 0.f, ov, lv); }, {"q", "null"});
+  std::vector<float> q_nan(q);
+  q_nan[(3 * 4 + 2) * 64 + 17] = std::numeric_limits<float>::infinity();
+  const TensorView q_inf = make_view(q_nan.data(), DType::kF32, {5, 4, 64});
+  expect_invalid([&] { prefill_attention(store, 1, 15, q_inf, 0.f, ov, lv); },
+                 {"prefill_attention q: element [3, 2, 17] is inf"});
 
   // Nothing was written by the calls that failed.
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == kSentinel; }));

@@ -49,6 +49,10 @@ void check_shape(const TensorView& view, const char* what, std::initializer_list
 void check_dtype(const TensorView& view, const char* what, DType dtype);
 // Throws unless the innermost dimension is contiguous (stride 1) and data is non-null.
 void check_inner_contiguous(const TensorView& view, const char* what);
+// Throws Error(kInvalidArgument) naming `what`, the index and the value when
+// an element of an f32, f16 or bf16 view with a contiguous innermost
+// dimension is NaN or infinite (first_non_finite, row by row).
+void check_finite(const TensorView& view, const char* what);
 
 // Host copies between strided views and contiguous row-major buffers, shared
 // by the backends' upload/download. check_host_view: rank, extents, dtype
