@@ -85,33 +85,41 @@ py::dict partition(const StoreHandle& h, int layer) {
 }
 
 // Every token of a layer as f32 [n_tokens, n_kv_heads, head_dim] K and V.
+// The arrays are made with the GIL held and outside the store's lock, then
+// filled under it: when another thread appended (or cleared) in between, the
+// count has changed and the read starts again, a few times at most.
 py::tuple read_layer(const StoreHandle& h, int layer) {
-  const int64_t n = locked(h, [&](kvstore::KVStore& s) { return s.n_tokens(layer); });
   const kvstore::StoreLayout& lay = h.store->layout();
   const int H = lay.shape.n_kv_heads, D = lay.shape.head_dim, B = lay.block_size;
-  py::array_t<float> k = new_f32({n, H, D}), v = new_f32({n, H, D});
-  float* kp = k.mutable_data();
-  float* vp = v.mutable_data();
-  std::vector<float> keys_t;  // one block's K^T, f32
-  locked(h, [&](kvstore::KVStore& s) {
-    if (s.n_tokens(layer) != n) fail(ErrorCode::kInvalidArgument, "KVStore.read: the layer changed while read");
-    for (int head = 0; head < H; ++head) {
-      for (int64_t b = 0; b < s.n_blocks(layer); ++b) {
-        const kvstore::BlockView blk = s.block(layer, head, b);
-        // Rows of token t, kv head `head` in the [n, H, D] outputs: H * D floats apart.
-        const size_t first = (size_t(b * B) * size_t(H) + size_t(head)) * size_t(D);
-        kvstore::read_values(lay, blk, 0, blk.n_filled, vp + first, size_t(H) * size_t(D));
-        keys_t.resize(size_t(D) * size_t(blk.n_filled));
-        kvstore::read_keys_t(lay, blk, 0, blk.n_filled, keys_t.data(), size_t(blk.n_filled));
-        for (int t = 0; t < blk.n_filled; ++t)
-          for (int c = 0; c < D; ++c)
-            kp[first + size_t(t) * size_t(H) * size_t(D) + size_t(c)] =
-                keys_t[size_t(c) * size_t(blk.n_filled) + size_t(t)];
+  constexpr int kTries = 8;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    const int64_t n = locked(h, [&](kvstore::KVStore& s) { return s.n_tokens(layer); });
+    py::array_t<float> k = new_f32({n, H, D}), v = new_f32({n, H, D});
+    float* kp = k.mutable_data();
+    float* vp = v.mutable_data();
+    std::vector<float> keys_t;  // one block's K^T, f32
+    const bool read = locked(h, [&](kvstore::KVStore& s) {
+      if (s.n_tokens(layer) != n) return false;
+      for (int head = 0; head < H; ++head) {
+        for (int64_t b = 0; b < s.n_blocks(layer); ++b) {
+          const kvstore::BlockView blk = s.block(layer, head, b);
+          // Rows of token t, kv head `head` in the [n, H, D] outputs: H * D floats apart.
+          const size_t first = (size_t(b * B) * size_t(H) + size_t(head)) * size_t(D);
+          kvstore::read_values(lay, blk, 0, blk.n_filled, vp + first, size_t(H) * size_t(D));
+          keys_t.resize(size_t(D) * size_t(blk.n_filled));
+          kvstore::read_keys_t(lay, blk, 0, blk.n_filled, keys_t.data(), size_t(blk.n_filled));
+          for (int t = 0; t < blk.n_filled; ++t)
+            for (int c = 0; c < D; ++c)
+              kp[first + size_t(t) * size_t(H) * size_t(D) + size_t(c)] =
+                  keys_t[size_t(c) * size_t(blk.n_filled) + size_t(t)];
+        }
       }
-    }
-    return 0;
-  });
-  return py::make_tuple(k, v);
+      return true;
+    });
+    if (read) return py::make_tuple(k, v);
+  }
+  fail(ErrorCode::kInvalidArgument, "KVStore.read: layer ", layer, " changed during each of ", kTries,
+       " reads (other threads append to it)");
 }
 
 }  // namespace

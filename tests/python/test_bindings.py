@@ -11,6 +11,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import threading
 import unittest
 import weakref
 
@@ -308,6 +309,41 @@ class KVStoreTest(unittest.TestCase):
                     self.assertEqual(store.partition(1)["n_tokens"], 37)
                     store.clear()
                     self.assertEqual(store.n_tokens(1), 0)
+
+    def test_read_while_other_threads_append(self):
+        """read() between appends of other threads returns a whole prefix of
+        the layer (the arrays are made outside the store's lock; a count that
+        changed meanwhile made it fail)."""
+        store = lc.KVStore(small_config(kv_type="f32"), 1, 2, 16)
+        rng = np.random.default_rng(4)
+        k = rng.standard_normal((400, 2, 16)).astype(np.float32)
+        errors, lengths = [], []
+
+        def append():
+            try:
+                for t in range(400):
+                    store.append(0, k[t:t + 1], k[t:t + 1])
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        def read():
+            try:
+                for _ in range(200):
+                    got_k, got_v = store.read(0)
+                    lengths.append(len(got_k))
+                    np.testing.assert_array_equal(got_k, k[:len(got_k)])
+                    np.testing.assert_array_equal(got_v, k[:len(got_v)])
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=append)] + [threading.Thread(target=read) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(store.n_tokens(0), 400)
+        self.assertEqual(len(lengths), 600)
 
     def test_q8_0_store(self):
         """kv_type q8_0: per token and group of 32 channels, s = f16(max|x| / 127),
