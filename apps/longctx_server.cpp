@@ -406,6 +406,10 @@ int run(const Args& a) {
     if (!res.body.empty()) return;
     std::string message = str_cat("HTTP ", res.status, " for ", req.method, " ", req.path);
     if (res.status == 404) message = str_cat("no such endpoint: ", req.method, " ", req.path);
+    // httplib answers 400 itself, before any route, for what it cannot read.
+    if (res.status == 400)
+      message = str_cat("cannot read the request ", req.method, " ", req.path, ": malformed request line or headers, ",
+                        "or a body with neither Content-Length nor chunked transfer encoding");
     if (res.status == 413) message = str_cat("the request body is larger than ", a.max_body_bytes, " bytes (--max-body-bytes)");
     res.set_content(error_body(res.status, message), "application/json");
   });

@@ -210,6 +210,15 @@ def bad_input(server):
     expect_api_error(server, "a body over the size limit", 413, chat, raw=b"x" * (300 << 10),
                      pattern="larger than")
     expect_api_error(server, "unknown endpoint", 404, "/v1/nothing", {}, pattern="no such endpoint")
+    # A POST whose body has no length: httplib refuses it before any route; the message says why.
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.putrequest("POST", "/v1/completions")
+    conn.endheaders()
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    check(response.status == 400 and "neither Content-Length nor chunked" in json.loads(text)["error"]["message"],
+          "a POST without Content-Length: 400 saying what it lacks", text)
     # Still serving.
     code, _, text = server.request(chat, ok)
     check(code == 200 and json.loads(text)["choices"][0]["message"]["role"] == "assistant",
