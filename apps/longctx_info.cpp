@@ -336,6 +336,12 @@ bool print_preflight(const Args& args, const LongContextConfig& config, const kv
   std::printf("store:    %s\n", plan.describe().c_str());
   const bool fits = plan.total_bytes <= budget;
   std::printf("budget:   %s (%s)\n", format_bytes(budget).c_str(), fits ? "fits" : "does not fit");
+  // A budget set above the machine's memory cannot refuse a store that will not fit in it.
+  const uint64_t memory = kvstore::machine_memory_bytes();
+  if (budget > memory)
+    std::fprintf(stderr, "longctx-info: warning: dram_budget %s is more than this machine's memory (%s)%s\n",
+                 format_bytes(budget).c_str(), format_bytes(memory).c_str(),
+                 plan.total_bytes > memory ? ", and so is the KV store: it will not fit" : "");
   if (!fits)
     std::fprintf(stderr, "longctx-info: the KV store needs %s but dram_budget is %s: lower max_seq_len, choose a "
                  "smaller kv_type, or raise dram_budget\n", format_bytes(plan.total_bytes).c_str(),

@@ -1,7 +1,9 @@
 #include "longctx/kvstore/kv_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -303,6 +305,18 @@ KVStore::KVStore(const KVShape& shape, const LongContextConfig& config, MemoryBu
          budget.name(), " has ", format_bytes(budget.available()), " (", budget.available(), " bytes) available of ",
          format_bytes(budget.limit()), "; lower max_seq_len, choose a smaller kv_type or representative_type, "
          "or raise dram_budget");
+  // A budget set above the machine's memory lets a store through that cannot
+  // fit in it (the process is killed as it fills): said once per process.
+  static std::atomic<bool> memory_warned{false};
+  uint64_t memory = 0;
+  try {
+    memory = machine_memory_bytes();
+  } catch (const Error&) {  // no warning where the machine does not tell
+  }
+  if (memory != 0 && plan.total_bytes > memory && !memory_warned.exchange(true))
+    std::fprintf(stderr, "longctx: warning: %s is more than this machine's memory (%s); dram_budget %s lets it "
+                 "through, but it will not fit once filled: lower max_seq_len or choose a smaller kv_type\n",
+                 plan.describe().c_str(), format_bytes(memory).c_str(), format_bytes(budget.limit()).c_str());
 
   const bool bind = config.numa.kind != NumaPolicy::Kind::kNone;  // numa: none lets the OS place pages
   page_pools_.resize(size_t(topology.node_count()));

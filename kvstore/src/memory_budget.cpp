@@ -65,7 +65,7 @@ void MemoryBudget::release(uint64_t bytes) {
 
 uint64_t MemoryBudget::available() const { return limit_ - used(); }
 
-uint64_t default_dram_budget() {
+uint64_t machine_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_size <= 0) {
@@ -75,7 +75,9 @@ uint64_t default_dram_budget() {
   uint64_t memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
   const uint64_t cgroup_limit = cgroup_memory_limit();
   if (cgroup_limit != 0 && cgroup_limit < memory) memory = cgroup_limit;
-  return memory / 10 * 9;
+  return memory;
 }
+
+uint64_t default_dram_budget() { return machine_memory_bytes() / 10 * 9; }
 
 }  // namespace longctx::kvstore

@@ -32,7 +32,11 @@ class MemoryBudget {
   std::atomic<uint64_t> used_{0};
 };
 
-// The budget used when the config says 0: 90% of the machine's physical memory.
+// The machine's physical memory, or the cgroup's memory limit when lower
+// (Error(kInternal) when sysconf cannot tell).
+uint64_t machine_memory_bytes();
+
+// The budget used when the config says 0: 90% of machine_memory_bytes().
 uint64_t default_dram_budget();
 
 }  // namespace longctx::kvstore
