@@ -14,6 +14,7 @@ namespace {
 // then cut out of the text (\x01: not whitespace, which templates strip).
 constexpr const char* kDocument = "\x01" "longctx-document" "\x01";
 constexpr const char* kQuestion = "\x01" "longctx-question" "\x01";
+constexpr const char* kAnswer = "\x01" "longctx-answer" "\x01";
 constexpr const char* kStateTag = "longctx-chat ";
 
 std::string trimmed(const std::string& s) {
@@ -71,26 +72,29 @@ std::string Conversation::question(const std::string& question) {
     // Raw text has no turn markers: a line break separates the turns.
     content = template_ == model::ChatTemplate::kRaw ? std::string("\n") + kQuestion : kQuestion;
   }
+  // After an answer the KV store holds it as it was generated, which the
+  // template may render otherwise (it strips answers, puts a space before
+  // them): the answer is rendered as a placeholder, and the turn is what
+  // comes after it. The first turn extends the context's rendering.
+  if (turns_ > 0) next.back().content = kAnswer;
   next.push_back({"user", content});
   std::string text = render(next);
-  // Normally the new rendering extends what is in the KV store; if a template
-  // rewrites earlier text (it strips answers), keep what is there and append
-  // from the first difference.
-  size_t common = 0;
-  while (common < text.size() && common < rendered_.size() && text[common] == rendered_[common]) ++common;
+  size_t start = 0;
+  if (turns_ > 0) {
+    start = text.find(kAnswer) + std::strlen(kAnswer);
+  } else {
+    while (start < text.size() && start < rendered_.size() && text[start] == rendered_[start]) ++start;
+  }
   replace_first(text, kQuestion, q);
-  std::string segment = text.substr(common);
+  std::string segment = text.substr(start);
+  if (turns_ > 0) next[next.size() - 2].content = messages_.back().content;
   replace_first(next.back().content, kQuestion, q);
   messages_ = std::move(next);
-  rendered_ = std::move(text);
   ++turns_;
   return segment;
 }
 
-void Conversation::answer(const std::string& text) {
-  messages_.push_back({"assistant", text});
-  rendered_ += text;
-}
+void Conversation::answer(const std::string& text) { messages_.push_back({"assistant", text}); }
 
 std::string Conversation::state(int64_t context_tokens) const {
   return str_cat(kStateTag, "template=", model::chat_template_name(template_), " document=", has_document_ ? 1 : 0,

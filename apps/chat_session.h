@@ -11,9 +11,11 @@
 //   2. per question: the rest of the user message and the assistant header
 //      (first turn), or the end of the previous answer and the next user
 //      message (later turns).
-// Later turns are the difference between the template's rendering of the
-// whole conversation and what the KV store already holds, so every turn
-// appends to the same sequence and nothing is prefilled twice.
+// A later turn is what the template's rendering of the whole conversation
+// puts after the last answer, rendered as a placeholder: the KV store holds
+// that answer as it was generated, which the template may render otherwise
+// (stripped, after a space). Every turn appends to the same sequence and
+// nothing is prefilled twice.
 #pragma once
 
 #include <string>
@@ -55,7 +57,7 @@ class Conversation {
   bool has_document_ = false;
   int turns_ = 0;
   std::vector<model::ChatMessage> messages_;  // the document is a placeholder in them
-  std::string rendered_;                      // text already in the KV store (placeholder included)
+  std::string rendered_;                      // the context's rendering (the document's placeholder included)
 };
 
 // The fingerprint stored in longctx-chat's snapshots: the model's, a newline,
