@@ -135,6 +135,11 @@ namespace detail {
 
 AtomicFileWriter::AtomicFileWriter(const std::string& path)
     : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())) {
+  // The rename at commit replaces whatever is at `path`: a FIFO or a device
+  // (--save-kv /dev/null) would become a regular file.
+  struct stat info;
+  if (::stat(path_.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
+    fail(ErrorCode::kIo, "cannot write '", path_, "': it exists and is not a regular file");
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     fail(ErrorCode::kIo, "cannot write '", path_, "': cannot create temporary file '", tmp_path_,

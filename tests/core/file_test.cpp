@@ -142,6 +142,18 @@ TEST_F(FileTest, FifoIsRefusedWithoutWaitingForAWriter) {
   EXPECT_NE(std::string(e.what()).find(fifo), std::string::npos) << e.what();
 }
 
+TEST_F(FileTest, AtomicWriteRefusesToReplaceWhatIsNotARegularFile) {
+  const std::string fifo = path("pipe.kv");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& target : {fifo, dir_.string()}) {
+    const Error e = expect_io_error([&] { write_file_atomically(target, [](FileSink& sink) { sink.write("x", 1); }); });
+    EXPECT_EQ(std::string(e.what()), "cannot write '" + target + "': it exists and is not a regular file");
+  }
+  struct stat info;
+  ASSERT_EQ(::stat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+}
+
 TEST_F(FileTest, ReadFileRefusesMoreThanItsLimit) {
   const std::string target = path("limit.bin");
   write_plain(target, std::string(100, 'x'));
