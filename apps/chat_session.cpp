@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "longctx/core/crc32c.h"
 #include "longctx/core/error.h"
@@ -104,22 +103,6 @@ std::string Conversation::state(int64_t context_tokens) const {
 
 std::string snapshot_fingerprint(const std::string& model_fingerprint, const std::string& state) {
   return model_fingerprint + "\n" + state;
-}
-
-std::string read_snapshot_fingerprint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCode::kIo, "cannot read snapshot '", path, "': ", std::strerror(errno));
-  // magic[8] version u32, header_bytes u32, ..., fingerprint_bytes u32 at offset 88, fingerprint at 92.
-  unsigned char head[92];
-  if (!in.read(reinterpret_cast<char*>(head), sizeof head))
-    fail(ErrorCode::kCorrupt, "snapshot '", path, "' is too short to be a KV snapshot");
-  if (std::memcmp(head, "LCTXSNAP", 8) != 0)
-    fail(ErrorCode::kCorrupt, "'", path, "' is not a KV snapshot (no LCTXSNAP magic)");
-  const uint32_t n = uint32_t(head[88]) | uint32_t(head[89]) << 8 | uint32_t(head[90]) << 16 | uint32_t(head[91]) << 24;
-  if (n > 4096) fail(ErrorCode::kCorrupt, "snapshot '", path, "': fingerprint of ", n, " bytes (at most 4096)");
-  std::string fingerprint(n, '\0');
-  if (!in.read(fingerprint.data(), n)) fail(ErrorCode::kCorrupt, "snapshot '", path, "' is truncated");
-  return fingerprint;
 }
 
 SnapshotChatState check_snapshot_fingerprint(const std::string& path, const std::string& stored,

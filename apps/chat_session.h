@@ -64,11 +64,6 @@ class Conversation {
 // Conversation::state().
 std::string snapshot_fingerprint(const std::string& model_fingerprint, const std::string& state);
 
-// Reads the fingerprint string out of a snapshot's header (docs/snapshot-format.md)
-// without loading it. Error(kIo) when unreadable, Error(kCorrupt) when it is not
-// a snapshot.
-std::string read_snapshot_fingerprint(const std::string& path);
-
 // The chat state of a snapshot, checked against this run: Error(kInvalidArgument)
 // with a message a user can act on when the snapshot is from another model, was
 // not made by longctx-chat, or used another chat template or system prompt.

@@ -51,12 +51,14 @@ constexpr const char* kUsage =
     "  --save-kv FILE      after prefilling the document, write the KV cache and chat\n"
     "                      state to FILE (atomically), then go on\n"
     "  --load-kv FILE      start from such a snapshot instead of prefilling a document\n"
-    "                      (same model, chat template, system prompt and KV layout)\n"
+    "                      (same model, chat template, system prompt and KV layout;\n"
+    "                      not with --prompt-file or --save-kv)\n"
     "\n"
     "The answer streams to stdout; prefill progress and, after each answer, a stats line\n"
     "(prefill and decode tokens/s, KV memory, share of the cache attended per decode\n"
-    "step) go to stderr. Ctrl-C stops the current answer (the chat goes on); twice in a\n"
-    "row (at the prompt too), or during a prefill, quits with status 130. Errors print\n"
+    "step) go to stderr. Ctrl-C stops the current answer (the chat goes on; with --prompt\n"
+    "it exits with status 130); twice in a row (at the prompt too), or during a prefill,\n"
+    "quits with status 130; during --save-kv, once the snapshot is written. Errors print\n"
     "a message and exit with status 1.\n";
 
 struct Args {
@@ -96,8 +98,9 @@ Args parse_args(int argc, char** argv) {
   if (!a.load_kv.empty() && !a.prompt_file.empty())
     fail(ErrorCode::kInvalidArgument, "--load-kv and --prompt-file: the snapshot already holds its document; "
          "give one of them");
-  if (!a.load_kv.empty() && a.load_kv == a.save_kv)
-    fail(ErrorCode::kInvalidArgument, "--load-kv and --save-kv name the same file");
+  if (!a.load_kv.empty() && !a.save_kv.empty())
+    fail(ErrorCode::kInvalidArgument, "--load-kv and --save-kv: --save-kv saves the document's prefill, which a "
+         "loaded snapshot skips (the snapshot is that save); give one of them");
   return a;
 }
 
@@ -105,9 +108,11 @@ Args parse_args(int argc, char** argv) {
 
 std::atomic<bool> g_interrupted{false};
 
+std::atomic<bool> g_saving{false};  // a --save-kv in progress, which quits once done
+
 extern "C" void on_sigint(int) {
   // A second Ctrl-C before the first was handled: quit now.
-  if (g_interrupted.exchange(true)) _exit(130);
+  if (g_interrupted.exchange(true) && !g_saving.load()) _exit(130);
 }
 
 void install_sigint_handler() {
@@ -118,7 +123,9 @@ void install_sigint_handler() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-struct Interrupted {};  // thrown from the prefill progress callback
+struct Interrupted {  // thrown from the prefill progress callback, and after a save
+  const char* when;
+};
 
 // ---- the chat ---------------------------------------------------------------------
 
@@ -163,14 +170,19 @@ class Chat {
     if (!save_path.empty()) {
       const std::string fingerprint =
           chat::snapshot_fingerprint(model_.fingerprint(), conversation_.state(seq_.n_past()));
+      // Ctrl-C does not cut a save short (_exit would leave its temporary
+      // file): the save completes, then the chat quits.
+      g_saving.store(true);
       kvstore::save_snapshot(seq_.store(), save_path, fingerprint);
+      g_saving.store(false);
+      if (g_interrupted.load()) throw Interrupted{"during --save-kv, after it completed"};
       std::fprintf(stderr, "saved the KV cache of %lld context tokens to %s\n",
                    static_cast<long long>(seq_.n_past()), save_path.c_str());
     }
   }
 
   void load_context(const std::string& path) {
-    const std::string stored = chat::read_snapshot_fingerprint(path);
+    const std::string stored = kvstore::read_snapshot_fingerprint(path);
     const chat::SnapshotChatState state =
         chat::check_snapshot_fingerprint(path, stored, model_.fingerprint(), conversation_.chat_template(),
                                          config_.model.system_prompt);
@@ -186,13 +198,14 @@ class Chat {
 
   // Answers one question. A question that does not fit is an error in
   // one-shot mode; in a chat it is reported and the session stays as it was.
-  void answer(const std::string& question) {
+  // Returns why generation stopped.
+  StopReason answer(const std::string& question) {
     Conversation next = conversation_;
     const std::vector<int32_t> tokens = encode(next.question(question), seq_.n_past() == 0);
     if (const std::string p = too_long(0, static_cast<int64_t>(tokens.size())); !p.empty()) {
       if (!interactive_) fail(ErrorCode::kInvalidArgument, p);
       std::fprintf(stderr, "longctx-chat: %s\n", p.c_str());
-      return;
+      return StopReason::kEnd;
     }
     if (turns_ > 0) seq_.reset_stats();  // the first turn's stats include the document's prefill
     std::vector<float> logits;
@@ -243,6 +256,7 @@ class Chat {
     g_interrupted.store(false);
     conversation_.answer(answer_text);
     print_stats(generated, reason);
+    return reason;
   }
 
  private:
@@ -277,7 +291,7 @@ class Chat {
     std::optional<chat::Progress> progress;
     if (tokens.size() > 512) progress.emplace(stderr, static_cast<int64_t>(tokens.size()));
     options.progress = [&](int64_t done, int64_t total) {
-      if (g_interrupted.load()) throw Interrupted{};
+      if (g_interrupted.load()) throw Interrupted{"during prefill"};
       if (progress) progress->update(done, total);
     };
     std::vector<float> logits = seq_.prefill(tokens, options);
@@ -385,8 +399,8 @@ int run(const Args& a) {
   if (!interactive) {
     // The question on stderr so that stdout holds the answer alone (for scripts).
     if (!a.prompt->empty()) std::fprintf(stderr, "question: %s\n", a.prompt->c_str());
-    chat.answer(*a.prompt);
-    return 0;
+    // A script sees a cut-off answer: 130, as a Ctrl-C that quits.
+    return chat.answer(*a.prompt) == StopReason::kInterrupted ? 130 : 0;
   }
   const bool tty = isatty(fileno(stdin)) != 0;
   for (;;) {
@@ -407,8 +421,8 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   try {
     return run(parse_args(argc, argv));
-  } catch (const Interrupted&) {
-    std::fprintf(stderr, "\nlongctx-chat: interrupted during prefill\n");
+  } catch (const Interrupted& interrupted) {
+    std::fprintf(stderr, "\nlongctx-chat: interrupted %s\n", interrupted.when);
     return 130;
   } catch (const longctx::Error& e) {
     std::fprintf(stderr, "longctx-chat: %s\n", e.what());

@@ -126,7 +126,7 @@ void DiskCache::scan() {
     try {
       if (!fs::exists(kv) || !fs::exists(tokens_path))
         fail(ErrorCode::kCorrupt, "half an entry (no ", fs::exists(kv) ? ".tokens" : ".kv", ")");
-      const std::string stored = chat::read_snapshot_fingerprint(kv);
+      const std::string stored = kvstore::read_snapshot_fingerprint(kv);
       if (!stored.starts_with(model_fingerprint_ + "\n" + kTag)) continue;  // another model: not ours to judge
       if (stored.find(str_cat("layout=", layout_, " ")) == std::string::npos) continue;  // another KV layout
       Entry e;

@@ -584,6 +584,11 @@ void save_snapshot(const KVStore& store, const std::string& path, const std::str
   });
 }
 
+std::string read_snapshot_fingerprint(const std::string& path) {
+  const SnapshotFile file(path, LoadMode::kMmap);  // the header's pages only are read
+  return read_header(file.bytes(), path).fingerprint;
+}
+
 void load_snapshot(KVStore& store, const std::string& path, const std::string& expected_fingerprint,
                    LoadMode mode) {
   const SnapshotFile file(path, mode);

@@ -155,6 +155,40 @@ INSTANTIATE_TEST_SUITE_P(Types, SnapshotDamage,
 
 // Whole blocks (page, record and their own valid CRC) moved inside the file:
 // the block's file offset in its CRC catches them.
+// The fingerprint is read only once the header checks out: a flipped byte
+// in it, or anywhere in the header, is a checksum mismatch, not a fingerprint
+// that seems to name another model.
+TEST_F(SnapshotTest, ReadFingerprintChecksTheHeaderFirst) {
+  const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
+  auto source = make_store(cfg);
+  fill_source(*source, 700);
+  const std::string file = path("fingerprint.snap");
+  save_snapshot(*source, file, kFingerprint);
+  EXPECT_EQ(read_snapshot_fingerprint(file), kFingerprint);
+  const std::vector<std::byte> original = read_bytes(file);
+  for (const size_t at : {size_t{20}, size_t{92}, size_t{93}}) {  // a field, the fingerprint's first bytes
+    std::vector<std::byte> damaged = original;
+    damaged[at] ^= std::byte{0x04};
+    write_bytes(file, damaged);
+    try {
+      read_snapshot_fingerprint(file);
+      ADD_FAILURE() << "byte " << at << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find("header checksum mismatch"), std::string::npos) << e.what();
+    }
+  }
+  for (const std::string& bad : {path("missing.snap"), dir_.string()}) {
+    try {
+      read_snapshot_fingerprint(bad);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(SnapshotTest, MovedOrDuplicatedBlocksAreRejected) {
   const LongContextConfig cfg = small_config(RepresentativeType::kMean);
   auto source = make_store(cfg);

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -161,6 +162,21 @@ def run_all(tmp):
     with open(bad_snap, "wb") as f:
         f.write(data)
     expect_error(chat("--model", demo, "--load-kv", bad_snap, "--prompt", "x"), r"bad.kv", "corrupt snapshot")
+    # A flipped byte in the header's fingerprint is a checksum mismatch, not "another model".
+    with open(snap, "rb") as f:
+        data = bytearray(f.read())
+    data[93] ^= 0x04
+    with open(bad_snap, "wb") as f:
+        f.write(data)
+    expect_error(chat("--model", demo, "--load-kv", bad_snap, "--prompt", "x"), r"header checksum mismatch",
+                 "a corrupt fingerprint")
+    expect_error(chat("--model", demo, "--load-kv", snap, "--save-kv", os.path.join(tmp, "copy.kv"), "--prompt", "x"),
+                 r"--load-kv and --save-kv", "--save-kv with --load-kv (it was ignored)")
+    fifo = os.path.join(tmp, "pipe.kv")
+    os.mkfifo(fifo)
+    expect_error(chat(*base, "--prompt", QUESTION, "--save-kv", fifo), r"not a regular file",
+                 "--save-kv onto a FIFO (it became a regular file)")
+    check(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO is still one")
 
     # Errors: message, exit 1, nothing written.
     expect_error(chat("--model", os.path.join(tmp, "missing.gguf"), "--prompt", "x"), r"missing\.gguf",

@@ -16,6 +16,13 @@ enum class LoadMode { kRead, kMmap };
 // `path` is then untouched.
 void save_snapshot(const KVStore& store, const std::string& path, const std::string& fingerprint);
 
+// The fingerprint save_snapshot wrote at `path`, once the header checks out
+// (size, magic, version, header checksum, fields: load_snapshot's first
+// steps), without reading the blocks: a caller can compare it with its own
+// before loading. Error(kIo) when unreadable, kCorrupt or kUnsupported as
+// load_snapshot says them.
+std::string read_snapshot_fingerprint(const std::string& path);
+
 // Replaces the content of `store` with the snapshot at `path`. Every size,
 // offset and checksum is validated, and the layout and fingerprint are checked
 // against the store and `expected_fingerprint`, before the store is touched:
