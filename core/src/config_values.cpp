@@ -79,6 +79,9 @@ int64_t read_integer(const YAML::Node& node, int64_t lo, int64_t hi, bool has_ma
   if (error == std::errc::invalid_argument || stop != end) {
     bad_value(str_cat("expected an integer, got ", describe(node)));
   }
+  // Without an upper bound, "must be >= 1, got 99999999999999999999" would not say what is wrong.
+  if (error == std::errc::result_out_of_range && !has_max && digits[0] != '-')
+    bad_value(str_cat("must be ", range_text(lo, hi, has_max), " and fit a 64-bit integer, got ", shown(text)));
   if (error == std::errc::result_out_of_range || value < lo || value > hi) {
     bad_value(str_cat("must be ", has_max ? "in " : "", range_text(lo, hi, has_max), ", got ", shown(text)));
   }
@@ -90,7 +93,10 @@ double read_number(const YAML::Node& node) {
   double value = 0;
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(text.data(), end, value);
-  if (error != std::errc() || stop != end) bad_value(str_cat("expected a number, got ", describe(node)));
+  if (error == std::errc::invalid_argument || stop != end)
+    bad_value(str_cat("expected a number, got ", describe(node)));
+  if (error == std::errc::result_out_of_range)
+    bad_value(str_cat("got ", shown(text), ", beyond a double's range (magnitudes from about 1e-308 to 1e308, or 0)"));
   return value;
 }
 

@@ -243,6 +243,8 @@ TEST(ConfigParse, IntegerEdgeCases) {
             "x.yaml:1:14: key 'max_seq_len': must be in 1..2147483647, got 2147483648");
   EXPECT_EQ(config_error("chunk_size: 99999999999999999999999\n"),
             "x.yaml:1:13: key 'chunk_size': must be in 1..1048576, got 99999999999999999999999");
+  EXPECT_EQ(config_error("sampling: {max_tokens: 99999999999999999999}\n"),
+            "x.yaml:1:24: key 'sampling.max_tokens': must be >= 1 and fit a 64-bit integer, got 99999999999999999999");
   EXPECT_EQ(config_error("layer_step: -9223372036854775809\n"),
             "x.yaml:1:13: key 'layer_step': must be >= 1, got -9223372036854775809");
   EXPECT_EQ(config_error("dense_layer_num: 2147483648\n"),
@@ -277,6 +279,11 @@ TEST(ConfigParse, BoolsNumbersStrings) {
   EXPECT_NE(config_error("budget: {alpha: nan}\n").find("must be in [0, 1]"), std::string::npos);
   EXPECT_NE(config_error("budget: {alpha: .nan}\n").find("expected a number, got '.nan'"), std::string::npos);
   EXPECT_NE(config_error("budget: {alpha: high}\n").find("expected a number, got 'high'"), std::string::npos);
+  for (const char* beyond : {"1e-400", "1e400", "-1e999"})
+    EXPECT_NE(config_error(str_cat("sampling: {temperature: ", beyond, "}\n")).find(
+                  str_cat("got ", beyond, ", beyond a double's range")),
+              std::string::npos)
+        << beyond;
 
   EXPECT_EQ(parse_config("razor: {retrieval_heads: 'a b: c'}", "s").razor.retrieval_heads, "a b: c");
   EXPECT_EQ(parse_config("razor:\n  retrieval_heads:\n", "s").razor.retrieval_heads, "");
