@@ -307,11 +307,15 @@ KVStore::KVStore(const KVShape& shape, const LongContextConfig& config, MemoryBu
          "or raise dram_budget");
   // A budget set above the machine's memory lets a store through that cannot
   // fit in it (the process is killed as it fills): said once per process.
+  // The machine's memory is read only until the warning is given: the server
+  // makes a store per cached sequence.
   static std::atomic<bool> memory_warned{false};
   uint64_t memory = 0;
-  try {
-    memory = machine_memory_bytes();
-  } catch (const Error&) {  // no warning where the machine does not tell
+  if (!memory_warned.load()) {
+    try {
+      memory = machine_memory_bytes();
+    } catch (const Error&) {  // no warning where the machine does not tell
+    }
   }
   if (memory != 0 && plan.total_bytes > memory && !memory_warned.exchange(true))
     std::fprintf(stderr, "longctx: warning: %s is more than this machine's memory (%s); dram_budget %s lets it "
