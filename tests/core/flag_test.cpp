@@ -6,32 +6,20 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <string>
 
-#include "longctx/core/error.h"
+#include "error_message.h"
 
 namespace longctx {
 namespace {
 
-// The message of the Error(kInvalidArgument) fn throws; "" when it does not throw.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    return e.what();
-  }
-  return "";
-}
-
 std::string int_error(const std::string& text, int64_t lo, int64_t hi) {
-  return error_of([&] { parse_int_flag("--n", text, lo, hi); });
+  return error_message([&] { parse_int_flag("--n", text, lo, hi); });
 }
 
 std::string number_error(const std::string& text, double lo, double hi) {
-  return error_of([&] { parse_number_flag("--x", text, lo, hi); });
+  return error_message([&] { parse_number_flag("--x", text, lo, hi); });
 }
 
 TEST(Flag, IntegersInRangeAreTakenWhole) {

@@ -7,23 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "error_message.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
 namespace {
-
-// Runs `call` and returns the message of the Error(kInvalidArgument) it must throw.
-template <typename F>
-std::string invalid_argument_message(F&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
 
 TEST(Tensor, MakeViewIsRowMajorAndContiguous) {
   std::vector<uint16_t> storage(4096 * 8 * 128);
@@ -55,11 +43,11 @@ TEST(Tensor, RanksZeroToFourAndTooLarge) {
   EXPECT_EQ(rank4.numel(), 120);
   EXPECT_EQ(rank4.describe(), "f32[2, 3, 4, 5]");
 
-  const std::string message = invalid_argument_message(
+  const std::string message = error_message(
       [&] { make_view(storage.data(), DType::kF32, {2, 3, 4, 5, 1}); });
   EXPECT_NE(message.find("rank 5"), std::string::npos) << message;
-  invalid_argument_message([&] { make_view(storage.data(), DType::kF32, {2, -3}); });
-  invalid_argument_message([&] { make_view(storage.data(), DType::kF32, {int64_t{1} << 40, int64_t{1} << 40}); });
+  error_message([&] { make_view(storage.data(), DType::kF32, {2, -3}); });
+  error_message([&] { make_view(storage.data(), DType::kF32, {int64_t{1} << 40, int64_t{1} << 40}); });
 }
 
 TEST(Tensor, EmptyViews) {
@@ -117,11 +105,11 @@ TEST(Tensor, ElementRejectsBadIndices) {
   std::vector<float> storage(12);
   const TensorView view = make_view(storage.data(), DType::kF32, {3, 4});
   EXPECT_EQ(view.element({2, 3}), storage.data() + 11);
-  std::string message = invalid_argument_message([&] { view.element({3, 0}); });
+  std::string message = error_message([&] { view.element({3, 0}); });
   EXPECT_NE(message.find("[3, 0]"), std::string::npos) << message;
   EXPECT_NE(message.find("f32[3, 4]"), std::string::npos) << message;
-  invalid_argument_message([&] { view.element({0, -1}); });
-  message = invalid_argument_message([&] { view.element({1}); });
+  error_message([&] { view.element({0, -1}); });
+  message = error_message([&] { view.element({1}); });
   EXPECT_NE(message.find("1 entries"), std::string::npos) << message;
 }
 
@@ -163,13 +151,13 @@ TEST(Tensor, CheckShapeAndDtypeMessages) {
   check_shape(k, "k", {-1, 8, -1});
   check_dtype(k, "k", DType::kF16);
 
-  EXPECT_EQ(invalid_argument_message([&] { check_shape(k, "k", {-1, 8, 128}); }),
+  EXPECT_EQ(error_message([&] { check_shape(k, "k", {-1, 8, 128}); }),
             "k: expected shape [*, 8, 128], got f16[4096, 8, 64]");
-  EXPECT_EQ(invalid_argument_message([&] { check_shape(k, "k", {4096, 8}); }),
+  EXPECT_EQ(error_message([&] { check_shape(k, "k", {4096, 8}); }),
             "k: expected shape [4096, 8], got f16[4096, 8, 64]");
-  EXPECT_EQ(invalid_argument_message([&] { check_shape(k, "k", {4096, 8, 64, 1}); }),
+  EXPECT_EQ(error_message([&] { check_shape(k, "k", {4096, 8, 64, 1}); }),
             "k: expected shape [4096, 8, 64, 1], got f16[4096, 8, 64]");
-  EXPECT_EQ(invalid_argument_message([&] { check_dtype(k, "k", DType::kF32); }),
+  EXPECT_EQ(error_message([&] { check_dtype(k, "k", DType::kF32); }),
             "k: expected dtype f32, got f16");
 }
 
@@ -191,7 +179,7 @@ TEST(Tensor, CheckFiniteNamesTheFirstBadElement) {
     check_finite(view_of(), "k");
     values[(2 * 2 + 1) * 12 + 7] = -std::numeric_limits<float>::infinity();
     values[(2 * 2 + 1) * 12 + 9] = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_EQ(invalid_argument_message([&] { check_finite(view_of(), "k"); }),
+    EXPECT_EQ(error_message([&] { check_finite(view_of(), "k"); }),
               "k: element [2, 1, 7] is -inf; it must be finite");
   }
   check_finite(make_view(nullptr, DType::kF32, {0, 4}), "empty");
@@ -205,12 +193,12 @@ TEST(Tensor, CheckInnerContiguous) {
   check_inner_contiguous(q, "q");
 
   q.strides[1] = 2;
-  std::string message = invalid_argument_message([&] { check_inner_contiguous(q, "q"); });
+  std::string message = error_message([&] { check_inner_contiguous(q, "q"); });
   EXPECT_NE(message.find("q:"), std::string::npos) << message;
   EXPECT_NE(message.find("strides [16, 2]"), std::string::npos) << message;
 
   const TensorView null_view = make_view(nullptr, DType::kF32, {4, 8});
-  message = invalid_argument_message([&] { check_inner_contiguous(null_view, "v"); });
+  message = error_message([&] { check_inner_contiguous(null_view, "v"); });
   EXPECT_NE(message.find("v:"), std::string::npos) << message;
   EXPECT_NE(message.find("null"), std::string::npos) << message;
 }

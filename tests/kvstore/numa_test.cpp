@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "error_message.h"
 #include "longctx/core/error.h"
 
 namespace longctx::kvstore {
@@ -20,15 +21,6 @@ NumaPolicy nodes_policy(std::vector<int> nodes) {
   policy.kind = NumaPolicy::Kind::kNodes;
   policy.nodes = std::move(nodes);
   return policy;
-}
-
-std::string error_of(auto&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 TEST(NumaTopology, SyntheticTwoNodes) {
@@ -147,16 +139,16 @@ TEST(ResolveNumaNodes, ListedNodesKeepTheirOrder) {
 
 TEST(ResolveNumaNodes, BadListsAreConfigErrorsNamingTheKey) {
   const NumaTopology two = NumaTopology::synthetic("pack:2 numa:1 core:2 pu:1");
-  EXPECT_EQ(error_of([&] { resolve_numa_nodes(nodes_policy({0, 3}), two); }),
+  EXPECT_EQ(error_message([&] { resolve_numa_nodes(nodes_policy({0, 3}), two); }, ErrorCode::kConfig),
             "key 'numa': node 3 does not exist (this machine has 2 NUMA nodes)");
-  EXPECT_EQ(error_of([&] { resolve_numa_nodes(nodes_policy({-1}), two); }),
+  EXPECT_EQ(error_message([&] { resolve_numa_nodes(nodes_policy({-1}), two); }, ErrorCode::kConfig),
             "key 'numa': node -1 does not exist (this machine has 2 NUMA nodes)");
-  EXPECT_EQ(error_of([&] { resolve_numa_nodes(nodes_policy({1, 1}), two); }),
+  EXPECT_EQ(error_message([&] { resolve_numa_nodes(nodes_policy({1, 1}), two); }, ErrorCode::kConfig),
             "key 'numa': node 1 is listed twice");
-  EXPECT_NE(error_of([&] { resolve_numa_nodes(nodes_policy({}), two); }).find("key 'numa'"),
+  EXPECT_NE(error_message([&] { resolve_numa_nodes(nodes_policy({}), two); }, ErrorCode::kConfig).find("key 'numa'"),
             std::string::npos);
   const NumaTopology one = NumaTopology::synthetic("core:2 pu:1");
-  EXPECT_EQ(error_of([&] { resolve_numa_nodes(nodes_policy({1}), one); }),
+  EXPECT_EQ(error_message([&] { resolve_numa_nodes(nodes_policy({1}), one); }, ErrorCode::kConfig),
             "key 'numa': node 1 does not exist (this machine has 1 NUMA node)");
   try {
     resolve_numa_nodes(nodes_policy({2}), two);

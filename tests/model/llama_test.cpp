@@ -25,6 +25,7 @@
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
+#include "error_message.h"
 #include "model/gguf_test_util.h"
 #include "scheduler/reference_forward.h"
 #include "scheduler/sequence_fixture.h"
@@ -328,21 +329,9 @@ TEST(Llama, ModelOpenReadsTokenizerAndFingerprint) {
 
 // ---- errors ----
 
-template <typename F>
-std::string error_of(F&& fn, ErrorCode code) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
 std::string load_error(const std::vector<uint8_t>& bytes, ErrorCode code) {
   cpu::CpuBackend backend;
-  return error_of([&] { load_llama(GgufFile::from_bytes(bytes, "m.gguf"), backend); }, code);
+  return error_message([&] { load_llama(GgufFile::from_bytes(bytes, "m.gguf"), backend); }, code);
 }
 
 // The GGUF tensor-info record of `name`: [u64 len][name][u32 n_dims][u64 dims...][u32 type][u64 offset].
@@ -523,7 +512,7 @@ TEST(Llama, SpecDefaultsAndScaling) {
   EXPECT_EQ(none.read().rope.scaling, RopeScaling::kNone);
   MetaFile bad_linear;
   bad_linear.extra = [](GgufWriter& w) { w.set_f32("llama.rope.scale_linear", -2.0f); };
-  EXPECT_NE(error_of([&] { bad_linear.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scale_linear' is -2"),
+  EXPECT_NE(error_message([&] { bad_linear.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scale_linear' is -2"),
             std::string::npos);
   EXPECT_EQ(MetaFile("qwen2").read().rope.style, RopeStyle::kNeox);
   EXPECT_EQ(MetaFile("internlm2").read().rope.style, RopeStyle::kNormal);
@@ -584,13 +573,15 @@ TEST(Llama, BadYarnScalingIsRefused) {
       w.set_f64("llama.rope.scaling.factor", factor);
       w.set_u32("llama.rope.scaling.original_context_length", 4096);
     };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.factor'"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt)
+                  .find("'llama.rope.scaling.factor'"),
+              std::string::npos);
   }
   for (const double attn_factor : {0.0, -1.0, nan}) {
     SCOPED_TRACE(attn_factor);
     MetaFile m;
     m.extra = [attn_factor](GgufWriter& w) { w.set_f64("llama.rope.scaling.attn_factor", attn_factor); };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.attn_factor'"),
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.attn_factor'"),
               std::string::npos);
   }
   {
@@ -599,13 +590,14 @@ TEST(Llama, BadYarnScalingIsRefused) {
       w.set_string("llama.rope.scaling.type", "yarn");
       w.set_u32("llama.rope.scaling.original_context_length", 0);
     };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.rope.scaling.original_context_length'"),
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt)
+                  .find("'llama.rope.scaling.original_context_length'"),
               std::string::npos);
   }
   {
     MetaFile m;
     m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); };
-    const std::string message = error_of([&] { m.read(); }, ErrorCode::kCorrupt);
+    const std::string message = error_message([&] { m.read(); }, ErrorCode::kCorrupt);
     EXPECT_NE(message.find("'llama.rope.scaling.original_context_length' or 'llama.context_length'"),
               std::string::npos)
         << message;
@@ -619,20 +611,20 @@ TEST(Llama, BadAttentionScaleIsRefused) {
     SCOPED_TRACE(bad);
     MetaFile m;
     m.extra = [bad](GgufWriter& w) { w.set_f64("llama.attention.scale", bad); };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.attention.scale'"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt).find("'llama.attention.scale'"), std::string::npos);
   }
 }
 
 TEST(Llama, SpecErrorsNameTheKey) {
   {
     MetaFile m("gptneox");
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("architecture 'gptneox'"),
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kUnsupported).find("architecture 'gptneox'"),
               std::string::npos);
   }
   {
     MetaFile m;
     m.extra = [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); };
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("'llama.rope.scaling.type' is 'longrope'"),
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kUnsupported).find("'llama.rope.scaling.type' is 'longrope'"),
               std::string::npos);
   }
   {
@@ -641,29 +633,29 @@ TEST(Llama, SpecErrorsNameTheKey) {
     w.set_u32("llama.embedding_length", 64);
     const std::vector<uint8_t> bytes = w.to_bytes();
     const std::string message =
-        error_of([&] { read_llama_spec(GgufFile::from_bytes(bytes, "x.gguf")); }, ErrorCode::kCorrupt);
+        error_message([&] { read_llama_spec(GgufFile::from_bytes(bytes, "x.gguf")); }, ErrorCode::kCorrupt);
     EXPECT_NE(message.find("llama.block_count"), std::string::npos) << message;
   }
   {
     MetaFile m;
     m.u32["attention.head_count"] = 3;
     m.u32["attention.key_length"] = 16;
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("head_count_kv"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt).find("head_count_kv"), std::string::npos);
   }
   {
     MetaFile m;
     m.u32["rope.dimension_count"] = 7;
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("rope.dimension_count"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt).find("rope.dimension_count"), std::string::npos);
   }
   {
     MetaFile m;
     m.u32["attention.value_length"] = 32;
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kUnsupported).find("value_length"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kUnsupported).find("value_length"), std::string::npos);
   }
   {
     MetaFile m;
     m.u32["vocab_size"] = 11;
-    EXPECT_NE(error_of([&] { m.read(); }, ErrorCode::kCorrupt).find("vocab_size"), std::string::npos);
+    EXPECT_NE(error_message([&] { m.read(); }, ErrorCode::kCorrupt).find("vocab_size"), std::string::npos);
   }
 }
 
