@@ -1,7 +1,7 @@
 // Helpers for tests of GGML block types (core/ggml_types.h) and of the
 // kernels that read them: reference f16/bf16 and block decoders written from
 // the definitions and layouts, random well-formed blocks of every
-// dequantizable type, and expect_error for calls that must throw.
+// dequantizable type.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,26 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "error_message.h"
 #include "longctx/core/error.h"
 #include "longctx/core/ggml_types.h"
 
 namespace longctx::testing {
-
-// Runs `call`, which must throw Error(code) whose message contains every
-// string of `parts`. Returns the message.
-template <typename F>
-std::string expect_error(F&& call, ErrorCode code, std::vector<std::string> parts) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << part << "'";
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown (expected " << error_code_name(code) << ")";
-  return {};
-}
 
 // IEEE binary16 to double, from the definition (sign, 5-bit exponent with
 // bias 15, 10-bit fraction; exponent 0 subnormal, 31 inf/NaN).

@@ -24,7 +24,6 @@
 namespace longctx::cpu {
 namespace {
 
-using longctx::testing::expect_error;
 using longctx::testing::random_blocks;
 
 std::vector<float> download(Backend& backend, const BackendTensor& tensor) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "error_message.h"
 #include "longctx/core/backend.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
@@ -428,18 +429,6 @@ TEST(CpuBackendRope, BothStylesAllScalingsMatchFp64) {
 }
 
 // ---------------------------------------------------------------- memory, copies, errors
-
-// Runs fn, expecting Error(code) whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning " << *parts.begin();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 TEST(CpuBackendMemory, BudgetExhaustionLeavesNothingAllocated) {
   CpuBackend backend({.weights = WeightStorage::kBF16, .memory_budget_bytes = 1000});

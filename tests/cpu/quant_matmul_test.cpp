@@ -29,7 +29,6 @@
 namespace longctx::cpu {
 namespace {
 
-using longctx::testing::expect_error;
 using longctx::testing::ForcedHighwayTarget;
 using longctx::testing::random_blocks;
 

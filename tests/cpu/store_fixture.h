@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "hwy/targets.h"
+#include "error_message.h"
 #include "hwy_target.h"
 #include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
@@ -144,25 +145,14 @@ using longctx::testing::ForcedHighwayTarget;
 // Runs f, expects Error(kInvalidArgument) whose message contains every fragment.
 template <typename F>
 void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
-  }
+  expect_error(f, ErrorCode::kInvalidArgument, fragments);
 }
 
 // Runs call, expects Error(kInvalidArgument); `what` names the case.
 template <typename F>
 void expect_invalid_argument(F&& call, const char* what) {
-  try {
-    call();
-    ADD_FAILURE() << what << ": no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
-  }
+  SCOPED_TRACE(what);
+  error_message(call);
 }
 
 // ---- stores of the scoring and selection tests ----------------------------------------

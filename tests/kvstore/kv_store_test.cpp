@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "error_message.h"
 #include "hwy_target.h"
 #include "kv_reference.h"
 #include "longctx/core/error.h"
@@ -25,19 +26,6 @@ using RT = RepresentativeType;
 using longctx::testing::ForcedHighwayTarget;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-
-// Runs f, expects Error(code) whose message contains every fragment.
-template <typename F>
-void expect_error(F&& f, ErrorCode code, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "'" << fragment << "' not in: " << e.what();
-  }
-}
 
 // ---- layout -------------------------------------------------------------------------
 
