@@ -81,6 +81,8 @@ py::dict partition(const StoreHandle& h, int layer) {
   d["local_begin"] = p.local_begin;
   d["first_context_block"] = p.first_context_block;
   d["end_context_block"] = p.end_context_block;
+  d["first_ranked_block"] = p.first_ranked_block;
+  d["end_ranked_block"] = p.end_ranked_block;
   return d;
 }
 

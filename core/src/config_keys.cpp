@@ -355,7 +355,8 @@ const std::vector<Key>& keys() {
                         "first tokens, always attended (attention sinks)",
                         "0..max_seq_len - local_windows_len"));
     k.push_back(int_key("second_select_num", field(&Config::second_select_num), 0, kIntMax,
-                        "context blocks selected per step",
+                        "context blocks selected per step (blocks partly sinks, window or unfilled are "
+                        "attended besides)",
                         ">= 0; second_select_num * block_size <= max_seq_len"));
     k.push_back(int_key("threads_num", field(&Config::threads_num), 0, 4096,
                         "CPU threads; 0 = every core"));

@@ -1,6 +1,6 @@
 // Top-k of block scores and the token spans a decode step attends
-// (selection.h): initial tokens + chosen context blocks + the partial last
-// block + the local window, merged so that no token appears twice.
+// (selection.h): initial tokens + chosen context blocks + the context blocks
+// that are not ranked + the local window, merged so that no token appears twice.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -31,10 +31,12 @@ uint32_t rank_key(float score) {
 void check_partition(const Partition& p, int block_size, const char* what) {
   if (block_size < 1) fail(ErrorCode::kInvalidArgument, what, ": block_size is ", block_size, ", must be >= 1");
   if (p.initial_end < 0 || p.initial_end > p.local_begin || p.local_begin > p.n_tokens ||
-      p.first_context_block < 0 || p.first_context_block > p.end_context_block)
+      p.first_context_block < 0 || p.first_context_block > p.end_context_block ||
+      p.first_ranked_block < p.first_context_block || p.first_ranked_block > p.end_ranked_block ||
+      p.end_ranked_block > p.end_context_block)
     fail(ErrorCode::kInvalidArgument, what, ": inconsistent partition (n_tokens ", p.n_tokens, ", initial_end ",
          p.initial_end, ", local_begin ", p.local_begin, ", context blocks [", p.first_context_block, ", ",
-         p.end_context_block, "))");
+         p.end_context_block, "), ranked blocks [", p.first_ranked_block, ", ", p.end_ranked_block, "))");
 }
 
 // Sorts spans by begin and merges overlapping or adjacent ones.
@@ -66,10 +68,11 @@ std::vector<TokenSpan> spans_of_head(const Partition& p, int block_size, const s
            ") outside the context blocks [", p.first_context_block, ", ", p.end_context_block, ")");
     add(p.context_begin_of(b, block_size), p.context_end_of(b, block_size));
   }
-  if (p.n_tokens % block_size != 0) {  // the partial last block, where it reaches into the context
-    const int64_t last = p.n_tokens / block_size;
-    add(p.context_begin_of(last, block_size), p.context_end_of(last, block_size));
-  }
+  // The context blocks that are not ranked (Partition::first_ranked_block).
+  for (int64_t b = p.first_context_block; b < p.first_ranked_block; ++b)
+    add(p.context_begin_of(b, block_size), p.context_end_of(b, block_size));
+  for (int64_t b = p.end_ranked_block; b < p.end_context_block; ++b)
+    add(p.context_begin_of(b, block_size), p.context_end_of(b, block_size));
   if (include_local) add(p.local_begin, p.n_tokens);
   return merge_spans(std::move(spans));
 }

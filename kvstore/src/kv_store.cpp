@@ -279,6 +279,26 @@ std::string Preflight::describe() const {
 
 // ---- partition ---------------------------------------------------------------
 
+Partition Partition::of(int64_t n_tokens, int64_t initial_end, int64_t local_begin, int block_size) {
+  Partition p;
+  p.n_tokens = n_tokens;
+  p.initial_end = initial_end;
+  p.local_begin = local_begin;
+  p.first_context_block = initial_end / block_size;
+  p.end_context_block = local_begin > initial_end ? ceil_div(local_begin, block_size) : p.first_context_block;
+  p.first_ranked_block = std::min(ceil_div(initial_end, block_size), p.end_context_block);
+  p.end_ranked_block = std::clamp(local_begin / block_size, p.first_ranked_block, p.end_context_block);
+  return p;
+}
+
+int64_t Partition::ranked_begin(int block_size) const {
+  return first_ranked_block < end_ranked_block ? first_ranked_block * block_size : n_tokens;
+}
+
+int64_t Partition::ranked_end(int block_size) const {
+  return first_ranked_block < end_ranked_block ? end_ranked_block * block_size : n_tokens;
+}
+
 int64_t Partition::context_begin_of(int64_t block, int block_size) const {
   return std::clamp(block * block_size, initial_end, local_begin);
 }
@@ -591,14 +611,9 @@ int64_t KVStore::n_tokens(int layer) const {
 int64_t KVStore::n_blocks(int layer) const { return ceil_div(n_tokens(layer), layout_.block_size); }
 
 Partition KVStore::partition(int layer) const {
-  const int bs = layout_.block_size;
-  Partition p;
-  p.n_tokens = n_tokens(layer);
-  p.initial_end = std::min<int64_t>(config_.initial_len, p.n_tokens);
-  p.local_begin = local_window_begin(p.n_tokens, config_.initial_len, config_.local_windows_len);
-  p.first_context_block = p.initial_end / bs;
-  p.end_context_block = p.local_begin > p.initial_end ? ceil_div(p.local_begin, bs) : p.first_context_block;
-  return p;
+  const int64_t n = n_tokens(layer);
+  return Partition::of(n, std::min<int64_t>(config_.initial_len, n),
+                       local_window_begin(n, config_.initial_len, config_.local_windows_len), layout_.block_size);
 }
 
 BlockView KVStore::block(int layer, int kv_head, int64_t block) const {

@@ -131,7 +131,7 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   preselected_[size_t(layer)] = Preselected{
       preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
                        config_.preselect_block_count, config_.head_select_mode, config_.budget),
-      config_.preselect_block_count};
+      config_.preselect_block_count, partition.end_ranked_block};
   if (config_.representative_type == RepresentativeType::kDynamic) feed_dynamic(store_, layer, votes);
 }
 

@@ -235,12 +235,13 @@ std::vector<float> block_votes(const std::vector<float>& token_votes, int n_kv_h
 
 namespace {
 
-// Indices into a row of context-block scores -> absolute blocks, -inf
+// Indices into the ranked part of a row of context-block scores (`row`
+// starts at Partition::first_ranked_block) -> absolute blocks, -inf
 // (excluded) dropped, sorted.
 std::vector<int64_t> to_blocks(const std::vector<int64_t>& indices, const float* row, const Partition& partition) {
   std::vector<int64_t> blocks;
   for (const int64_t i : indices)
-    if (!(std::isinf(row[i]) && row[i] < 0.f)) blocks.push_back(partition.first_context_block + i);
+    if (!(std::isinf(row[i]) && row[i] < 0.f)) blocks.push_back(partition.first_ranked_block + i);
   std::sort(blocks.begin(), blocks.end());
   return blocks;
 }
@@ -256,16 +257,22 @@ std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores
   if (n_context < 0 || scores.size() != size_t(n_kv_heads) * size_t(n_context))
     fail(ErrorCode::kInvalidArgument, "choose_blocks: ", scores.size(), " scores for ", n_kv_heads, " kv heads x ",
          n_context, " context blocks");
+  // Only the ranked blocks compete (Partition::first_ranked_block), columns [lo, lo + n_ranked).
+  const int64_t lo = partition.first_ranked_block - partition.first_context_block;
+  const int64_t n_ranked = partition.end_ranked_block - partition.first_ranked_block;
   std::vector<std::vector<int64_t>> chosen;
   if (mode == HeadSelectMode::kShared) {
-    std::vector<float> total(scores.begin(), scores.begin() + n_context);
+    std::vector<float> total(scores.begin() + lo, scores.begin() + lo + n_ranked);
     for (int h = 1; h < n_kv_heads; ++h)
-      for (int64_t i = 0; i < n_context; ++i) total[size_t(i)] += scores[size_t(h * n_context + i)];
-    chosen.push_back(to_blocks(top_k(total.data(), n_context, count), total.data(), partition));
+      for (int64_t i = 0; i < n_ranked; ++i) total[size_t(i)] += scores[size_t(h * n_context + lo + i)];
+    chosen.push_back(to_blocks(top_k(total.data(), n_ranked, count), total.data(), partition));
   } else if (budget.policy == BudgetConfig::Policy::kAdaptive) {
-    const auto picked = adakv_select(scores.data(), n_kv_heads, n_context, count, budget.alpha);
+    std::vector<float> ranked(size_t(n_kv_heads) * size_t(n_ranked));
     for (int h = 0; h < n_kv_heads; ++h)
-      chosen.push_back(to_blocks(picked[size_t(h)], scores.data() + h * n_context, partition));
+      std::copy_n(scores.begin() + h * n_context + lo, n_ranked, ranked.begin() + h * n_ranked);
+    const auto picked = adakv_select(ranked.data(), n_kv_heads, n_ranked, count, budget.alpha);
+    for (int h = 0; h < n_kv_heads; ++h)
+      chosen.push_back(to_blocks(picked[size_t(h)], ranked.data() + h * n_ranked, partition));
   } else {
     // One top-k per head, the heads in parallel: a decode step waits for them.
     chosen.resize(size_t(n_kv_heads));
@@ -277,7 +284,8 @@ std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores
 }
 
 std::vector<int64_t> choose_head_blocks(const float* row, const Partition& partition, int64_t count) {
-  return to_blocks(top_k(row, partition.end_context_block - partition.first_context_block, count), row, partition);
+  const float* ranked = row + (partition.first_ranked_block - partition.first_context_block);
+  return to_blocks(top_k(ranked, partition.end_ranked_block - partition.first_ranked_block, count), ranked, partition);
 }
 
 std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& block_votes, int n_kv_heads,
@@ -286,19 +294,25 @@ std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& blo
   return choose_blocks(block_votes, n_kv_heads, partition, count, mode, budget);
 }
 
-void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, int n_kv_heads,
-                        const Partition& partition, std::vector<float>& scores) {
+bool keeps_preselected(const Preselected& preselected, const Partition& partition, int64_t count) {
+  return count >= preselected.count && partition.end_ranked_block <= preselected.first_unranked_block;
+}
+
+void restrict_scores_to(const Preselected& preselected, int n_kv_heads, const Partition& partition,
+                        std::vector<float>& scores) {
   const int64_t n_context = partition.end_context_block - partition.first_context_block;
   if (n_kv_heads < 1 || n_context < 0 || scores.size() != size_t(n_kv_heads) * size_t(n_context))
     fail(ErrorCode::kInvalidArgument, "restrict_scores_to: ", scores.size(), " scores for ", n_kv_heads,
          " kv heads x ", n_context, " context blocks");
-  if (preselected.size() != 1 && preselected.size() != size_t(n_kv_heads))
-    fail(ErrorCode::kInvalidArgument, "restrict_scores_to: ", preselected.size(), " preselected lists for ",
+  const auto& lists = preselected.blocks;
+  if (lists.size() != 1 && lists.size() != size_t(n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "restrict_scores_to: ", lists.size(), " preselected lists for ",
          n_kv_heads, " kv heads (need 1, shared, or one per head)");
   std::vector<char> allowed(static_cast<size_t>(n_context));
   for (int h = 0; h < n_kv_heads; ++h) {
-    std::fill(allowed.begin(), allowed.end(), 0);
-    for (const int64_t b : preselected[preselected.size() == 1 ? 0 : size_t(h)])
+    for (int64_t i = 0; i < n_context; ++i)
+      allowed[size_t(i)] = partition.first_context_block + i >= preselected.first_unranked_block;
+    for (const int64_t b : lists[lists.size() == 1 ? 0 : size_t(h)])
       if (b >= partition.first_context_block && b < partition.end_context_block)
         allowed[size_t(b - partition.first_context_block)] = 1;
     for (int64_t i = 0; i < n_context; ++i)
@@ -306,11 +320,10 @@ void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, in
   }
 }
 
-std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<int64_t>>& preselected,
-                                                  int64_t preselect_count, std::vector<float> scores,
+std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected, std::vector<float> scores,
                                                   int n_kv_heads, const Partition& partition, int64_t count,
                                                   HeadSelectMode mode, const BudgetConfig& budget) {
-  if (count >= preselect_count) return preselected;
+  if (keeps_preselected(preselected, partition, count)) return preselected.blocks;
   restrict_scores_to(preselected, n_kv_heads, partition, scores);
   return choose_blocks(scores, n_kv_heads, partition, count, mode, budget);
 }

@@ -22,9 +22,8 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
   if (keep < 0) fail(ErrorCode::kInvalidArgument, "rerank_tokens: keep ", keep, " < 0");
   const int group = int(q.shape[0]) / n_kv;
   const kvstore::Partition part = store.partition(layer);
-  // Context tokens of the partial last block are always attended (build_selection).
-  const int64_t always_from = part.n_tokens % bs != 0 ? std::min(part.local_begin, part.n_tokens / bs * bs)
-                                                      : part.local_begin;
+  // Only the tokens of ranked blocks are candidates; the others are always attended (build_selection).
+  const int64_t ranked_begin = part.ranked_begin(bs), ranked_end = part.ranked_end(bs);
   cpu::Selection out;
   out.spans.resize(size_t(n_kv));
   kvstore::parallel_for_heads(store, n_kv, [](int64_t h) { return int(h); }, [&](int64_t item) {
@@ -39,11 +38,11 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
         for (int c = 0; c < d; ++c) qs[size_t(c)] += qs[size_t(j) * d + c];
     const int n_rows = gqa_reduce == Reduce::kSum ? 1 : group;
 
-    // Candidate tokens [initial_end, always_from) of the spans, scored block by block.
+    // Candidate tokens [ranked_begin, ranked_end) of the spans, scored block by block.
     std::vector<std::pair<float, int64_t>> scored;  // (-score, token): sorting ascending puts the best first
     std::vector<float> kt(static_cast<size_t>(d * bs)), scores(static_cast<size_t>(bs)), dot(scores.size());
     for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) {
-      const int64_t begin = std::max(span.begin, part.initial_end), end = std::min(span.end, always_from);
+      const int64_t begin = std::max(span.begin, ranked_begin), end = std::min(span.end, ranked_end);
       for (int64_t t0 = begin; t0 < end;) {
         const int64_t b = t0 / bs;
         const int64_t t1 = std::min(end, (b + 1) * bs);
@@ -72,17 +71,17 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
     for (const auto& [neg_score, t] : scored) kept.push_back(t);
     std::sort(kept.begin(), kept.end());
 
-    // The spans: sinks, the kept tokens, the fixed tail of the context, the candidates' local tokens.
+    // The spans: the tokens before the ranked blocks, the kept tokens, the tokens after them.
     std::vector<cpu::TokenSpan>& spans = out.spans[size_t(h)];
     const auto add = [&spans](int64_t b, int64_t e) {
       if (b >= e) return;
       if (!spans.empty() && spans.back().end == b) spans.back().end = e;
       else spans.push_back({b, e});
     };
-    for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) add(span.begin, std::min(span.end, part.initial_end));
+    for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) add(span.begin, std::min(span.end, ranked_begin));
     for (int64_t t : kept) add(t, t + 1);
     for (const cpu::TokenSpan& span : candidates.spans[size_t(h)])
-      add(std::max(span.begin, always_from), span.end);
+      add(std::max(span.begin, ranked_end), span.end);
   });
   return out;
 }

@@ -36,7 +36,8 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   const int bs = L.block_size;
   const int group = int(q.shape[0]) / n_kv_heads;
   const Partition part = store.partition(layer);
-  const std::pair<int64_t, int64_t> ranges[2] = {{0, part.initial_end}, {part.local_begin, part.n_tokens}};
+  // Everything but the ranked blocks: the sinks, the window and the blocks they reach into.
+  const std::pair<int64_t, int64_t> ranges[2] = {{0, part.ranked_begin(bs)}, {part.ranked_end(bs), part.n_tokens}};
   const float* qd = static_cast<const float*>(q.data);
   std::vector<double> out(size_t(n_kv_heads), -std::numeric_limits<double>::infinity());
   std::vector<float> keys(size_t(d) * size_t(bs));
@@ -92,7 +93,12 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     if (n_context > 0)
       cpu::score_blocks(store, layer, q, spec.score,
                         make_mutable_view(logits.data(), DType::kF32, {n_kv_heads, n_context}));
-    if (preselected != nullptr) restrict_scores_to(preselected->blocks, n_kv_heads, partition, logits);
+    if (preselected != nullptr) restrict_scores_to(*preselected, n_kv_heads, partition, logits);
+    // Blocks that are not ranked are in the fixed part (fixed_part_logsums).
+    for (int h = 0; h < n_kv_heads; ++h)
+      for (int64_t b = partition.first_context_block; b < partition.end_context_block; ++b)
+        if (b < partition.first_ranked_block || b >= partition.end_ranked_block)
+          logits[size_t(h * n_context + b - partition.first_context_block)] = -std::numeric_limits<float>::infinity();
     // Scores are the group's sum (or max) of unscaled q.k estimates: to the group's logit.
     const int group = int(q.shape[0]) / n_kv_heads;
     const double scale = spec.attn_scale > 0.f ? spec.attn_scale : 1.0 / std::sqrt(double(store.layout().shape.head_dim));
@@ -114,10 +120,12 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   }
 
   // Choices that need no scores: the preselected set kept as is, or every block.
-  if (preselected != nullptr && spec.blocks >= preselected->count) return build(preselected->blocks);
-  if (preselected == nullptr && spec.blocks >= n_context) {
-    std::vector<int64_t> all(static_cast<size_t>(n_context));
-    for (int64_t i = 0; i < n_context; ++i) all[size_t(i)] = partition.first_context_block + i;
+  if (preselected != nullptr && keeps_preselected(*preselected, partition, spec.blocks))
+    return build(preselected->blocks);
+  const int64_t n_ranked = partition.end_ranked_block - partition.first_ranked_block;
+  if (preselected == nullptr && spec.blocks >= n_ranked) {
+    std::vector<int64_t> all(static_cast<size_t>(n_ranked));
+    for (int64_t i = 0; i < n_ranked; ++i) all[size_t(i)] = partition.first_ranked_block + i;
     return build({all});
   }
 
@@ -141,8 +149,8 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   }
   cpu::score_blocks(store, layer, q, spec.score, scores_view);
   if (preselected == nullptr) return build(choose_blocks(scores, n_kv_heads, partition, spec.blocks, spec.mode, spec.budget));
-  return build(reselect_blocks(preselected->blocks, preselected->count, std::move(scores), n_kv_heads, partition,
-                               spec.blocks, spec.mode, spec.budget));
+  return build(reselect_blocks(*preselected, std::move(scores), n_kv_heads, partition, spec.blocks, spec.mode,
+                               spec.budget));
 }
 
 }  // namespace longctx::policy

@@ -77,7 +77,8 @@ TEST(TopK, MatchesStableSortWithTiesNaNAndInfinities) {
 
 // ------------------------------------------------------------------ build_selection
 
-// The partition kv_store.h defines, computed independently.
+// The partition kv_store.h defines, computed independently: the ranked
+// blocks are the context blocks wholly inside the context range.
 Partition reference_partition(int64_t n_tokens, int64_t initial_len, int64_t local_len, int block_size) {
   Partition p;
   p.n_tokens = n_tokens;
@@ -86,7 +87,38 @@ Partition reference_partition(int64_t n_tokens, int64_t initial_len, int64_t loc
   p.first_context_block = p.initial_end / block_size;
   p.end_context_block =
       p.local_begin > p.initial_end ? (p.local_begin + block_size - 1) / block_size : p.first_context_block;
+  p.first_ranked_block = p.end_ranked_block = p.end_context_block;
+  for (int64_t b = p.end_context_block - 1; b >= p.first_context_block; --b) {
+    if (b * block_size < p.initial_end || (b + 1) * block_size > p.local_begin) continue;
+    if (p.first_ranked_block == p.end_ranked_block) p.end_ranked_block = b + 1;
+    p.first_ranked_block = b;
+  }
   return p;
+}
+
+TEST(Partition, RankedBlocksAreTheContextBlocksWhollyInsideTheContext) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int block_size = 1 + int(rng() % 40);
+    const int64_t n_tokens = int64_t(rng() % 700);
+    const int64_t initial_len = rng() % 4 == 0 ? 0 : int64_t(rng() % (n_tokens + 50));
+    const int64_t local_len = rng() % 4 == 0 ? 0 : int64_t(rng() % (n_tokens + 50));
+    const Partition want = reference_partition(n_tokens, initial_len, local_len, block_size);
+    const Partition got = Partition::of(n_tokens, want.initial_end, want.local_begin, block_size);
+    SCOPED_TRACE(str_cat("n_tokens=", n_tokens, " block=", block_size, " initial=", initial_len, " local=", local_len));
+    EXPECT_EQ(got.first_context_block, want.first_context_block);
+    EXPECT_EQ(got.end_context_block, want.end_context_block);
+    const bool none = want.first_ranked_block == want.end_ranked_block;
+    EXPECT_EQ(got.first_ranked_block == got.end_ranked_block, none);
+    if (!none) {
+      EXPECT_EQ(got.first_ranked_block, want.first_ranked_block);
+      EXPECT_EQ(got.end_ranked_block, want.end_ranked_block);
+    }
+    EXPECT_LE(got.first_context_block, got.first_ranked_block);
+    EXPECT_LE(got.end_ranked_block, got.end_context_block);
+    EXPECT_EQ(got.ranked_begin(block_size), none ? n_tokens : want.first_ranked_block * block_size);
+    EXPECT_EQ(got.ranked_end(block_size), none ? n_tokens : want.end_ranked_block * block_size);
+  }
 }
 
 // Sorted, non-empty, non-overlapping, adjacent spans merged, inside [0, n_tokens).
@@ -150,6 +182,9 @@ TEST(BuildSelection, RejectsBadArguments) {
   Partition broken = p;
   broken.local_begin = 2000;
   expect_invalid_argument([&] { build_selection(broken, 32, 2, one, true); }, "local_begin > n_tokens");
+  broken = p;
+  broken.first_ranked_block = 1;
+  expect_invalid_argument([&] { build_selection(broken, 32, 2, one, true); }, "ranked block before the context");
   EXPECT_NO_THROW(build_selection(p, 32, 2, one, true));
 }
 

@@ -120,17 +120,20 @@ inline std::vector<TokenSpan> spans_of(const std::vector<bool>& in) {
 }
 
 // Tokens a head attends, one flag per token: initial, the context tokens of
-// chosen blocks and of the partial last block, the local window.
+// chosen blocks and of every block not wholly inside the context range (the
+// sinks or the window reach into it, or it is the partial last block), the
+// local window.
 inline std::vector<bool> reference_mask(const kvstore::Partition& p, int block_size, const std::vector<int64_t>& chosen,
                                         bool include_local) {
   std::vector<bool> mask(size_t(p.n_tokens), false);
   const auto in_context = [&p](int64_t t) { return t >= p.initial_end && t < p.local_begin; };
   for (int64_t t = 0; t < p.initial_end; ++t) mask[size_t(t)] = true;
-  std::vector<int64_t> blocks = chosen;
-  if (p.n_tokens % block_size != 0) blocks.push_back(p.n_tokens / block_size);
-  for (const int64_t b : blocks)
-    for (int64_t t = b * block_size; t < std::min(p.n_tokens, (b + 1) * block_size); ++t)
-      if (in_context(t)) mask[size_t(t)] = true;
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    const int64_t b = t / block_size;
+    const bool whole = b * block_size >= p.initial_end && (b + 1) * block_size <= p.local_begin;
+    const bool is_chosen = std::find(chosen.begin(), chosen.end(), b) != chosen.end();
+    if (in_context(t) && (!whole || is_chosen)) mask[size_t(t)] = true;
+  }
   if (include_local)
     for (int64_t t = p.local_begin; t < p.n_tokens; ++t) mask[size_t(t)] = true;
   return mask;

@@ -253,8 +253,10 @@ TEST(DecodePolicy, ReuseFollowsTheSchedule) {
 }
 
 // (4) Preselection with second_select_num >= preselect_block_count attends
-// exactly the sinks, the preselected blocks (within the context range) and
-// the local window; with fewer, a subset of the preselected blocks.
+// exactly the sinks, the preselected blocks (within the context range), the
+// context tokens of the blocks not ranked and the local window; with fewer, a
+// subset of the preselected blocks. (No block becomes ranked in between:
+// those would compete, PreselectTest.BlocksRankedSincePreselectionCompete.)
 TEST(DecodePolicy, PreselectedSetAsIs) {
   for (const HeadSelectMode mode : {HeadSelectMode::kShared, HeadSelectMode::kSeparate}) {
     for (const int second : {4, 6, 2}) {
@@ -283,20 +285,20 @@ TEST(DecodePolicy, PreselectedSetAsIs) {
         const Result got = run_policy(policy, f, layer, 0, q, true);
         expect_same_bits(got, run_attention(f, layer, q, policy.last_selection()));
         const kvstore::Partition part = f.store().partition(layer);
+        ASSERT_EQ(part.end_ranked_block, 14);  // as at the preselection: 128 tokens, the window from 112
         for (int h = 0; h < 2; ++h) {
           const auto& blocks = preselected[size_t(layer)][mode == HeadSelectMode::kShared ? 0 : size_t(h)];
           EXPECT_EQ(blocks.size(), 4u);
           TokenSet allowed;
-          add_range(allowed, 0, part.initial_end);
-          for (const int64_t b : blocks)
-            add_range(allowed, std::max(b * 8, part.initial_end), std::min((b + 1) * 8, part.local_begin));
-          add_range(allowed, part.local_begin, part.n_tokens);
+          add_range(allowed, 0, part.ranked_begin(8));
+          for (const int64_t b : blocks) add_range(allowed, b * 8, (b + 1) * 8);
+          add_range(allowed, part.ranked_end(8), part.n_tokens);
           const TokenSet attended = tokens_of(policy.last_selection(), h);
           if (second >= 4) {
             EXPECT_EQ(attended, allowed) << "kv head " << h;
           } else {
             EXPECT_TRUE(std::includes(allowed.begin(), allowed.end(), attended.begin(), attended.end()));
-            EXPECT_EQ(int64_t(attended.size()), part.initial_end + 2 * 8 + (part.n_tokens - part.local_begin));
+            EXPECT_EQ(int64_t(attended.size()), part.n_tokens - (part.ranked_end(8) - part.ranked_begin(8)) + 2 * 8);
           }
         }
         EXPECT_TRUE(policy.last_stats().reselected);

@@ -289,14 +289,10 @@ std::vector<int64_t> brute_top(const std::vector<float>& row, int64_t count, int
   return out;
 }
 
+// n_context whole context blocks from first_block on: every one is ranked.
 kvstore::Partition make_partition(int64_t first_block, int64_t n_context, int block_size) {
-  kvstore::Partition p;
-  p.initial_end = first_block * block_size;
-  p.local_begin = (first_block + n_context) * block_size;
-  p.n_tokens = p.local_begin + 5;
-  p.first_context_block = first_block;
-  p.end_context_block = first_block + n_context;
-  return p;
+  const int64_t local_begin = (first_block + n_context) * block_size;
+  return kvstore::Partition::of(local_begin + 5, first_block * block_size, local_begin, block_size);
 }
 
 TEST(PreselectTest, PreselectedSetsMatchBruteForce) {
@@ -354,19 +350,20 @@ TEST(PreselectTest, RestrictedReselection) {
     std::vector<float> votes(size_t(n_heads * n_context)), scores(votes.size());
     for (float& x : votes) x = float(rng() % 50);
     for (float& x : scores) x = float(int(rng() % 9) - 4);
-    const auto pre = preselect_blocks(votes, n_heads, part, pre_count, mode, budget);
+    const Preselected pre{preselect_blocks(votes, n_heads, part, pre_count, mode, budget), pre_count,
+                          part.end_ranked_block};
 
     // count >= preselect count: the preselected set itself.
     const int64_t big = pre_count + int64_t(rng() % 3);
-    EXPECT_EQ(reselect_blocks(pre, pre_count, scores, n_heads, part, big, mode, budget), pre);
+    EXPECT_EQ(reselect_blocks(pre, scores, n_heads, part, big, mode, budget), pre.blocks);
 
     // count < preselect count: the brute-force choice among preselected blocks only.
     const int64_t count = int64_t(rng() % pre_count);
-    const auto got = reselect_blocks(pre, pre_count, scores, n_heads, part, count, mode, budget);
+    const auto got = reselect_blocks(pre, scores, n_heads, part, count, mode, budget);
     std::vector<float> masked = scores;
     for (int h = 0; h < n_heads; ++h)
       for (int64_t i = 0; i < n_context; ++i) {
-        const auto& list = pre[pre.size() == 1 ? 0 : size_t(h)];
+        const auto& list = pre.blocks[pre.blocks.size() == 1 ? 0 : size_t(h)];
         if (!std::binary_search(list.begin(), list.end(), first + i)) masked[size_t(h * n_context + i)] = kNegInf;
       }
     std::vector<float> restricted = scores;
@@ -387,12 +384,38 @@ TEST(PreselectTest, RestrictedReselection) {
       int64_t sum = 0, available = 0;
       for (int h = 0; h < n_heads; ++h) {
         for (const int64_t b : got[size_t(h)])
-          EXPECT_TRUE(std::binary_search(pre[size_t(h)].begin(), pre[size_t(h)].end(), b)) << "block " << b;
+          EXPECT_TRUE(std::binary_search(pre.blocks[size_t(h)].begin(), pre.blocks[size_t(h)].end(), b))
+              << "block " << b;
         sum += int64_t(got[size_t(h)].size());
-        available += int64_t(pre[size_t(h)].size());
+        available += int64_t(pre.blocks[size_t(h)].size());
       }
       EXPECT_EQ(sum, std::min(n_heads * count, available));
     }
+  }
+}
+
+// Blocks that became ranked after the preselection (they were partial, in the
+// local window or not yet written) were never offered to it: later
+// selections rank them on their scores with the preselected ones.
+TEST(PreselectTest, BlocksRankedSincePreselectionCompete) {
+  const int bs = 4;
+  const kvstore::Partition then = kvstore::Partition::of(22, 0, 22, bs);  // ranked blocks [0, 5), 5 partial
+  const kvstore::Partition now = kvstore::Partition::of(40, 0, 40, bs);   // ranked blocks [0, 10)
+  const Preselected pre{{{1, 3}}, 2, then.end_ranked_block};
+  EXPECT_TRUE(keeps_preselected(pre, then, 2));
+  EXPECT_FALSE(keeps_preselected(pre, now, 2));
+  EXPECT_FALSE(keeps_preselected(pre, then, 1));
+
+  const std::vector<float> scores = {9, 1, 9, 7.5f, 9, 3, 8, 7, 6, 5};  // blocks 0..9
+  std::vector<float> restricted = scores;
+  restrict_scores_to(pre, 1, now, restricted);
+  EXPECT_EQ(restricted, (std::vector<float>{kNegInf, 1, kNegInf, 7.5f, kNegInf, 3, 8, 7, 6, 5}));
+  const BudgetConfig budget;
+  for (const HeadSelectMode mode : {HeadSelectMode::kShared, HeadSelectMode::kSeparate}) {
+    EXPECT_EQ(reselect_blocks(pre, scores, 1, now, 2, mode, budget), (std::vector<std::vector<int64_t>>{{3, 6}}));
+    EXPECT_EQ(reselect_blocks(pre, scores, 1, now, 4, mode, budget),
+              (std::vector<std::vector<int64_t>>{{3, 6, 7, 8}}));
+    EXPECT_EQ(reselect_blocks(pre, scores, 1, then, 2, mode, budget), pre.blocks);  // nothing new: no scores needed
   }
 }
 

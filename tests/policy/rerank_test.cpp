@@ -67,8 +67,13 @@ TEST(Rerank, KeepsTheBestTokensByTheirStoredKeys) {
         const cpu::Selection candidates = cpu::select_all(store, 0, true);
         const cpu::Selection got = rerank_tokens(store, 0, qv, candidates, keep, reduce);
         const kvstore::Partition p = store.partition(0);
-        // From here on every token is attended: the partial last block and the local window.
-        const int64_t always_from = std::min(p.local_begin, n_tokens / 16 * 16);
+        // Candidates: the context tokens of blocks wholly inside the context.
+        // Every other token is attended: the sinks, the window and the blocks
+        // they reach into, the partial last block.
+        const auto candidate = [&](int64_t t) {
+          const int64_t b = t / 16;
+          return t >= p.initial_end && b * 16 >= p.initial_end && (b + 1) * 16 <= p.local_begin;
+        };
         for (int h = 0; h < n_kv; ++h) {
           const auto& spans = got.spans[size_t(h)];
           for (size_t i = 0; i < spans.size(); ++i) {
@@ -78,12 +83,13 @@ TEST(Rerank, KeepsTheBestTokensByTheirStoredKeys) {
             }
           }
           const std::set<int64_t> t = tokens_of(spans);
-          for (int64_t i = 0; i < p.initial_end; ++i) EXPECT_TRUE(t.count(i)) << "sink " << i;
-          for (int64_t i = always_from; i < n_tokens; ++i) EXPECT_TRUE(t.count(i)) << "fixed " << i;
+          for (int64_t i = 0; i < n_tokens; ++i)
+            if (!candidate(i)) EXPECT_TRUE(t.count(i)) << "fixed " << i;
           // fp64 scores of the candidate tokens from the stored keys.
           std::vector<std::pair<double, int64_t>> scores;
           std::vector<float> kt(size_t(d) * 16);
-          for (int64_t tok = p.initial_end; tok < always_from; ++tok) {
+          for (int64_t tok = 0; tok < n_tokens; ++tok) {
+            if (!candidate(tok)) continue;
             const int64_t b = tok / 16;
             kvstore::read_keys_t(store.layout(), store.block(0, h, b), int(tok - b * 16), 1, kt.data(), 1);
             double best = -std::numeric_limits<double>::infinity(), sum = 0;
@@ -124,9 +130,11 @@ TEST(Rerank, DecodePolicyAttendsTheRerankedTokens) {
                 make_mutable_view(lse.data(), DType::kF32, {8}));
   const cpu::Selection& sel = policy.last_selection();
   const kvstore::Partition p = s->store->partition(0);
-  for (int h = 0; h < 2; ++h) {  // sinks + 3 x 16 reranked tokens + the local window (400 % 16 == 0)
-    EXPECT_EQ(int64_t(tokens_of(sel.spans[size_t(h)]).size()), p.initial_end + 3 * 16 + (p.n_tokens - p.local_begin));
-  }
+  // Block 0 (it holds the 4 sinks) + 3 x 16 reranked tokens + the local window (400 % 16 == 0).
+  ASSERT_EQ(p.ranked_begin(16), 16);
+  ASSERT_EQ(p.ranked_end(16), p.local_begin);
+  for (int h = 0; h < 2; ++h)
+    EXPECT_EQ(int64_t(tokens_of(sel.spans[size_t(h)]).size()), 16 + 3 * 16 + (p.n_tokens - p.local_begin));
   cpu::decode_attention(*s->store, 0, qv, sel, {}, make_mutable_view(want.data(), DType::kF32, {8, 64}),
                         make_mutable_view(want_lse.data(), DType::kF32, {8}));
   EXPECT_EQ(out, want);

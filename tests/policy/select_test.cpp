@@ -67,9 +67,10 @@ std::vector<int64_t> covered_blocks(const Partition& p, int block_size, const st
 
 // select_blocks keeps the k blocks of highest fp64 reference score (summed
 // over kv heads in SHARED mode): blocks clearly above the k-th score are
-// selected, blocks clearly below are not (only the partial last block is
-// added), and the spans hold nothing else than initial, those blocks and the
-// local window. "Clearly": beyond the fp32 error bound of the scores (see
+// selected, blocks clearly below are not, and the spans hold nothing else
+// than initial, those blocks, the blocks not wholly inside the context (the
+// partial last block, those the sinks or the window reach into: attended
+// without being ranked) and the local window. "Clearly": beyond the fp32 error bound of the scores (see
 // score_test.cpp).
 TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
   std::mt19937 rng(13);
@@ -110,14 +111,14 @@ TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
           bound[size_t(h)].push_back(double(slot_len + group + c.rep_num + 4) * kEps32 * s.magnitude);
         }
       }
-      const int64_t partial = p.n_tokens % c.block_size != 0 &&
-                                      p.n_tokens / c.block_size >= p.first_context_block &&
-                                      p.n_tokens / c.block_size < p.end_context_block
-                                  ? p.n_tokens / c.block_size
-                                  : -1;
+      const auto whole = [&](int64_t b) {
+        return b * c.block_size >= p.initial_end && (b + 1) * c.block_size <= p.local_begin;
+      };
+      int64_t n_ranked = 0;
+      for (int64_t b = p.first_context_block; b < p.end_context_block; ++b) n_ranked += whole(b);
 
       for (const HeadSelectMode mode : {HeadSelectMode::kShared, HeadSelectMode::kSeparate}) {
-        for (const int64_t k : {int64_t{0}, int64_t{1}, n_context / 4, n_context - 1}) {
+        for (const int64_t k : {int64_t{0}, int64_t{1}, n_ranked / 4, n_ranked - 1}) {
           const bool include_local = rng() % 2 == 0;
           SCOPED_TRACE(str_cat(head_select_mode_name(mode), " k=", k, " include_local=", include_local));
           SelectSpec params;
@@ -138,12 +139,14 @@ TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
               }
             }
             const std::vector<int64_t> covered = covered_blocks(p, c.block_size, selection.spans[size_t(h)]);
-            const bool has_partial = std::count(covered.begin(), covered.end(), partial) > 0;
-            EXPECT_EQ(partial >= 0, has_partial) << "the partial last block is always attended";
-            EXPECT_TRUE(int64_t(covered.size()) == k || (has_partial && int64_t(covered.size()) == k + 1))
-                << covered.size() << " blocks selected";
+            const int64_t covered_whole = std::count_if(covered.begin(), covered.end(), whole);
+            EXPECT_EQ(int64_t(covered.size()) - covered_whole, n_context - n_ranked)
+                << "the blocks not wholly inside the context are always attended";
+            EXPECT_EQ(covered_whole, k) << covered.size() << " blocks selected";
             if (k > 0) {
-              std::vector<double> sorted = ranked;
+              std::vector<double> sorted;
+              for (int64_t i = 0; i < n_context; ++i)
+                if (whole(p.first_context_block + i)) sorted.push_back(ranked[size_t(i)]);
               std::sort(sorted.begin(), sorted.end(), std::greater<>());
               const double kth = sorted[size_t(k - 1)];
               const double kth_tolerance = *std::max_element(tolerance.begin(), tolerance.end());
@@ -154,7 +157,7 @@ TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
                 if (ranked[size_t(i)] > kth + margin) {
                   EXPECT_TRUE(selected) << "block " << b << " scores above the k-th";
                   ++decided;
-                } else if (ranked[size_t(i)] < kth - margin && b != partial) {
+                } else if (ranked[size_t(i)] < kth - margin && whole(b)) {
                   EXPECT_FALSE(selected) << "block " << b << " scores below the k-th";
                   ++decided;
                 }
@@ -175,7 +178,8 @@ TEST(SelectBlocks, KeepsTheBlocksOfHighestReferenceScore) {
 }
 
 // With a zero query every score is exactly 0 (every type, every reduction):
-// ties go to the lowest block indices, in both modes.
+// ties go to the lowest ranked blocks, in both modes (block 0 holds the 5
+// sinks: attended, not ranked).
 TEST(SelectBlocks, TiesPickTheLowestBlocks) {
   std::mt19937 rng(14);
   for (const RT type : {RT::kMax, RT::kMean, RT::kQuest, RT::kFix, RT::kDynamic}) {
@@ -196,7 +200,8 @@ TEST(SelectBlocks, TiesPickTheLowestBlocks) {
         params.mode = mode;
         params.score.gqa_reduce = gqa;
         std::vector<int64_t> first_four(4);
-        std::iota(first_four.begin(), first_four.end(), p.first_context_block);
+        std::iota(first_four.begin(), first_four.end(), p.first_ranked_block);
+        EXPECT_EQ(p.first_ranked_block, 1);
         EXPECT_EQ(select_blocks(ts.store(), TestStore::kLayer, q_view, params).spans,
                   build_selection(p, c.block_size, c.n_kv_heads, {first_four}, true).spans)
             << representative_type_name(type) << " " << head_select_mode_name(mode) << " " << reduce_name(gqa);
@@ -282,11 +287,13 @@ TEST(SelectBlocks, PreselectedBlocksBoundTheChoice) {
     const TensorView q_view = make_view(q.data(), DType::kF32, {2 * c.n_kv_heads, c.head_dim});
 
     const HeadSelectMode mode = rng() % 2 == 0 ? HeadSelectMode::kShared : HeadSelectMode::kSeparate;
-    Preselected pre;
-    pre.count = 2 + int64_t(rng() % (n_context - 2));
+    Preselected pre;  // of the ranked blocks, as preselect_blocks makes
+    const int64_t n_ranked = p.end_ranked_block - p.first_ranked_block;
+    pre.count = 2 + int64_t(rng() % (n_ranked - 2));
+    pre.first_unranked_block = p.end_ranked_block;
     for (size_t l = 0; l < (mode == HeadSelectMode::kShared ? 1 : size_t(c.n_kv_heads)); ++l) {
-      std::vector<int64_t> all(static_cast<size_t>(n_context));
-      std::iota(all.begin(), all.end(), p.first_context_block);
+      std::vector<int64_t> all(static_cast<size_t>(n_ranked));
+      std::iota(all.begin(), all.end(), p.first_ranked_block);
       std::shuffle(all.begin(), all.end(), rng);
       all.resize(size_t(pre.count));
       std::sort(all.begin(), all.end());
@@ -390,7 +397,7 @@ TEST(SelectBlocks, IsWhatDecodePolicyAttends) {
           const Partition part = store.partition(0);
           pre = Preselected{preselect_blocks(block_votes(snapkv_token_votes(store, 0, wq, params), 3, part, 8), 3,
                                              part, 12, v.mode, config.budget),
-                            12};
+                            12, part.end_ranked_block};
         }
         for (int64_t step = 0; step < 3; ++step) {
           const std::vector<float> kt = random(3 * 32), vt = random(3 * 32);

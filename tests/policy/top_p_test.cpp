@@ -190,7 +190,9 @@ TEST(TopP, FixedPartLogsumsMatchExactKeys) {
       for (int h = 0; h < c.n_kv_heads; ++h) {
         std::vector<double> e;
         for (int64_t t = 0; t < part.n_tokens; ++t) {
-          if (t >= part.initial_end && t < part.local_begin) continue;
+          const int64_t b = t / c.block_size;
+          const bool ranked = b * c.block_size >= part.initial_end && (b + 1) * c.block_size <= part.local_begin;
+          if (ranked) continue;  // the fixed part: every token but those of blocks wholly in the context
           const auto keys = cpu::score_ref::stored_block_keys(ts.store(), TestStore::kLayer, h, t / c.block_size);
           double comb = reduce == Reduce::kMax ? -INFINITY : 0.0;
           for (int g = 0; g < group; ++g) {
@@ -201,7 +203,7 @@ TEST(TopP, FixedPartLogsumsMatchExactKeys) {
           }
           e.push_back(comb * scale);
         }
-        ASSERT_EQ(e.size(), size_t(5 + 21));
+        ASSERT_EQ(e.size(), size_t(16 + 22));  // block 0 (the 5 sinks' block), and [128, 150) (window from 129)
         const double m = *std::max_element(e.begin(), e.end());
         double sum = 0.0;
         for (double x : e) sum += std::exp(x - m);
@@ -257,6 +259,7 @@ TEST(TopP, SelectBlocksOnRandomStores) {
       std::vector<double> logw;
       std::vector<int64_t> blocks;
       for (int64_t b = part.first_context_block; b < part.end_context_block; ++b) {
+        if (b * c.block_size < part.initial_end || (b + 1) * c.block_size > part.local_begin) continue;  // fixed
         const auto keys = cpu::score_ref::stored_block_keys(ts.store(), TestStore::kLayer, h, b);
         const auto reps = cpu::score_ref::representatives(c.type, keys, c.block_size, c.rep_num, {});
         const double e = cpu::score_ref::block_score(c.type, reps, q_group, Reduce::kSum, Reduce::kMax).score / 2 * scale;

@@ -65,8 +65,10 @@ int64_t blocks_for_token_budget(int64_t token_budget, int block_size);
 
 // Builds the selection from chosen context blocks (absolute block indices per
 // kv head; one list shared by all heads when chosen.size() == 1): initial
-// tokens + chosen blocks clipped to the context range + the partial last
-// block when it lies in the context range + (include_local) the local window.
+// tokens + chosen blocks clipped to the context range + the context tokens of
+// the blocks that are not ranked (Partition::first_ranked_block: those the
+// sinks or the window reach into, and the partial last block) + (include_local)
+// the local window.
 Selection build_selection(const kvstore::Partition& partition, int block_size, int n_kv_heads,
                           const std::vector<std::vector<int64_t>>& chosen, bool include_local);
 

@@ -203,10 +203,26 @@ struct Partition {
   int64_t local_begin = 0;          // [local_begin, n_tokens): local window
   int64_t first_context_block = 0;  // blocks intersecting the context range
   int64_t end_context_block = 0;    // (one past the last); equal when the range is empty
+  // The context blocks a selection ranks: those wholly inside the context
+  // range, [first_ranked_block, end_ranked_block), equal when there are none.
+  // The context tokens of the others (the first when the sinks end inside it,
+  // the last when the local window begins inside it or when it is the partial
+  // last block) are always attended, as the sinks and the window are: a
+  // representative of the whole block would rank it by keys attended anyway,
+  // and a ranked partial block would take a slot that "the rest" is owed.
+  int64_t first_ranked_block = 0;
+  int64_t end_ranked_block = 0;
+
+  // The partition of n_tokens with the given sinks' end and local window's begin.
+  static Partition of(int64_t n_tokens, int64_t initial_end, int64_t local_begin, int block_size);
   // Tokens (absolute indices) of block b inside the context range: the block's
   // range clipped to it; begin == end when the block lies outside.
   int64_t context_begin_of(int64_t block, int block_size) const;
   int64_t context_end_of(int64_t block, int block_size) const;
+  // [ranked_begin, ranked_end): the tokens of the ranked blocks; both n_tokens
+  // when there are none. Every other token is attended without ranking.
+  int64_t ranked_begin(int block_size) const;
+  int64_t ranked_end(int block_size) const;
 };
 
 struct BlockView {

@@ -52,9 +52,11 @@ std::vector<float> snapkv_token_votes(const kvstore::KVStore& store, int layer, 
 std::vector<float> block_votes(const std::vector<float>& token_votes, int n_kv_heads,
                                const kvstore::Partition& partition, int block_size);
 
-// The best `count` context blocks by block scores ([n_kv_heads][n_context_blocks],
-// entry i = block partition.first_context_block + i), as absolute block
-// indices sorted increasingly:
+// The best `count` ranked blocks (Partition::first_ranked_block; the other
+// context blocks are attended anyway) by block scores
+// ([n_kv_heads][n_context_blocks], entry i = block
+// partition.first_context_block + i), as absolute block indices sorted
+// increasingly:
 //   SHARED: one list (size 1), ranked by the sum over kv heads (fp32, in head order);
 //   SEPARATE, budget uniform: one list per kv head, its top `count`;
 //   SEPARATE, budget adaptive: one list per kv head, Ada-KV (adakv_select)
@@ -62,14 +64,14 @@ std::vector<float> block_votes(const std::vector<float>& token_votes, int n_kv_h
 // Ranking as top_k: larger first, ties lower block first; -inf scores mark
 // excluded blocks: top_k/Ada-KV never prefer them, and they are dropped from
 // the result, so a list can be shorter than count. count is clamped to the
-// number of context blocks. Throws Error(kInvalidArgument) for count < 0,
+// number of ranked blocks. Throws Error(kInvalidArgument) for count < 0,
 // a scores size that does not match, or alpha outside [0, 1].
 std::vector<std::vector<int64_t>> choose_blocks(const std::vector<float>& scores, int n_kv_heads,
                                                 const kvstore::Partition& partition, int64_t count,
                                                 HeadSelectMode mode, const BudgetConfig& budget);
 
 // One kv head's part of choose_blocks for SEPARATE with a uniform budget:
-// the best `count` context blocks by its row of block scores (entry i =
+// the best `count` ranked blocks by its row of block scores (entry i =
 // block partition.first_context_block + i), absolute and sorted, -inf dropped.
 std::vector<int64_t> choose_head_blocks(const float* row, const kvstore::Partition& partition, int64_t count);
 
@@ -79,19 +81,34 @@ std::vector<std::vector<int64_t>> preselect_blocks(const std::vector<float>& blo
                                                    const kvstore::Partition& partition, int64_t count,
                                                    HeadSelectMode mode, const BudgetConfig& budget);
 
+// Blocks a layer may still choose from after SnapKV preselection: one list
+// (shared by every kv head) or one per kv head, of at most `count`
+// (preselect_block_count) absolute block indices, and every block from
+// `first_unranked_block` on: the preselection did not rank those (they were
+// partial, in the local window or not yet written), so later selections rank
+// them on their scores, as they would without preselection.
+struct Preselected {
+  std::vector<std::vector<int64_t>> blocks;
+  int64_t count = 0;
+  int64_t first_unranked_block = 0;  // the partition's end_ranked_block at preselection
+};
+
+// Whether a selection from `preselected` in `partition` needs no scores: no
+// block has become ranked since, and `count` keeps every preselected block.
+bool keeps_preselected(const Preselected& preselected, const kvstore::Partition& partition, int64_t count);
+
 // Sets to -inf the scores ([n_kv_heads][n_context_blocks]) of every block a
-// head may not select: those outside its preselected list (preselected.size()
-// is 1, shared by all heads, or n_kv_heads). Blocks outside the context range
-// in a list are ignored.
-void restrict_scores_to(const std::vector<std::vector<int64_t>>& preselected, int n_kv_heads,
-                        const kvstore::Partition& partition, std::vector<float>& scores);
+// head may not select: those outside its preselected list (preselected.blocks
+// has 1 list, shared by all heads, or n_kv_heads) and before
+// first_unranked_block. Blocks outside the context range in a list are ignored.
+void restrict_scores_to(const Preselected& preselected, int n_kv_heads, const kvstore::Partition& partition,
+                        std::vector<float>& scores);
 
 // A later selection of `count` (= second_select_num) blocks restricted to the
-// preselected set: `preselected` itself when count >= preselect_count (kept
-// as is: select_blocks then does not score), else choose_blocks on the scores with
-// every non-preselected block excluded (restrict_scores_to).
-std::vector<std::vector<int64_t>> reselect_blocks(const std::vector<std::vector<int64_t>>& preselected,
-                                                  int64_t preselect_count, std::vector<float> scores,
+// preselected set: its blocks as they are when keeps_preselected (select_blocks
+// then does not score), else choose_blocks on the scores with every block it may
+// not select excluded (restrict_scores_to).
+std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected, std::vector<float> scores,
                                                   int n_kv_heads, const kvstore::Partition& partition,
                                                   int64_t count, HeadSelectMode mode, const BudgetConfig& budget);
 

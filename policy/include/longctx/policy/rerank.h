@@ -1,15 +1,15 @@
 // Token rerank (config rerank: tokens; ALGORITHMS.md "Token rerank", after
 // ParisKV2): a second pass over the candidate blocks of a select step.
 //
-// `candidates` is a selection (sinks, context spans, partial last block,
-// local window: what select_blocks builds) made with rerank_candidates times
-// the block budget. Per kv head, every context token of a candidate span
-// except those of the partial last block (always attended) is scored with its
+// `candidates` is a selection (sinks, context spans, the blocks that are not
+// ranked, local window: what select_blocks builds) made with rerank_candidates
+// times the block budget. Per kv head, every token of a candidate span inside
+// the ranked blocks (Partition::ranked_begin; the others are always attended) is scored with its
 // stored key: the kv head's queries reduced by gqa_reduce (sum: (Σ_h q_h)·k,
 // max: max_h q_h·k), keys as stored (f16/bf16/f32, or a q8_0 store's 8-bit
 // codes times their scales). The `keep` best (ties: the earlier token) stay;
-// with the sinks, the partial last block's context tokens and the candidates'
-// local-window tokens, they are the new spans, sorted and merged. A head with
+// with the candidates' tokens outside the ranked blocks, they are the new
+// spans, sorted and merged. A head with
 // at most `keep` candidate tokens keeps them all.
 #pragma once
 

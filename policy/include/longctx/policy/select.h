@@ -5,7 +5,7 @@
 // when there are some, keep `blocks` of them (choose_blocks: SHARED sum over
 // kv heads, SEPARATE per head, Ada-KV when budget.policy is adaptive) and
 // build the token spans (cpu::build_selection: initial tokens, the chosen
-// blocks, the partial last block, the local window when include_local).
+// blocks, the blocks that are not ranked, the local window when include_local).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/kv_store.h"
+#include "longctx/policy/preselect.h"
 
 namespace longctx::policy {
 
@@ -31,21 +32,14 @@ struct SelectSpec {
   static SelectSpec from_config(const LongContextConfig& config, bool include_local, float attn_scale = 0.f);
 };
 
-// Blocks a layer may still choose from after SnapKV preselection: one list
-// (shared by every kv head) or one per kv head, of at most `count`
-// (preselect_block_count) absolute block indices.
-struct Preselected {
-  std::vector<std::vector<int64_t>> blocks;
-  int64_t count = 0;
-};
-
 // The selection of `layer` for decode query q (f32 [n_q_heads, head_dim]).
-// top_k: without `preselected`, when spec.blocks covers every context block,
-// all of them without scoring; otherwise score, choose, build. With it: the
-// preselected set as is (no scoring) when spec.blocks >= preselected->count,
-// else choose among the preselected blocks only. top_p: score (restricted to
-// the preselected blocks when given), then choose_by_mass with the exact
-// logits of the sinks and the local window as the fixed part;
+// top_k: without `preselected`, when spec.blocks covers every ranked block
+// (Partition::first_ranked_block), all of them without scoring; otherwise score, choose, build. With it: the
+// preselected set as is (no scoring) when keeps_preselected, else choose
+// among the blocks it leaves (restrict_scores_to). top_p: score (restricted to
+// the blocks the preselection leaves when given), then choose_by_mass with the exact
+// logits of the sinks, the local window and the blocks that are not ranked as
+// the fixed part;
 // `estimated_mass`, when given, receives each kv head's estimated attended
 // share (empty in top_k mode). Throws Error(kInvalidArgument) naming the
 // argument for a bad layer or q, or spec.blocks < 0.
@@ -63,8 +57,8 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
                              const Preselected* preselected = nullptr, std::vector<double>* estimated_mass = nullptr,
                              const HeadSelected& head_selected = {});
 
-// log sum_t exp(e_t) over the always-attended tokens of `layer` (the sinks
-// [0, initial_end) and the local window [local_begin, n_tokens)) per kv
+// log sum_t exp(e_t) over the always-attended tokens of `layer` (all but the
+// ranked blocks': [0, ranked_begin) and [ranked_end, n_tokens)) per kv
 // head, with e_t = the group's query heads' q.k_t combined by `reduce` (sum:
 // their mean; max) times `scale`; -inf for a head with no such tokens. fp32
 // products summed in double.
