@@ -468,13 +468,21 @@ int run(const Args& a) {
     std::fprintf(stderr, "longctx-server: warning: could not raise the listen backlog to %d (%s); bursts of "
                  "connections may be reset\n", kListenBacklog, std::strerror(errno));
 
+  std::atomic<bool> listen_done{false};
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     std::fprintf(stderr, "longctx-server: %s: finishing requests (up to %.0f s), then exiting\n",
                  sig == SIGTERM ? "SIGTERM" : "SIGINT", a.grace_seconds);
     engine.shutdown(std::chrono::milliseconds(int64_t(a.grace_seconds * 1000)));
-    http.stop();
+    // httplib 0.11's stop() does nothing until listen_after_bind() has set
+    // is_running_: a signal that lands before (during startup) was lost and
+    // the server listened forever with SIGTERM/SIGINT blocked in every thread.
+    // Repeat stop() until the listening loop has returned.
+    while (!listen_done.load()) {
+      http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
   std::fprintf(stderr, "longctx-server: model %s (%s), template %s, policy %s, backend %s\n", options.model_id.c_str(),
                model->spec().arch.c_str(), model::chat_template_name(tmpl), selection_policy_name(config.policy),
@@ -482,6 +490,7 @@ int run(const Args& a) {
   std::fprintf(stderr, "longctx-server: listening on http://%s:%d\n", a.host.c_str(), port);
   std::fflush(stderr);
   http.listen_after_bind();
+  listen_done.store(true);
   if (engine.accepting()) kill(getpid(), SIGTERM);  // listening failed: wake the signal thread
   signal_thread.join();
   return 0;
