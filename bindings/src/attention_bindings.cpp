@@ -170,14 +170,17 @@ Policy make_policy(py::handle config, const StoreHandle& store, py::handle retri
   return p;
 }
 
-py::dict stats_dict(const policy::DecodePolicy& p) {
+py::dict stats_dict(const StoreHandle& store, const policy::DecodePolicy& p) {
+  // A copy under the store's mutex: a decode() in another thread (GIL released) rewrites them.
+  policy::DecodePolicy::Stats st;
+  run_locked(store, [&] { st = p.last_stats(); });
   py::dict d;
-  d["attended_tokens"] = p.last_stats().attended_tokens;
-  d["reselected"] = p.last_stats().reselected;
-  d["estimated_mass"] = p.last_stats().estimated_mass;  // per kv head; [] unless top_p
-  d["tail_mass"] = p.last_stats().tail_mass;            // per kv head; [] unless tail: estimate
-  d["tail_blocks"] = p.last_stats().tail_blocks;
-  d["speculated"] = p.last_stats().speculated;                // speculate: reused the last selection
+  d["attended_tokens"] = st.attended_tokens;
+  d["reselected"] = st.reselected;
+  d["estimated_mass"] = st.estimated_mass;  // per kv head; [] unless top_p
+  d["tail_mass"] = st.tail_mass;            // per kv head; [] unless tail: estimate
+  d["tail_blocks"] = st.tail_blocks;
+  d["speculated"] = st.speculated;          // speculate: reused the last selection
   return d;
 }
 
@@ -439,9 +442,14 @@ void bind_attention(py::module_& m) {
           py::arg("out") = py::none(), py::arg("lse") = py::none(),
           "Decode step token_idx (0 = first generated token, already appended) of `layer`: q f32 [n_q_heads, "
           "head_dim]. Returns (out, lse).")
-      .def("last_selection", [](const Policy& p) { return selection_list(p.policy->last_selection()); },
+      .def("last_selection",
+           [](const Policy& p) {
+             cpu::Selection sel;  // copied under the store's mutex: decode() in another thread writes it
+             run_locked(p.store, [&] { sel = p.policy->last_selection(); });
+             return selection_list(sel);
+           },
            "Per kv head, the (begin, end) token spans the last decode attended exactly.")
-      .def("last_stats", [](const Policy& p) { return stats_dict(*p.policy); },
+      .def("last_stats", [](const Policy& p) { return stats_dict(p.store, *p.policy); },
            "What the last decode did: attended_tokens (summed over kv heads), reselected, with "
            "budget.mode top_p estimated_mass (per kv head, the estimated share of its attention attended), and "
            "with tail: estimate tail_mass (per kv head, the share of the merged attention mass the unselected "
@@ -519,10 +527,14 @@ void bind_attention(py::module_& m) {
       .def_property_readonly("cuda_device", [](const PyLayerAttention& a) -> py::object {
         return a.cuda ? py::object(py::int_(a.cuda->device)) : py::object(py::none());
       }, "The CUDA device index of use_cuda, None before.")
-      .def("last_stats", [](const PyLayerAttention& a) { return stats_dict(a.attention->policy()); },
+      .def("last_stats", [](const PyLayerAttention& a) { return stats_dict(a.store, a.attention->policy()); },
            "As DecodePolicy.last_stats, for the last decode step.")
       .def("last_selection",
-           [](const PyLayerAttention& a) { return selection_list(a.attention->policy().last_selection()); },
+           [](const PyLayerAttention& a) {
+             cpu::Selection sel;
+             run_locked(a.store, [&] { sel = a.attention->policy().last_selection(); });
+             return selection_list(sel);
+           },
            "As DecodePolicy.last_selection.")
       .def_property_readonly("scale", [](const PyLayerAttention& a) { return a.attention->policy().attn_scale(); })
       .def_property_readonly("store", [](const PyLayerAttention& a) { return a.store; });

@@ -158,12 +158,18 @@ py::str generate(PyModel& m, py::handle prompt, std::optional<int> max_tokens, s
       shown = end;
       stop = r.is(py::bool_(false));
     }
-    // The token goes into the cache (a later generate continues after it) unless it is full.
-    if (s.seq->n_past() >= s.config.max_seq_len) {
+    // The token goes into the cache (a later generate continues after it) unless it is full,
+    // checked under the model's mutex with the decode: another thread may fill the cache between.
+    bool full = false;
+    logits = compute(s, [&] {
+      full = s.seq->n_past() >= s.config.max_seq_len;
+      if (!full) s.last_logits = s.seq->decode(id);
+      return s.last_logits;
+    });
+    if (full) {
       s.stop_reason = "max_seq_len reached";
       break;
     }
-    logits = compute(s, [&] { return s.last_logits = s.seq->decode(id); });
     if (stop) {
       s.stop_reason = "stopped by on_token";
       break;
@@ -311,7 +317,11 @@ void bind_model(py::module_& mod) {
             return to_array(compute(s, [&] { return s.last_logits = s.seq->decode(token); }));
           },
           py::arg("token"), "Appends one token; returns the logits that follow it.")
-      .def_property_readonly("n_past", [](const PyModel& m) { return m.s->seq->n_past(); })
+      .def_property_readonly("n_past",
+                             [](const PyModel& m) {
+                               ModelState& s = *m.s;  // prefill/decode in another thread write it, under the mutex
+                               return compute(s, [&] { return s.seq->n_past(); });
+                             })
       .def("reset",
            [](PyModel& m) {
              ModelState& s = *m.s;
