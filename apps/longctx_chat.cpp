@@ -220,8 +220,9 @@ class Chat {
     conversation_ = std::move(next);
     ++turns_;
 
-    // Generate, streaming whole UTF-8 characters.
-    g_interrupted.store(false);
+    // Generate, streaming whole UTF-8 characters. A Ctrl-C since the prefill's
+    // last progress call stops the answer before its first token: it is not
+    // cleared here (read_line clears it when a question is read).
     chat::Utf8Stream out(stdout);
     std::string answer_text;
     int64_t generated = 0;
