@@ -73,6 +73,39 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   return out;
 }
 
+namespace {
+
+double attention_scale(const kvstore::KVStore& store, const SelectSpec& spec) {
+  return spec.attn_scale > 0.f ? spec.attn_scale : 1.0 / std::sqrt(double(store.layout().shape.head_dim));
+}
+
+// The factor that takes a block score (the group's sum or max of unscaled
+// q.k estimates) to the group's logit.
+double logit_factor(const kvstore::KVStore& store, const TensorView& q, const SelectSpec& spec) {
+  const int group = int(q.shape[0]) / store.layout().shape.n_kv_heads;
+  return spec.score.gqa_reduce == Reduce::kMax ? attention_scale(store, spec) : attention_scale(store, spec) / group;
+}
+
+// Ada-KV compares the heads' scores with each other (adakv.h), so each head's
+// row of block scores becomes its ranked blocks' shares of their estimated
+// attention, exp(logit_b - max) / sum (the blocks are whole: equal sizes). A
+// head's order is kept; a shift of all its logits (a constant added to its
+// keys) no longer moves budget between heads.
+void to_attention_shares(std::vector<float>& scores, int n_kv_heads, const Partition& p, double to_logit) {
+  const int64_t n_context = p.end_context_block - p.first_context_block;
+  const int64_t lo = p.first_ranked_block - p.first_context_block, hi = p.end_ranked_block - p.first_context_block;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    float* row = scores.data() + size_t(h) * size_t(n_context);
+    double m = -std::numeric_limits<double>::infinity(), total = 0.0;
+    for (int64_t i = lo; i < hi; ++i) m = std::max(m, double(row[i]) * to_logit);
+    if (!std::isfinite(m)) continue;  // no block, or a NaN or inf score: ranked as they are
+    for (int64_t i = lo; i < hi; ++i) total += std::exp(double(row[i]) * to_logit - m);
+    for (int64_t i = lo; i < hi; ++i) row[i] = float(std::exp(double(row[i]) * to_logit - m) / total);
+  }
+}
+
+}  // namespace
+
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
                              const Preselected* preselected, std::vector<double>* estimated_mass,
                              const HeadSelected& head_selected) {
@@ -99,10 +132,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
       for (int64_t b = partition.first_context_block; b < partition.end_context_block; ++b)
         if (b < partition.first_ranked_block || b >= partition.end_ranked_block)
           logits[size_t(h * n_context + b - partition.first_context_block)] = -std::numeric_limits<float>::infinity();
-    // Scores are the group's sum (or max) of unscaled q.k estimates: to the group's logit.
-    const int group = int(q.shape[0]) / n_kv_heads;
-    const double scale = spec.attn_scale > 0.f ? spec.attn_scale : 1.0 / std::sqrt(double(store.layout().shape.head_dim));
-    const double to_logit = spec.score.gqa_reduce == Reduce::kMax ? scale : scale / group;
+    const double to_logit = logit_factor(store, q, spec);
     for (float& x : logits) x = float(double(x) * to_logit);
     std::vector<int64_t> tokens(static_cast<size_t>(n_context));
     for (int64_t i = 0; i < n_context; ++i) {
@@ -111,7 +141,8 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     }
     const MassChoice choice =
         choose_by_mass(logits, n_kv_heads, n_context, tokens,
-                       fixed_part_logsums(store, layer, q, scale, spec.score.gqa_reduce), spec.mode, spec.budget);
+                       fixed_part_logsums(store, layer, q, attention_scale(store, spec), spec.score.gqa_reduce),
+                       spec.mode, spec.budget);
     std::vector<std::vector<int64_t>> chosen = choice.chosen;
     for (auto& list : chosen)
       for (int64_t& i : list) i += partition.first_context_block;
@@ -148,6 +179,8 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     return selection;
   }
   cpu::score_blocks(store, layer, q, spec.score, scores_view);
+  if (spec.mode == HeadSelectMode::kSeparate && spec.budget.policy == BudgetConfig::Policy::kAdaptive)
+    to_attention_shares(scores, n_kv_heads, partition, logit_factor(store, q, spec));
   if (preselected == nullptr) return build(choose_blocks(scores, n_kv_heads, partition, spec.blocks, spec.mode, spec.budget));
   return build(reselect_blocks(*preselected, std::move(scores), n_kv_heads, partition, spec.blocks, spec.mode,
                                spec.budget));

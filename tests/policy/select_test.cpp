@@ -332,6 +332,52 @@ TEST(SelectBlocks, PreselectedBlocksBoundTheChoice) {
   }
 }
 
+// Ada-KV shares the budget by comparing the heads' scores (adakv.h: "they
+// must be on one scale (e.g. attention mass)"). Adding u to every key of
+// head 1 shifts its logits by q.u and leaves its attention as it was, so the
+// budget each head gets must not move: on raw scores a shift of +-3 gave one
+// head every block.
+TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
+  const int bs = 4, d = 32, n_kv = 2, n_blocks = 8;
+  LongContextConfig config;
+  config.max_seq_len = 1024;
+  config.block_size = bs;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  config.kv_type = DType::kF32;
+  config.representative_type = RT::kMean;
+  config.representative_num = 1;
+  config.head_select_mode = HeadSelectMode::kSeparate;
+  config.budget.policy = BudgetConfig::Policy::kAdaptive;
+  config.budget.alpha = 0.2;
+  config.second_select_num = 4;
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys(size_t(n_blocks * bs * n_kv * d)), q(size_t(n_kv * d));
+  for (float& x : keys) x = normal(rng);
+  for (float& x : q) x = normal(rng);
+  double q1_norm = 0.0;
+  for (int c = 0; c < d; ++c) q1_norm += double(q[size_t(d + c)]) * q[size_t(d + c)];
+  q1_norm = std::sqrt(q1_norm);
+  std::vector<int64_t> unshifted;
+  for (const float shift : {0.f, 3.f, -3.f}) {
+    SCOPED_TRACE(shift);
+    std::vector<float> k = keys, v(keys.size(), 0.f);
+    for (int t = 0; t < n_blocks * bs; ++t)  // u = shift q_1 / |q_1|
+      for (int c = 0; c < d; ++c) k[size_t((t * n_kv + 1) * d + c)] += float(shift * q[size_t(d + c)] / q1_norm);
+    kvstore::MemoryBudget budget(uint64_t{1} << 28);
+    kvstore::KVStore store({1, n_kv, d}, config, budget, cpu::testing::topology());
+    store.append(0, make_view(k.data(), DType::kF32, {n_blocks * bs, n_kv, d}),
+                 make_view(v.data(), DType::kF32, {n_blocks * bs, n_kv, d}));
+    const Selection got = select_blocks(store, 0, make_view(q.data(), DType::kF32, {n_kv, d}),
+                                        SelectSpec::from_config(config, true));
+    const std::vector<int64_t> tokens = {got.tokens(0), got.tokens(1)};
+    EXPECT_EQ(tokens[0] + tokens[1], 2 * 4 * bs);
+    if (unshifted.empty()) unshifted = tokens;
+    EXPECT_EQ(tokens, unshifted);
+  }
+}
+
 // What DecodePolicy attends when a layer re-selects is select_blocks with
 // the config's spec (and the layer's preselected blocks), on random stores,
 // for every select configuration: the benchmark's select row times the
