@@ -21,6 +21,7 @@ measurement (--jsonl FILE too) and a summary on stderr:
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import statistics
@@ -92,15 +93,30 @@ class Server:
                         times.append(time.perf_counter() - start)
                         text += piece
         conn.close()
-        return (times[0] if times else float("nan")), times, usage, text
+        return (times[0] if times else None), times, usage, text
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=120)
 
 
+def finite_or_none(value):
+    """A float that JSON can carry: NaN and the infinities become None (null),
+    since json.dumps would print them as bare NaN/Infinity, which is not JSON."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def median_or_none(values):
+    """The median, or None when a value is missing (a request that streamed no token)."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def ratio_or_none(num, den):
+    return None if num is None or den is None or den == 0 else num / den
+
+
 def emit(args, record):
-    line = json.dumps(record)
+    line = json.dumps({k: finite_or_none(v) for k, v in record.items()}, allow_nan=False)
     print(line, flush=True)
     if args.jsonl:
         with open(args.jsonl, "a") as f:
@@ -133,9 +149,9 @@ def ttft(args, tmp, demo):
             emit(args, {"bench": "server", "phase": "ttft", "doc": d, "context": u1["prompt_tokens"],
                         "uncached_s": first, "cached_s": again,
                         "cached_tokens": u2["prompt_tokens_details"]["cached_tokens"]})
-        ratio = statistics.median(cached) / statistics.median(uncached)
+        ratio = ratio_or_none(median_or_none(cached), median_or_none(uncached))
         emit(args, {"bench": "server", "phase": "ttft", "summary": True, "context": args.context,
-                    "uncached_median_s": statistics.median(uncached), "cached_median_s": statistics.median(cached),
+                    "uncached_median_s": median_or_none(uncached), "cached_median_s": median_or_none(cached),
                     "cached_over_uncached": ratio})
         return ratio
     finally:
@@ -158,7 +174,7 @@ def decode(args, tmp):
             _, times, usage, _ = server.stream("/v1/completions", {"prompt": doc.strip(),
                                                                   "max_tokens": args.decode_tokens})
             n = usage["completion_tokens"]
-            rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+            rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
             p = subprocess.run([os.path.join(args.bin_dir, "longctx-chat"), "--model", model, *common, "--raw",
                                 "--prompt-file", doc_path, "--prompt", "", "--max-tokens", str(args.decode_tokens)],
                                capture_output=True, text=True, errors="replace")
@@ -172,10 +188,10 @@ def decode(args, tmp):
                         "chat_tokens": int(m[1]), "chat_tokens_per_s": float(m[2])})
     finally:
         server.stop()
-    ratio = statistics.median(via_server) / statistics.median(via_chat)
+    ratio = ratio_or_none(median_or_none(via_server), median_or_none(via_chat))
     emit(args, {"bench": "server", "phase": "decode", "summary": True, "context": args.decode_context,
-                "server_median_tokens_per_s": statistics.median(via_server),
-                "chat_median_tokens_per_s": statistics.median(via_chat), "server_over_chat": ratio})
+                "server_median_tokens_per_s": median_or_none(via_server),
+                "chat_median_tokens_per_s": median_or_none(via_chat), "server_over_chat": ratio})
     return ratio
 
 
@@ -205,16 +221,23 @@ def load(args, tmp, demo):
             for t in threads:
                 t.join()
             elapsed = time.perf_counter() - start
-            firsts.sort()
+            # Percentiles over the requests that streamed a token; the others are counted apart.
+            timed = sorted(f for f in firsts if f is not None)
             row = {"bench": "server", "phase": "load", "clients": clients, "requests": len(firsts),
+                   "requests_without_token": len(firsts) - len(timed),
                    "answers_per_min": 60 * len(firsts) / elapsed,
-                   "ttft_p50_s": firsts[len(firsts) // 2],
-                   "ttft_p99_s": firsts[min(len(firsts) - 1, int(0.99 * len(firsts)))]}
+                   "ttft_p50_s": timed[len(timed) // 2] if timed else None,
+                   "ttft_p99_s": timed[min(len(timed) - 1, int(0.99 * len(timed)))] if timed else None}
             emit(args, row)
             rows.append(row)
     finally:
         server.stop()
     return rows
+
+
+def fmt(value, scale, spec):
+    """value * scale formatted with spec, or "n/a" when it was not measured."""
+    return "n/a" if value is None else format(value * scale, spec)
 
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -229,11 +252,11 @@ def main():
         ttft_ratio = ttft(args, tmp, demo)
         decode_ratio = decode(args, tmp)
         rows = load(args, tmp, demo)
-    print(f"ttft: cached / uncached at {args.context} tokens = {ttft_ratio:.4f}", file=sys.stderr)
-    print(f"decode: server / longctx-chat = {decode_ratio:.3f}", file=sys.stderr)
+    print(f"ttft: cached / uncached at {args.context} tokens = {fmt(ttft_ratio, 1, '.4f')}", file=sys.stderr)
+    print(f"decode: server / longctx-chat = {fmt(decode_ratio, 1, '.3f')}", file=sys.stderr)
     for r in rows:
         print(f"load: {r['clients']} clients: {r['answers_per_min']:.0f} answers/min, ttft p50 "
-              f"{r['ttft_p50_s'] * 1000:.0f} ms, p99 {r['ttft_p99_s'] * 1000:.0f} ms", file=sys.stderr)
+              f"{fmt(r['ttft_p50_s'], 1000, '.0f')} ms, p99 {fmt(r['ttft_p99_s'], 1000, '.0f')} ms", file=sys.stderr)
 
 
 if __name__ == "__main__":

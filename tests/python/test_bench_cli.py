@@ -3,8 +3,11 @@ subcommand prints the options and exits 0; bad arguments exit non-zero with
 the argument named. Runs one benchmark, kernels at 4K with two KV types, for
 the ratio it reports between them. Run by ctest (LONGCTX_BIN_DIR set) or
 by hand. Exit status 1 on the first failure."""
+import contextlib
+import io
 import json
 import os
+import sys
 import tempfile
 
 import _env
@@ -94,7 +97,26 @@ def main():
     ]:
         rc, out, err = run([BENCH] + args, timeout=60)
         check(rc == 1 and expected in err and "{" not in out, f"longctx-bench {' '.join(args)} refused up front", err)
+    check_server_script_json()
     print(f"test_bench_cli: {_env.passed} checks passed")
+
+
+def check_server_script_json():
+    """tools/bench_server.py prints null, not bare NaN (not JSON), for what it could not measure."""
+    sys.path.insert(0, os.path.join(_env.SOURCE_DIR, "tools"))
+    import bench_server
+
+    class Args:
+        jsonl = None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench_server.emit(Args(), {"phase": "decode", "rate": float("nan"), "ttft": float("inf"), "ms": 1.5})
+    check(json.loads(out.getvalue()) == {"phase": "decode", "rate": None, "ttft": None, "ms": 1.5},
+          "bench_server emits null for NaN and infinity", out.getvalue())
+    check(bench_server.median_or_none([0.5, None]) is None and bench_server.median_or_none([1.0, 3.0]) == 2.0,
+          "bench_server: a median over a missing measurement is None")
+    check(bench_server.ratio_or_none(None, 2.0) is None and bench_server.ratio_or_none(1.0, 0) is None,
+          "bench_server: a ratio with a missing or zero part is None")
 
 
 if __name__ == "__main__":
