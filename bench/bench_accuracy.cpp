@@ -632,9 +632,10 @@ int run_accuracy(const std::vector<std::string>& args) {
     }
   }
 
-  std::printf("\nOne layer, %d q heads, %d kv heads, d=%d, f16, block %d, initial %d, local %d, RoPE theta %g; "
+  std::printf("\nOne layer, %d q heads, %d kv heads, d=%d, %s K/V, block %d, initial %d, local %d, RoPE theta %g; "
               "needles (4 tokens, %.0f sigma) in kv heads {%s}; %d seed(s); %d threads\n",
-              s.q_heads, s.kv_heads, s.head_dim, s.block_size, s.initial_len, s.local_len, s.rope_theta,
+              s.q_heads, s.kv_heads, s.head_dim, dtype_name(s.kv_type), s.block_size, s.initial_len, s.local_len,
+              s.rope_theta,
               double(s.needle_strength), needle_heads.c_str(), a.seeds, tbb::info::default_concurrency());
   if (by_workload.count("needle")) {
     std::printf("\nneedle: one question, %d needle spans\n", a.needles);
@@ -656,8 +657,8 @@ int run_accuracy(const std::vector<std::string>& args) {
     print_table(by_workload["multiquery"], columns);
   }
   if (by_workload.count("prefill")) {
-    std::printf("\nprefill: a %d-query chunk after the history; budget = B_SA as %% of the history; needle = the "
-                "question rows' needle tokens kept\n",
+    std::printf("\nprefill: a %d-query chunk after the history, f16 K/V whatever --kv-type; budget = B_SA as %% of "
+                "the history; needle = the question rows' needle tokens kept\n",
                 chunk);
     print_table(by_workload["prefill"], {"policy", "kernel", "context", "budget_pct", "attended_pct", "needle",
                                          "top10", "rel_err", "l1", "missed", "ms"});
