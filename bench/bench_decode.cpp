@@ -180,8 +180,15 @@ Record prefill_record(const DecodeArgs& a, BenchModel& m, int64_t n_tokens, cons
   const auto of = [&](double peak) { return peak > 0 ? gflops / peak : 0.0; };
   r.set("matmul_share", mm.seconds / seconds).set("matmul_gflops", gflops);
   r.set("fma_gflops", peaks.fma_gflops).set("of_fma_peak", of(peaks.fma_gflops));
-  r.set("int8_gops", peaks.int8_gops).set("of_int8_peak", of(peaks.int8_gops));
-  r.set("bf16_gflops", peaks.bf16_gflops).set("of_bf16_peak", of(peaks.bf16_gflops));
+  r.set("int8_gops", peaks.int8_gops).set("bf16_gflops", peaks.bf16_gflops);
+  // A share of a unit's peak only where that unit ran the quantized matmuls (as longctx-bench matmul): the int8
+  // kernels, or oneDNN's bf16 tiles (vdpbf16ps or AMX), for the weights in rows or in groups.
+  const auto ran = [&](cpu::QuantPrefill path) {
+    return mm.quantized_calls > 0 &&
+           (m.cpu.quant_prefill() == path || m.cpu.quant_prefill(cpu::QuantLayout::kRows8) == path);
+  };
+  if (ran(cpu::QuantPrefill::kInt8) && peaks.int8_gops > 0) r.set("of_int8_peak", of(peaks.int8_gops));
+  if (ran(cpu::QuantPrefill::kBf16Tiles) && peaks.bf16_gflops > 0) r.set("of_bf16_peak", of(peaks.bf16_gflops));
   r.set("rss_gib", double(resident_bytes()) / double(1 << 30));
   return r;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "bench_util.h"
+#include "longctx/core/backend.h"
 #include "longctx/core/backend_args.h"
 #include "longctx/core/forwarding_backend.h"
 
@@ -20,6 +21,7 @@ class TimedBackend final : public ForwardingBackend {
     double seconds = 0;
     double flops = 0;
     double weight_bytes = 0;
+    int64_t quantized_calls = 0;  // weights of a block-quantized type (Q8_0, Q4_K, ...): the quant_prefill paths
   };
   using ForwardingBackend::ForwardingBackend;
 
@@ -31,6 +33,7 @@ class TimedBackend final : public ForwardingBackend {
     matmuls_.calls += 1;
     matmuls_.flops += 2.0 * double(x.shape()[0]) * double(backend_row_length(x)) * double(w.shape()[0]);
     matmuls_.weight_bytes += double(ggml_bytes(w.type(), w.numel()).value_or(0));
+    if (!dtype_of(w.type())) matmuls_.quantized_calls += 1;
   }
   const Matmuls& matmuls() const { return matmuls_; }
   void reset() { matmuls_ = {}; }
