@@ -229,8 +229,9 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
 
     // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales).
     const double vector_bytes = double(kvstore::kv_vector_bytes(c->dtype, a.head_dim));
-    // Bytes of one representative record's key slots (q8_0: codes and scales).
-    const double rep_bytes = double(c->store.layout().rep_slots) * vector_bytes;
+    // Bytes scoring streams per block and kv head: records are padded to 64 bytes and packed, so it reads whole
+    // records (q8_0 QUEST: 320 B, of which 272 are the two key slots; f16: 512, no padding).
+    const double rep_bytes = double(c->store.layout().record_bytes);
     const double dense_bytes = 2.0 * a.kv_heads * vector_bytes * double(context);
     const double score_bytes = double(c->n_blocks) * a.kv_heads * rep_bytes;
     const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
