@@ -1,7 +1,9 @@
 // longctx-bench kernels: one decode step of one layer on the CPU engine —
 // dense attention, block scoring, selection (policy::select_blocks), sparse
 // attention, the LSE merge with the GPU part, and the whole sparse step as
-// DecodePolicy::decode runs it — over
+// DecodePolicy::decode runs it, in the runtime's default layout (sparse_step)
+// and with the budget on selected blocks alone (sparse_step_budget; see
+// Layout) — over
 // contexts from 4K to 1M tokens, with the bytes each kernel must read and the
 // achieved GB/s beside the read bandwidth measured in the same run, for each
 // KV type, and each type's time over f16's (the types take turns in every
@@ -116,20 +118,40 @@ void fill_store(kvstore::KVStore& store, int64_t n_tokens, int kv_heads, int hea
   }
 }
 
-LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_type) {
-  LongContextConfig config;
-  config.max_seq_len = context;
-  config.block_size = a.block_size;
-  config.initial_len = 0;  // the budget is spent on selected blocks only
-  config.local_windows_len = 0;
-  config.kv_type = kv_type;
-  config.representative_type = RepresentativeType::kQuest;
-  config.representative_num = 2;
-  config.head_select_mode = HeadSelectMode::kSeparate;
-  config.dense_layer_num = 0;  // layer 0 selects
+// The layouts the decode rows run on.
+//   kBudgetOnly  the budget spent on selected blocks alone: no sinks, no local
+//                window, one block set per kv head (SEPARATE). The layout of
+//                the issue that set the sparse step's targets ("at 128K with
+//                a 4096-token budget the whole sparse step"), kept so that
+//                those numbers stay comparable; the kernel rows (dense, score,
+//                select, sparse) and sparse_step_budget run on it.
+//   kDefault     the runtime's defaults (configs/default.yaml: 128 sinks, a
+//                4096-token local window, SHARED), with --budget tokens of
+//                selected blocks (4096 = the default second_select_num, 32),
+//                attended as longctx-chat's CPU path does (include_local):
+//                sparse_step runs on it.
+enum class Layout { kBudgetOnly, kDefault };
+
+const char* layout_name(Layout layout) { return layout == Layout::kDefault ? "default" : "budget_only"; }
+
+LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_type, Layout layout) {
   const int64_t blocks = cpu::blocks_for_token_budget(a.budget_tokens, a.block_size);
-  config.second_select_num = int(std::min<int64_t>(blocks, context / a.block_size));
-  return config;
+  const LongContextConfig defaults;
+  // The store holds `context` tokens; the defaults' sinks and window need at least their own length of capacity.
+  const int64_t capacity =
+      layout == Layout::kDefault
+          ? std::max(context, defaults.initial_len + defaults.local_windows_len + blocks * a.block_size)
+          : context;
+  std::vector<std::string> overrides{
+      str_cat("max_seq_len=", capacity), str_cat("block_size=", a.block_size),
+      str_cat("kv_type=", dtype_name(kv_type)),
+      "dense_layer_num=0",  // layer 0 selects
+      str_cat("second_select_num=", layout == Layout::kDefault ? blocks : std::min(blocks, context / a.block_size))};
+  if (layout == Layout::kBudgetOnly) {
+    for (const char* key : {"initial_len=0", "local_windows_len=0", "head_select_mode=SEPARATE"})
+      overrides.emplace_back(key);
+  }
+  return parse_config("", "<longctx-bench kernels>", overrides);
 }
 
 // The decode kernels timed, in the order they run per repetition (sparse
@@ -137,11 +159,12 @@ LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_
 enum class DecodeKernel { kDense, kScore, kSelect, kSparse, kStep };
 constexpr size_t kNumDecodeKernels = size_t(DecodeKernel::kStep) + 1;
 
-// One kv type's layer 0 at one context, random K/V, and what its decode kernels read and write.
+// One kv type's layer 0 at one context in one layout, random K/V, and what its decode kernels read and write.
 struct DecodeCase {
-  DecodeCase(const KernelsArgs& a, int64_t context, DType kv_type)
+  DecodeCase(const KernelsArgs& a, int64_t context, DType kv_type, Layout store_layout)
       : dtype(kv_type),
-        config(decode_config(a, context, kv_type)),
+        layout(store_layout),
+        config(decode_config(a, context, kv_type, store_layout)),
         topology(kvstore::NumaTopology::detect()),
         budget(kvstore::default_dram_budget()),
         store(kvstore::KVShape{1, a.kv_heads, a.head_dim}, config, budget, topology),
@@ -156,7 +179,8 @@ struct DecodeCase {
     scores.resize(size_t(a.kv_heads) * size_t(n_blocks));
     attn.split_tokens = a.split_tokens;
     // The production step: what longctx-chat runs for a layer that re-selects
-    // (0: 1/sqrt(head_dim), as the kernels).
+    // (0: 1/sqrt(head_dim), as the kernels). It splits its attention as the
+    // runtime does (its default piece size), whatever --split says.
     decode_policy = std::make_unique<policy::DecodePolicy>(config, store, 0.f);
   }
 
@@ -170,11 +194,22 @@ struct DecodeCase {
       case DecodeKernel::kScore: return cpu::score_blocks(store, 0, qv, select.score, sv);
       case DecodeKernel::kSelect: selection = policy::select_blocks(store, 0, qv, select); return;
       case DecodeKernel::kSparse: return cpu::decode_attention(store, 0, qv, selection, attn, ov, lv);
-      case DecodeKernel::kStep: return decode_policy->decode(0, token_index++, qv, true, ov, lv);
+      case DecodeKernel::kStep:
+        decode_policy->decode(0, token_index++, qv, /*include_local=*/true, ov, lv);
+        step_select_seconds.push_back(decode_policy->last_stats().select_seconds);
+        return;
     }
   }
 
+  // The kernels timed on this layout (kDefault: the whole step alone).
+  std::vector<DecodeKernel> kernels() const {
+    if (layout == Layout::kDefault) return {DecodeKernel::kStep};
+    return {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kSelect, DecodeKernel::kSparse,
+            DecodeKernel::kStep};
+  }
+
   DType dtype;
+  Layout layout;
   LongContextConfig config;
   kvstore::NumaTopology topology;  // the store keeps references to these two
   kvstore::MemoryBudget budget;
@@ -187,83 +222,126 @@ struct DecodeCase {
   int64_t n_blocks = 0;
   int64_t token_index = 0;
   std::vector<double> seconds[kNumDecodeKernels];  // per kernel, one per repetition
+  std::vector<double> step_select_seconds;         // the step's own scoring and choosing, one per repetition
 };
 
-// The decode records of one context for every kv type of `a`. A decode step
-// of one layer finds its KV and representatives cold: the other layers ran
-// since (evict_caches before every timed run). Every repetition runs each
-// kernel once per kv type, one type after the other, so the types' times of
-// a kernel are taken seconds apart, under the same load of this shared
-// machine: their ratio (over_f16) is then far steadier than times taken
-// minutes apart.
-std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threads, double read_gbps) {
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
-  std::vector<std::unique_ptr<DecodeCase>> cases;
-  for (DType dtype : a.dtypes) cases.push_back(std::make_unique<DecodeCase>(a, context, dtype));
+// Runs every kernel of the cases `reps` times. A decode step of one layer
+// finds its KV and representatives cold: the other layers ran since
+// (evict_caches before every timed run). Every repetition runs each kernel
+// once per kv type, one type after the other, so the types' times of a kernel
+// are taken seconds apart, under the same load of this shared machine: their
+// ratio (over_f16) is then far steadier than times taken minutes apart.
+void time_cases(const KernelsArgs& a, std::vector<std::unique_ptr<DecodeCase>>& cases) {
   for (int r = 0; r < a.reps; ++r)
-    for (size_t k = 0; k < kNumDecodeKernels; ++k)
+    for (DecodeKernel kernel : cases.front()->kernels())
       for (auto& c : cases) {
         evict_caches();
-        c->seconds[k].push_back(time_runs(1, [&] { c->run(DecodeKernel(k), a); })[0]);
+        c->seconds[size_t(kernel)].push_back(time_runs(1, [&] { c->run(kernel, a); })[0]);
       }
+}
 
-  std::vector<Record> records;
-  for (auto& c : cases) {
-    const auto ms = [&](DecodeKernel kernel) { return 1e3 * median(c->seconds[size_t(kernel)]); };
-    const double dense_ms = ms(DecodeKernel::kDense), score_ms = ms(DecodeKernel::kScore);
-    const double select_ms = ms(DecodeKernel::kSelect), sparse_ms = ms(DecodeKernel::kSparse);
-    const double step_ms = ms(DecodeKernel::kStep);
-    // The LSE merge of two partial results (CPU part + GPU window), as decode
-    // runs it: on results still in cache, so timed hot over many calls.
-    std::vector<float>& out = c->out;
-    std::vector<float>& lse = c->lse;
-    std::vector<float> out_b(out), lse_b(lse);
-    constexpr int kMerges = 1000;
-    const double merge_ms = 1e3 / kMerges * median(time_runs(a.reps, [&] {
-      for (int i = 0; i < kMerges; ++i)
-        cpu::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), out.data(), lse.data(), a.q_heads,
-                             a.head_dim);
-    }));
-    int64_t selected_tokens = 0;
-    for (int h = 0; h < a.kv_heads; ++h) selected_tokens += c->selection.tokens(h);
+int64_t tokens_of(const cpu::Selection& selection, int kv_heads) {
+  int64_t tokens = 0;
+  for (int h = 0; h < kv_heads; ++h) tokens += selection.tokens(h);
+  return tokens;
+}
 
-    // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales).
-    const double vector_bytes = double(kvstore::kv_vector_bytes(c->dtype, a.head_dim));
-    // Bytes scoring streams per block and kv head: records are padded to 64 bytes and packed, so it reads whole
-    // records (q8_0 QUEST: 320 B, of which 272 are the two key slots; f16: 512, no padding).
-    const double rep_bytes = double(c->store.layout().record_bytes);
-    const double dense_bytes = 2.0 * a.kv_heads * vector_bytes * double(context);
-    const double score_bytes = double(c->n_blocks) * a.kv_heads * rep_bytes;
-    const double sparse_bytes = double(selected_tokens) * 2.0 * vector_bytes;
-    auto add = [&](const char* kernel, double ms_of, double bytes) -> Record& {
-      Record r;
-      r.set("bench", "kernels").set("kernel", kernel).set("context", context).set("budget", a.budget_tokens);
-      r.set("dtype", dtype_name(c->dtype)).set("threads", threads).set("ms", ms_of).set("bytes", int64_t(bytes));
-      r.set("gbps", bytes / (ms_of * 1e-3) / 1e9).set("read_gbps", read_gbps);
-      r.set("target", a.target);
-      r.set("of_bandwidth", bytes / (ms_of * 1e-3) / 1e9 / read_gbps);
-      records.push_back(r);
-      return records.back();
-    };
-    add("dense", dense_ms, dense_bytes);
-    add("score", score_ms, score_bytes);
-    add("select", select_ms, score_bytes);  // select = score + top-k + spans
-    add("sparse", sparse_ms, sparse_bytes);
-    add("merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));  // two parts read, one written
-    // sparse_step: DecodePolicy::decode, scoring + selection + attention as
-    // they run in a model (select + sparse above are its parts, timed apart).
-    Record& step = add("sparse_step", step_ms, score_bytes + sparse_bytes);
-    step.set("dense_over_sparse", dense_ms / sparse_ms);  // attention kernels over the same cache
-    step.set("dense_over_step", dense_ms / step_ms);      // the whole decode step
-    step.set("select_share", select_ms / step_ms);
+// The decode records of one context for every kv type of `a`: the kernel rows
+// and sparse_step_budget on the budget-only layout, then sparse_step on the
+// default one. The layouts' stores are built one after the other, so that a
+// 1M context needs one layout's memory at a time.
+std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threads, double read_gbps) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  std::vector<std::vector<Record>> by_type(a.dtypes.size());
+  auto record = [&](const DecodeCase& c, const char* kernel, double ms_of, double bytes) -> Record& {
+    Record r;
+    r.set("bench", "kernels").set("kernel", kernel).set("layout", layout_name(c.layout));
+    r.set("context", context).set("budget", a.budget_tokens);
+    r.set("dtype", dtype_name(c.dtype)).set("threads", threads).set("ms", ms_of).set("bytes", int64_t(bytes));
+    r.set("gbps", bytes / (ms_of * 1e-3) / 1e9).set("read_gbps", read_gbps);
+    r.set("target", a.target);
+    r.set("of_bandwidth", bytes / (ms_of * 1e-3) / 1e9 / read_gbps);
+    auto& rows = by_type[size_t(std::find(a.dtypes.begin(), a.dtypes.end(), c.dtype) - a.dtypes.begin())];
+    rows.push_back(r);
+    return rows.back();
+  };
+  const auto ms = [](const DecodeCase& c, DecodeKernel kernel) { return 1e3 * median(c.seconds[size_t(kernel)]); };
+  // Bytes of one token's K or V vector of one kv head (q8_0: codes + scales).
+  const auto vector_bytes = [&](const DecodeCase& c) { return double(kvstore::kv_vector_bytes(c.dtype, a.head_dim)); };
+  // Scoring streams every context block's representative record of every kv
+  // head; records are padded to 64 bytes and packed, so it reads whole
+  // records (q8_0 QUEST: 320 B, of which 272 are the two key slots; f16: 512, no padding).
+  const auto score_bytes = [&](const DecodeCase& c) {
+    return double(c.n_blocks) * a.kv_heads * double(c.store.layout().record_bytes);
+  };
+  // The whole step's bytes: its scoring and the K and V of what the policy attended.
+  const auto step_bytes = [&](const DecodeCase& c) {
+    return score_bytes(c) + double(tokens_of(c.decode_policy->last_selection(), a.kv_heads)) * 2.0 * vector_bytes(c);
+  };
+  std::vector<double> dense_ms(a.dtypes.size());
+
+  {
+    std::vector<std::unique_ptr<DecodeCase>> cases;
+    for (DType dtype : a.dtypes) cases.push_back(std::make_unique<DecodeCase>(a, context, dtype, Layout::kBudgetOnly));
+    time_cases(a, cases);
+    for (size_t t = 0; t < cases.size(); ++t) {
+      DecodeCase& c = *cases[t];
+      dense_ms[t] = ms(c, DecodeKernel::kDense);
+      const double select_ms = ms(c, DecodeKernel::kSelect), sparse_ms = ms(c, DecodeKernel::kSparse);
+      const double step_ms = ms(c, DecodeKernel::kStep);
+      // The LSE merge of two partial results (CPU part + GPU window), as decode
+      // runs it: on results still in cache, so timed hot over many calls.
+      std::vector<float>& out = c.out;
+      std::vector<float>& lse = c.lse;
+      std::vector<float> out_b(out), lse_b(lse);
+      constexpr int kMerges = 1000;
+      const double merge_ms = 1e3 / kMerges * median(time_runs(a.reps, [&] {
+        for (int i = 0; i < kMerges; ++i)
+          cpu::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), out.data(), lse.data(),
+                               a.q_heads, a.head_dim);
+      }));
+      const double sparse_bytes = double(tokens_of(c.selection, a.kv_heads)) * 2.0 * vector_bytes(c);
+      record(c, "dense", dense_ms[t], 2.0 * a.kv_heads * vector_bytes(c) * double(context))
+          .set("split", a.split_tokens);
+      record(c, "score", ms(c, DecodeKernel::kScore), score_bytes(c));
+      record(c, "select", select_ms, score_bytes(c));  // select = score + top-k + spans
+      record(c, "sparse", sparse_ms, sparse_bytes).set("split", a.split_tokens);
+      // Two parts read, one written.
+      record(c, "merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));
+      // sparse_step_budget: DecodePolicy::decode on this layout, scoring +
+      // selection + attention as they run in a model (select + sparse above
+      // are its parts, timed apart); select_share = select / the whole step.
+      Record& step = record(c, "sparse_step_budget", step_ms, step_bytes(c)).set("split", int64_t{0});
+      step.set("dense_over_sparse", dense_ms[t] / sparse_ms);  // attention kernels over the same cache
+      step.set("dense_over_step", dense_ms[t] / step_ms);      // the whole decode step
+      step.set("select_share", select_ms / step_ms);
+    }
   }
-  // Each kernel's time over f16's in the same repetitions, where f16 ran.
+  {
+    std::vector<std::unique_ptr<DecodeCase>> cases;
+    for (DType dtype : a.dtypes) cases.push_back(std::make_unique<DecodeCase>(a, context, dtype, Layout::kDefault));
+    time_cases(a, cases);
+    for (size_t t = 0; t < cases.size(); ++t) {
+      DecodeCase& c = *cases[t];
+      const double step_ms = ms(c, DecodeKernel::kStep);
+      // sparse_step: the step as the runtime's defaults run it. Its
+      // select_share is the step's own scoring and choosing over the step
+      // (DecodePolicy::Stats), medians over the repetitions.
+      Record& step = record(c, "sparse_step", step_ms, step_bytes(c)).set("split", int64_t{0});
+      step.set("attended_tokens", tokens_of(c.decode_policy->last_selection(), a.kv_heads));
+      step.set("dense_over_step", dense_ms[t] / step_ms);  // dense attention (budget-only store) over this step
+      step.set("select_share", 1e3 * median(c.step_select_seconds) / step_ms);
+    }
+  }
+  std::vector<Record> records;
+  for (const std::vector<Record>& rows : by_type) records.insert(records.end(), rows.begin(), rows.end());
+// Each kernel's time over f16's in the same repetitions, where f16 ran.
   const auto f16 = std::find(a.dtypes.begin(), a.dtypes.end(), DType::kF16);
   if (f16 != a.dtypes.end()) {
-    const size_t per_type = records.size() / cases.size();
-    const size_t base = size_t(f16 - a.dtypes.begin()) * per_type;
+    const std::vector<Record>& f16_rows = by_type[size_t(f16 - a.dtypes.begin())];
+    const size_t per_type = f16_rows.size();  // every type has the same rows, in the same order
     for (size_t i = 0; i < records.size(); ++i)
-      records[i].set("over_f16", std::stod(records[i].get("ms")) / std::stod(records[base + i % per_type].get("ms")));
+      records[i].set("over_f16", std::stod(records[i].get("ms")) / std::stod(f16_rows[i % per_type].get("ms")));
   }
   return records;
 }
@@ -383,9 +461,11 @@ int run_kernels(const std::vector<std::string>& args) {
       std::fflush(stdout);
     }
   }
-  std::printf("\nCPU decode step, one layer: %d q heads, %d kv heads, d=%d, block %d, budget %lld tokens\n",
+  std::printf("\nCPU decode step, one layer: %d q heads, %d kv heads, d=%d, block %d, %lld tokens of selected blocks; "
+              "layout budget_only: no sinks, no local window, SEPARATE; default: the runtime's defaults, 128 sinks + "
+              "the blocks + a 4096-token local window, SHARED\n",
               a.q_heads, a.kv_heads, a.head_dim, a.block_size, static_cast<long long>(a.budget_tokens));
-  print_table(records, {"kernel", "context", "dtype", "threads", "ms", "over_f16", "gbps", "of_bandwidth",
+  print_table(records, {"kernel", "layout", "context", "dtype", "threads", "ms", "over_f16", "gbps", "of_bandwidth",
                         "dense_over_sparse", "dense_over_step", "select_share"});
   if (!prefill.empty()) {
     std::printf("\nCPU prefill attention, one layer, one chunk of %lld queries, f16 K/V, %d threads (peaks measured in "

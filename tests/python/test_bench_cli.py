@@ -60,6 +60,12 @@ def main():
         f16 = steps[("f16", threads)]
         check(abs(r["over_f16"] - r["ms"] / f16["ms"]) < 1e-4 * r["over_f16"],
               f"kernels: {dtype} over_f16 is its time over f16's ({threads} threads)", str(r))
+        # sparse_step runs the runtime's defaults: at 4K the sinks and the local window cover every token.
+        check(r["layout"] == "default" and r["attended_tokens"] == 4096 * 8,
+              f"kernels: sparse_step attends what the default layout does ({dtype}, {threads} threads)", str(r))
+    budget_steps = [r for r in rows if r.get("kernel") == "sparse_step_budget"]
+    check(len(budget_steps) == len(steps) and all(r["layout"] == "budget_only" for r in budget_steps),
+          "kernels: the budget-only step is a row of its own, named so", out)
     rc, out, err = run([BENCH, "kernels", "--target", "avx9"])
     check(rc == 1 and "--target 'avx9'" in err and "sse4" in err, "kernels --target avx9 refused, naming it and "
           "the targets this CPU runs", err)
