@@ -77,21 +77,6 @@ void emit(std::vector<Record>& records, const Record& r) {
   records.push_back(r);
 }
 
-// Value of "key" in one compact JSON line of bench_sdpa.py ("" when absent).
-std::string json_field(const std::string& line, const std::string& key) {
-  const std::string tag = "\"" + key + "\":";
-  const size_t at = line.find(tag);
-  if (at == std::string::npos) return "";
-  size_t begin = at + tag.size(), end = begin;
-  if (begin < line.size() && line[begin] == '"') {
-    end = line.find('"', begin + 1);
-    return end == std::string::npos ? "" : line.substr(begin + 1, end - begin - 1);
-  }
-  while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
-  return line.substr(begin, end - begin);
-}
-
-
 // One prefill of `context` tokens (tokens/s), then decode steps at that depth
 // with QUEST at a 4096-token budget (the device attends the local window, the
 // CPU the sinks and the selected blocks): the median step, and where the
@@ -289,8 +274,7 @@ int run_device(const GpuArgs& a, const gpu::DeviceInfo& device) {
       std::printf("%s\n", line.c_str());
       if (!json_field(line, "skipped").empty()) continue;
       for (const Record& r : prefill) {
-        if (r.get("dtype") != str_cat('"', json_field(line, "dtype"), '"') || r.get("history") != json_field(line, "history"))
-          continue;
+        if (!same_prefill_case(r, line)) continue;
         const double ours = std::strtod(r.get("tflops").c_str(), nullptr);
         const double theirs = std::strtod(json_field(line, "tflops").c_str(), nullptr);
         Record x;

@@ -94,6 +94,24 @@ std::string Record::get(const std::string& key) const {
   return "";
 }
 
+std::string json_field(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\":";
+  const size_t at = line.find(tag);
+  if (at == std::string::npos) return "";
+  size_t begin = at + tag.size(), end = begin;
+  if (begin < line.size() && line[begin] == '"') {
+    end = line.find('"', begin + 1);
+    return end == std::string::npos ? "" : line.substr(begin + 1, end - begin - 1);
+  }
+  while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
+  return line.substr(begin, end - begin);
+}
+
+bool same_prefill_case(const Record& ours, const std::string& sdpa_line) {
+  const std::string dtype = json_field(sdpa_line, "dtype"), history = json_field(sdpa_line, "history");
+  return !dtype.empty() && ours.get("dtype") == dtype && ours.get("history") == history;
+}
+
 void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns) {
   std::vector<size_t> width(columns.size());
   for (size_t c = 0; c < columns.size(); ++c) {

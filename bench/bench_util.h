@@ -35,6 +35,16 @@ class Record {
   std::vector<std::pair<std::string, std::string>> fields_;  // value already JSON-encoded
 };
 
+// Value of "key" in one compact JSON line ({"a":1,"b":"x"}, as tools/bench_sdpa.py
+// prints with separators=(",", ":")), a string unquoted as Record::get gives
+// it; "" when absent. Not a JSON parser: no escapes, no nesting.
+std::string json_field(const std::string& line, const std::string& key);
+
+// Whether a prefill_attention record of longctx-bench gpu and a line of
+// tools/bench_sdpa.py measured the same case: the same dtype and history
+// (prefill_vs_sdpa rows pair them).
+bool same_prefill_case(const Record& ours, const std::string& sdpa_line);
+
 // Prints records as an aligned table of the given columns.
 void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns);
 
