@@ -42,7 +42,6 @@
 #include "longctx/core/flag.h"
 #include "longctx/cpu/cpu_backend.h"
 #include "longctx/cpu/quant_matmul.h"
-#include "longctx/cpu/selection.h"
 #include "longctx/model/llama.h"
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
@@ -74,8 +73,7 @@ LongContextConfig config_for(const DecodeArgs& a, int64_t max_seq_len, bool spar
   c.kv_type = a.kv_type;
   c.dense_layer_num = 0;  // the model has 2 layers: both select
   c.policy = sparse ? SelectionPolicy::kSelect : SelectionPolicy::kDense;
-  const int64_t blocks = cpu::blocks_for_token_budget(a.budget_tokens - kInitial - kLocal, kBlock);
-  c.second_select_num = int(std::clamp<int64_t>(blocks, 1, max_seq_len / kBlock));
+  c.second_select_num = second_select_num_for_budget(a.budget_tokens, c);
   return c;
 }
 

@@ -82,6 +82,7 @@ void emit(std::vector<Record>& records, const Record& r) {
 // CPU the sinks and the selected blocks): the median step, and where the
 // steps' time went. Throws kUnsupported when the CUDA backend is not available.
 constexpr int64_t kTurn2 = 4096;  // tokens of the second turn's prefill
+constexpr int64_t kDecodeBudget = 4096;  // tokens a decode step attends: sinks, selected blocks, window
 
 std::vector<Record> e2e_records(int64_t context, int reps, bool overlap) {
   const TempModel file("bench");
@@ -98,7 +99,7 @@ std::vector<Record> e2e_records(int64_t context, int reps, bool overlap) {
   c.kv_type = DType::kF16;
   c.dense_layer_num = 0;
   c.policy = SelectionPolicy::kSelect;
-  c.second_select_num = 22;  // a 4096-token budget, as longctx-bench decode
+  c.second_select_num = second_select_num_for_budget(kDecodeBudget, c);  // as longctx-bench decode: 23 blocks
   scheduler::Sequence seq(*backend, model->transformer(), c);
   std::vector<int32_t> tokens(static_cast<size_t>(context));
   const int64_t vocab = model->spec().n_vocab;

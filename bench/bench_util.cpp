@@ -17,6 +17,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/flag.h"
+#include "longctx/cpu/selection.h"
 #include "longctx/tools/test_model.h"
 
 namespace longctx::bench {
@@ -110,6 +111,12 @@ std::string json_field(const std::string& line, const std::string& key) {
 bool same_prefill_case(const Record& ours, const std::string& sdpa_line) {
   const std::string dtype = json_field(sdpa_line, "dtype"), history = json_field(sdpa_line, "history");
   return !dtype.empty() && ours.get("dtype") == dtype && ours.get("history") == history;
+}
+
+int second_select_num_for_budget(int64_t budget_tokens, const LongContextConfig& config) {
+  const int64_t block_tokens = std::max<int64_t>(0, budget_tokens - config.initial_len - config.local_windows_len);
+  const int64_t blocks = cpu::blocks_for_token_budget(block_tokens, config.block_size);
+  return int(std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, config.max_seq_len / config.block_size)));
 }
 
 void print_table(const std::vector<Record>& records, const std::vector<std::string>& columns) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "longctx/core/config.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::bench {
@@ -67,6 +68,12 @@ std::vector<int64_t> parse_list(const std::string& list, const std::string& opti
 // an unknown or repeated name, or none, throws kInvalidArgument naming
 // `option` ("kernels: --dtype").
 std::vector<DType> parse_kv_types(const std::string& list, const std::string& option);
+
+// second_select_num for a decode step that attends `budget_tokens` in all:
+// the config's sinks (initial_len) and local window, and as many whole blocks
+// as fit the rest (cpu::blocks_for_token_budget), at least one and at most the
+// blocks of max_seq_len. longctx-bench decode and gpu size their steps with it.
+int second_select_num_for_budget(int64_t budget_tokens, const LongContextConfig& config);
 
 // A generated test model (tools/test_model.h preset `preset`) in a temporary
 // GGUF file, removed when this goes out of scope.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "longctx/core/config.h"
 
 namespace longctx::bench {
 namespace {
@@ -33,6 +34,19 @@ TEST(SamePrefillCase, PairsOurRecordWithTheSdpaLineOfItsDtypeAndHistory) {
   EXPECT_FALSE(same_prefill_case(other_dtype, kSdpaLine));
   EXPECT_FALSE(same_prefill_case(other_history, kSdpaLine));
   EXPECT_FALSE(same_prefill_case(ours, R"({"bench":"gpu_sdpa","skipped":"torch has no CUDA device"})"));
+}
+
+TEST(SecondSelectNumForBudget, FillsTheBudgetLeftAfterSinksAndWindow) {
+  LongContextConfig config;
+  config.block_size = 128;
+  config.initial_len = 128;
+  config.local_windows_len = 1024;
+  config.max_seq_len = 131072;
+  // (4096 - 128 - 1024) / 128 = 23 whole blocks: longctx-bench decode and gpu both select this many.
+  EXPECT_EQ(second_select_num_for_budget(4096, config), 23);
+  EXPECT_EQ(second_select_num_for_budget(128 + 1024, config), 1);  // at least one block
+  config.max_seq_len = 2048;
+  EXPECT_EQ(second_select_num_for_budget(1 << 20, config), 16);  // at most the store's blocks
 }
 
 }  // namespace
