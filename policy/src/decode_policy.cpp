@@ -118,7 +118,11 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
     h2o_[size_t(layer)]->init_from_prefill(store_, layer, window_q);
     return;
   }
-  if (config_.policy != SelectionPolicy::kSelect || !config_.preselect_block || schedule_.is_dense(layer)) return;
+  // DYNAMIC representatives are the keys the window votes for, with or
+  // without preselection: nothing else gives them importance.
+  const bool dynamic = config_.representative_type == RepresentativeType::kDynamic;
+  if (config_.policy != SelectionPolicy::kSelect || schedule_.is_dense(layer)) return;
+  if (!config_.preselect_block && !dynamic) return;
 
   SnapKVParams params;
   params.pool_kernel = config_.preselect.pool_kernel;
@@ -126,13 +130,15 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   params.gqa_reduce = config_.preselect.gqa_reduce;
   params.scale = attention_.scale;
   const std::vector<float> votes = snapkv_token_votes(store_, layer, window_q, params);
-  const int n_kv_heads = store_.layout().shape.n_kv_heads;
-  const Partition partition = store_.partition(layer);
-  preselected_[size_t(layer)] = Preselected{
-      preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
-                       config_.preselect_block_count, config_.head_select_mode, config_.budget),
-      config_.preselect_block_count, partition.end_ranked_block};
-  if (config_.representative_type == RepresentativeType::kDynamic) feed_dynamic(store_, layer, votes);
+  if (config_.preselect_block) {
+    const int n_kv_heads = store_.layout().shape.n_kv_heads;
+    const Partition partition = store_.partition(layer);
+    preselected_[size_t(layer)] = Preselected{
+        preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
+                         config_.preselect_block_count, config_.head_select_mode, config_.budget),
+        config_.preselect_block_count, partition.end_ranked_block};
+  }
+  if (dynamic) feed_dynamic(store_, layer, votes);
 }
 
 namespace {

@@ -329,6 +329,65 @@ TEST(DecodePolicy, PreselectFeedsDynamicRepresentatives) {
   EXPECT_NE(std::memcmp(before.data(), f.store().rep_record(0, 1, 3), record_bytes), 0);  // the votes moved it
 }
 
+// A store of one kv head whose context blocks each hold one key the window
+// queries attend strongly; the first offset of each block's DYNAMIC record
+// after on_prefill_end is its representative.
+struct HotTokenStore {
+  static constexpr int kBlock = 16, kDim = 32, kWindow = 4;
+  static constexpr int kHot[3] = {5, kBlock + 9, 2 * kBlock + 12};  // one per context block
+
+  explicit HotTokenStore(const LongContextConfig& config) : budget(uint64_t{1} << 26) {
+    store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{1, 1, kDim}, config, budget, topology());
+    const int n = 4 * kBlock;  // blocks 0..2 context, block 3 the local window
+    std::vector<float> k(size_t(n * kDim)), v(size_t(n * kDim), 0.f);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> noise(0.f, 0.1f);
+    for (float& x : k) x = noise(rng);
+    for (const int t : kHot) k[size_t(t * kDim)] = 8.f;
+    store->append(0, make_view(k.data(), DType::kF32, {n, 1, kDim}), make_view(v.data(), DType::kF32, {n, 1, kDim}));
+    window.assign(size_t(kWindow * kDim), 0.f);
+    for (int i = 0; i < kWindow; ++i) window[size_t(i * kDim)] = 4.f;  // every window query looks at channel 0
+  }
+  TensorView window_q() const { return make_view(window.data(), DType::kF32, {kWindow, 1, kDim}); }
+  int32_t representative_offset(int64_t block) const {
+    int32_t offset = -1;
+    std::memcpy(&offset, store->rep_record(0, 0, block) + store->layout().record_offsets_offset, sizeof offset);
+    return offset;
+  }
+
+  kvstore::MemoryBudget budget;
+  std::unique_ptr<kvstore::KVStore> store;
+  std::vector<float> window;
+};
+
+LongContextConfig hot_token_config(bool preselect_block) {
+  LongContextConfig c = small_config();
+  c.block_size = HotTokenStore::kBlock;
+  c.initial_len = 0;
+  c.local_windows_len = HotTokenStore::kBlock;
+  c.second_select_num = 1;
+  c.representative_type = RepresentativeType::kDynamic;
+  c.representative_num = 1;
+  c.head_select_mode = HeadSelectMode::kShared;
+  c.preselect_block = preselect_block;
+  c.preselect_block_count = 2;
+  c.preselect.window = HotTokenStore::kWindow;
+  return c;
+}
+
+// DYNAMIC representatives are the window's most attended keys without
+// preselection too (configs/infllm.yaml): on_prefill_end fed them only when
+// preselect_block was set, leaving each block represented by its first key.
+TEST(DecodePolicy, DynamicRepresentativesWithoutPreselection) {
+  LongContextConfig config = hot_token_config(false);
+  config.preselect.pool_kernel = 1;  // each vote on its own token
+  HotTokenStore hot(config);
+  DecodePolicy policy(config, *hot.store, kHeadDimScale);
+  policy.on_prefill_end(0, hot.window_q());
+  for (int64_t b = 0; b < 3; ++b)
+    EXPECT_EQ(hot.representative_offset(b), HotTokenStore::kHot[b] % HotTokenStore::kBlock) << "block " << b;
+}
+
 // (5) StreamingLLM: the first initial_len and the last local_windows_len tokens.
 TEST(DecodePolicy, StreamingAttendsSinksAndRecent) {
   LongContextConfig config = small_config();

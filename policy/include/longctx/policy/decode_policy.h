@@ -80,10 +80,11 @@ class DecodePolicy {
 
   // End of prefill of `layer` (every prompt token appended). window_q: f32
   // [w, n_q_heads, head_dim], the queries of the last w prompt tokens
-  // (w = preselect.window, or fewer for a short prompt). select policy with
-  // preselect_block: SnapKV preselection of the layer's blocks, and for
-  // DYNAMIC representatives feed_dynamic with the same votes; h2o policy:
-  // H2OState::init_from_prefill. Otherwise (and for dense layers) nothing.
+  // (w = preselect.window, or fewer for a short prompt). select policy: with
+  // preselect_block, SnapKV preselection of the layer's blocks; with DYNAMIC
+  // representatives, preselect_block or not, feed_dynamic with the window's
+  // votes; h2o policy: H2OState::init_from_prefill. Otherwise (and for dense
+  // layers) nothing.
   void on_prefill_end(int layer, const TensorView& window_q);
 
   // Decode step token_idx (0 = first generated token; its token already
