@@ -437,9 +437,12 @@ const std::vector<Key>& keys() {
         "else f32"));
     // preselect
     k.push_back(int_key("preselect.window", field(&Config::preselect, &PreselectConfig::window), 1, kIntMax,
-                        "last prompt queries that vote for earlier tokens"));
+                        "last prompt queries that vote for earlier tokens (preselection, DYNAMIC "
+                        "representatives, H2O's start)"));
     k.push_back(odd_int_key("preselect.pool_kernel", field(&Config::preselect, &PreselectConfig::pool_kernel), 1,
-                            kIntMax, "pooling window of the votes, tokens (stride 1, padding kernel / 2)",
+                            kIntMax,
+                            "pooling window of the preselection votes, tokens (stride 1, padding kernel / 2); "
+                            "DYNAMIC takes them unpooled",
                             "odd, >= 1; 1 = no pooling"));
     k.push_back(enum_key<PoolType>("preselect.pool", field(&Config::preselect, &PreselectConfig::pool),
                                    {{"max", PoolType::kMax}, {"avg", PoolType::kAvg}}, 2, pool_type_name,

@@ -129,8 +129,9 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
   params.pool = config_.preselect.pool == PoolType::kMax ? Reduce::kMax : Reduce::kMean;
   params.gqa_reduce = config_.preselect.gqa_reduce;
   params.scale = attention_.scale;
-  const std::vector<float> votes = snapkv_token_votes(store_, layer, window_q, params);
+  std::vector<float> votes;  // pooled: preselection ranks blocks
   if (config_.preselect_block) {
+    votes = snapkv_token_votes(store_, layer, window_q, params);
     const int n_kv_heads = store_.layout().shape.n_kv_heads;
     const Partition partition = store_.partition(layer);
     preselected_[size_t(layer)] = Preselected{
@@ -138,7 +139,16 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
                          config_.preselect_block_count, config_.head_select_mode, config_.budget),
         config_.preselect_block_count, partition.end_ranked_block};
   }
-  if (dynamic) feed_dynamic(store_, layer, votes);
+  if (!dynamic) return;
+  // Representatives are tokens: pooling would spread a peak over kernel/2
+  // neighbours each side, and the tie-break would pick the first of them.
+  // Unpooled votes cost a second pass over the window when pooling is on,
+  // once per layer at the end of a prefill.
+  if (votes.empty() || params.pool_kernel != 1) {
+    params.pool_kernel = 1;
+    votes = snapkv_token_votes(store_, layer, window_q, params);
+  }
+  feed_dynamic(store_, layer, votes);
 }
 
 namespace {

@@ -307,8 +307,9 @@ TEST(DecodePolicy, PreselectedSetAsIs) {
   }
 }
 
-// DYNAMIC representatives take the preselection votes: the store then holds
-// what feed_dynamic writes from the same votes into a twin store.
+// DYNAMIC representatives take the preselection window's votes before
+// pooling: the store then holds what feed_dynamic writes from the unpooled
+// votes into a twin store.
 TEST(DecodePolicy, PreselectFeedsDynamicRepresentatives) {
   LongContextConfig config = small_config();
   config.representative_type = RepresentativeType::kDynamic;
@@ -322,7 +323,9 @@ TEST(DecodePolicy, PreselectFeedsDynamicRepresentatives) {
   std::vector<std::byte> before(f.store().rep_record(0, 1, 3), f.store().rep_record(0, 1, 3) + record_bytes);
   DecodePolicy policy(config, f.store(), kHeadDimScale);
   policy.on_prefill_end(0, wq);
-  feed_dynamic(twin.store(), 0, snapkv_token_votes(twin.store(), 0, wq, SnapKVParams{}));
+  SnapKVParams unpooled;
+  unpooled.pool_kernel = 1;
+  feed_dynamic(twin.store(), 0, snapkv_token_votes(twin.store(), 0, wq, unpooled));
   for (int h = 0; h < 2; ++h)
     for (int64_t b = 0; b < f.store().n_blocks(0); ++b)
       ASSERT_EQ(std::memcmp(f.store().rep_record(0, h, b), twin.store().rep_record(0, h, b), record_bytes), 0);
@@ -386,6 +389,22 @@ TEST(DecodePolicy, DynamicRepresentativesWithoutPreselection) {
   policy.on_prefill_end(0, hot.window_q());
   for (int64_t b = 0; b < 3; ++b)
     EXPECT_EQ(hot.representative_offset(b), HotTokenStore::kHot[b] % HotTokenStore::kBlock) << "block " << b;
+}
+
+// Pooling (preselect.pool_kernel 7, max) is preselection's: fed to DYNAMIC
+// it spread each peak over 3 tokens each side and the tie-break made the
+// block's representative the token 3 before its most attended one.
+TEST(DecodePolicy, DynamicRepresentativesTakeUnpooledVotes) {
+  for (const bool preselect_block : {false, true}) {
+    const LongContextConfig config = hot_token_config(preselect_block);
+    ASSERT_EQ(config.preselect.pool_kernel, 7);
+    HotTokenStore hot(config);
+    DecodePolicy policy(config, *hot.store, kHeadDimScale);
+    policy.on_prefill_end(0, hot.window_q());
+    for (int64_t b = 0; b < 3; ++b)
+      EXPECT_EQ(hot.representative_offset(b), HotTokenStore::kHot[b] % HotTokenStore::kBlock)
+          << "block " << b << ", preselect_block " << preselect_block;
+  }
 }
 
 // (5) StreamingLLM: the first initial_len and the last local_windows_len tokens.

@@ -83,7 +83,8 @@ class DecodePolicy {
   // (w = preselect.window, or fewer for a short prompt). select policy: with
   // preselect_block, SnapKV preselection of the layer's blocks; with DYNAMIC
   // representatives, preselect_block or not, feed_dynamic with the window's
-  // votes; h2o policy: H2OState::init_from_prefill. Otherwise (and for dense
+  // votes before pooling (preselect.pool_kernel pools preselection's only);
+  // h2o policy: H2OState::init_from_prefill. Otherwise (and for dense
   // layers) nothing.
   void on_prefill_end(int layer, const TensorView& window_q);
 
