@@ -62,6 +62,10 @@ RetrievalHeads checked_heads(const LongContextConfig& config, const kvstore::KVS
     fail(ErrorCode::kInvalidArgument, "DecodePolicy: retrieval heads for ", heads.n_layers(), " layers x ",
          heads.n_kv_heads(), " kv heads, but the KV store has ", shape.n_layers, " layers x ", shape.n_kv_heads,
          " kv heads");
+  // validate_config refuses this with razor.retrieval_heads; heads given here bypass it.
+  if (config.tail == TailMode::kEstimate)
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy: tail: estimate with RazorAttention (retrieval heads given): "
+         "RazorAttention already compensates what its heads drop; use one or the other");
   return heads;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cpu/store_fixture.h"
+#include "error_message.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/kv_store.h"
@@ -564,6 +565,22 @@ TEST(DecodePolicy, RejectsAConfigThatDisagreesWithTheStore) {
   DecodePolicy policy(config, f.store(), kHeadDimScale);
   EXPECT_THROW(run_policy(policy, f, 2, 0, q, true), Error);
   EXPECT_THROW(run_policy(policy, f, 0, -1, q, true), Error);
+}
+
+// tail: estimate and RazorAttention are not combined, whether the heads come
+// from razor.retrieval_heads (validate_config) or are given to the
+// constructor (the Python bindings, bench_accuracy), which accepted them: the
+// tail estimate then covered the blocks of every head, non-retrieval heads
+// included, on top of their compensation token.
+TEST(DecodePolicy, RefusesTailEstimateWithRetrievalHeadsGiven) {
+  LongContextConfig config = small_config();
+  config.tail = TailMode::kEstimate;
+  Fixture f(config, {2, 2, 16}, 40, 3);
+  RetrievalHeads heads(2, 2);
+  heads.set(1, 0, true);
+  expect_error([&] { DecodePolicy policy(config, f.store(), kHeadDimScale, heads); }, ErrorCode::kInvalidArgument,
+               {"tail: estimate", "RazorAttention"});
+  EXPECT_NO_THROW(DecodePolicy(config, f.store(), kHeadDimScale));
 }
 
 // (9) The model's attention scale reaches every attention a policy computes

@@ -74,7 +74,9 @@ class DecodePolicy {
   // validate_config rejects, and Error(kInvalidArgument) naming the key when
   // config and store disagree (block_size, kv_type, representative_type,
   // representative_num, initial_len, local_windows_len) or heads' shape is
-  // not the store's or attn_scale is negative or not finite.
+  // not the store's or attn_scale is negative or not finite, and naming both
+  // when heads are given with tail: estimate (as validate_config refuses
+  // tail: estimate with razor.retrieval_heads).
   DecodePolicy(const LongContextConfig& config, kvstore::KVStore& store, float attn_scale,
                RetrievalHeads heads = {});
 
