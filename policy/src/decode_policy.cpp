@@ -107,6 +107,18 @@ DecodePolicy::DecodePolicy(const LongContextConfig& config, kvstore::KVStore& st
   h2o_.resize(n_layers);
   razor_.resize(n_layers);
   speculated_q_.resize(n_layers);
+  choosing_heads_.resize(n_layers);
+  if (!razor_enabled()) return;
+  // A group's selection serves every layer of it: the heads that are
+  // retrieval heads in any of them choose.
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  for (int layer = 0; layer < int(n_layers); ++layer) {
+    if (schedule_.is_dense(layer)) continue;
+    std::vector<uint8_t>& choosing = choosing_heads_[size_t(schedule_.group_of(layer))];
+    choosing.resize(size_t(n_kv_heads), 0);
+    for (int h = 0; h < n_kv_heads; ++h)
+      if (heads_.is_retrieval(layer, h)) choosing[size_t(h)] = 1;
+  }
 }
 
 void DecodePolicy::check_layer(int layer, const char* what) const {
@@ -207,6 +219,7 @@ Selection DecodePolicy::selection_for(int layer, int64_t token_idx, const Tensor
   }
   const auto& preselected = preselected_[size_t(layer)];
   SelectSpec spec = SelectSpec::from_config(config_, include_local, attention_.scale);
+  spec.choosing_heads = choosing_heads_[size_t(schedule_.group_of(layer))];  // empty without RazorAttention
   const bool rerank = config_.rerank == RerankMode::kTokens;
   if (rerank) spec.blocks *= config_.rerank_candidates;  // candidates, whose tokens are reranked
   // The query this selection is made with, rows packed, copied first: the

@@ -104,6 +104,26 @@ void to_attention_shares(std::vector<float>& scores, int n_kv_heads, const Parti
   }
 }
 
+// The rows ([n_kv_heads][n], row-major) of `heads`, in that order.
+template <typename T>
+std::vector<T> rows_of(const std::vector<T>& rows, int64_t n, const std::vector<int>& heads) {
+  std::vector<T> out;
+  out.reserve(heads.size() * size_t(n));
+  for (const int h : heads) out.insert(out.end(), rows.begin() + h * n, rows.begin() + (h + 1) * n);
+  return out;
+}
+
+// Block lists of `heads` (SEPARATE: one per choosing head) -> one per kv
+// head, empty for the others; SHARED's one list stays as is.
+std::vector<std::vector<int64_t>> for_every_head(std::vector<std::vector<int64_t>> chosen,
+                                                 const std::vector<int>& heads, int n_kv_heads,
+                                                 HeadSelectMode mode) {
+  if (mode == HeadSelectMode::kShared) return chosen;
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n_kv_heads));
+  for (size_t i = 0; i < heads.size(); ++i) out[size_t(heads[i])] = std::move(chosen[i]);
+  return out;
+}
+
 }  // namespace
 
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,
@@ -119,8 +139,21 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   const auto build = [&](const std::vector<std::vector<int64_t>>& chosen) {
     return cpu::build_selection(partition, block_size, n_kv_heads, chosen, spec.include_local);
   };
+  if (!spec.choosing_heads.empty() && spec.choosing_heads.size() != size_t(n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "select_blocks: SelectSpec::choosing_heads has ", spec.choosing_heads.size(),
+         " entries, the store has ", n_kv_heads, " kv heads");
+  std::vector<int> choosers;  // the heads that choose, in order
+  for (int h = 0; h < n_kv_heads; ++h)
+    if (spec.choosing_heads.empty() || spec.choosing_heads[size_t(h)] != 0) choosers.push_back(h);
+  const int n_choosers = int(choosers.size());
+  const bool every_head = n_choosers == n_kv_heads;
 
   if (estimated_mass != nullptr) estimated_mass->clear();
+  if (n_choosers == 0) {  // nothing to choose for: no scoring
+    if (estimated_mass != nullptr && spec.budget.mode == BudgetConfig::Mode::kTopP)
+      estimated_mass->assign(size_t(n_kv_heads), std::numeric_limits<double>::quiet_NaN());
+    return build(std::vector<std::vector<int64_t>>(1));  // one empty list for every head
+  }
   if (spec.budget.mode == BudgetConfig::Mode::kTopP) {
     std::vector<float> logits(size_t(n_kv_heads) * size_t(n_context));
     if (n_context > 0)
@@ -139,14 +172,20 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
       const int64_t b = partition.first_context_block + i;
       tokens[size_t(i)] = partition.context_end_of(b, block_size) - partition.context_begin_of(b, block_size);
     }
-    const MassChoice choice =
-        choose_by_mass(logits, n_kv_heads, n_context, tokens,
-                       fixed_part_logsums(store, layer, q, attention_scale(store, spec), spec.score.gqa_reduce),
-                       spec.mode, spec.budget);
-    std::vector<std::vector<int64_t>> chosen = choice.chosen;
+    std::vector<double> fixed =
+        fixed_part_logsums(store, layer, q, attention_scale(store, spec), spec.score.gqa_reduce);
+    if (!every_head) {
+      logits = rows_of(logits, n_context, choosers);
+      fixed = rows_of(fixed, 1, choosers);
+    }
+    const MassChoice choice = choose_by_mass(logits, n_choosers, n_context, tokens, fixed, spec.mode, spec.budget);
+    std::vector<std::vector<int64_t>> chosen = for_every_head(choice.chosen, choosers, n_kv_heads, spec.mode);
     for (auto& list : chosen)
       for (int64_t& i : list) i += partition.first_context_block;
-    if (estimated_mass != nullptr) *estimated_mass = choice.mass;
+    if (estimated_mass != nullptr) {
+      estimated_mass->assign(size_t(n_kv_heads), std::numeric_limits<double>::quiet_NaN());
+      for (int i = 0; i < n_choosers; ++i) (*estimated_mass)[size_t(choosers[size_t(i)])] = choice.mass[size_t(i)];
+    }
     return build(chosen);
   }
 
@@ -169,8 +208,10 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     cpu::Selection selection;
     selection.spans.resize(size_t(n_kv_heads));
     cpu::score_blocks(store, layer, q, spec.score, scores_view, [&](int h) {
+      const bool chooses = spec.choosing_heads.empty() || spec.choosing_heads[size_t(h)] != 0;
       const std::vector<int64_t> chosen =
-          choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks);
+          chooses ? choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks)
+                  : std::vector<int64_t>{};
       // The head's spans: build_selection of this head alone.
       selection.spans[size_t(h)] =
           cpu::build_selection(partition, block_size, 1, {chosen}, spec.include_local).spans[0];
@@ -181,9 +222,18 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   cpu::score_blocks(store, layer, q, spec.score, scores_view);
   if (spec.mode == HeadSelectMode::kSeparate && spec.budget.policy == BudgetConfig::Policy::kAdaptive)
     to_attention_shares(scores, n_kv_heads, partition, logit_factor(store, q, spec));
-  if (preselected == nullptr) return build(choose_blocks(scores, n_kv_heads, partition, spec.blocks, spec.mode, spec.budget));
-  return build(reselect_blocks(*preselected, std::move(scores), n_kv_heads, partition, spec.blocks, spec.mode,
-                               spec.budget));
+  if (!every_head) scores = rows_of(scores, n_context, choosers);
+  std::vector<std::vector<int64_t>> chosen;
+  if (preselected == nullptr) {
+    chosen = choose_blocks(scores, n_choosers, partition, spec.blocks, spec.mode, spec.budget);
+  } else {
+    const bool per_head = !every_head && preselected->blocks.size() == size_t(n_kv_heads);
+    const Preselected choosers_preselected{per_head ? rows_of(preselected->blocks, 1, choosers) : preselected->blocks,
+                                           preselected->count, preselected->first_unranked_block};
+    chosen = reselect_blocks(choosers_preselected, std::move(scores), n_choosers, partition, spec.blocks, spec.mode,
+                             spec.budget);
+  }
+  return build(every_head ? chosen : for_every_head(std::move(chosen), choosers, n_kv_heads, spec.mode));
 }
 
 }  // namespace longctx::policy

@@ -526,6 +526,107 @@ TEST(DecodePolicy, RazorAllRetrievalEqualsSelect) {
   }
 }
 
+// RazorAttention's non-retrieval heads skip block selection: they neither
+// steer the retrieval heads' blocks nor take their budget. Two kv heads of
+// blocks of 4 (0..3 context, 4 the local window), kv head 0 the retrieval
+// head with its best block 1, kv head 1 with much larger scores elsewhere.
+class RazorSteering : public ::testing::Test {
+ protected:
+  static constexpr int kDim = 32, kHeads = 2, kBlock = 4;
+
+  static LongContextConfig config() {
+    LongContextConfig c = small_config();
+    c.block_size = kBlock;
+    c.initial_len = 0;
+    c.local_windows_len = kBlock;
+    c.second_select_num = 1;
+    c.representative_type = RepresentativeType::kMax;
+    c.representative_num = 1;
+    c.razor.sinks = 0;
+    c.razor.buffer_min = kBlock;
+    c.razor.buffer_ratio = 1000;
+    return c;
+  }
+
+  // Retrieval head 0's context blocks attended by `c`'s policy for a query along channel 0.
+  static std::set<int64_t> retrieval_blocks(const LongContextConfig& c) {
+    kvstore::MemoryBudget budget(uint64_t{1} << 26);
+    kvstore::KVStore store({1, kHeads, kDim}, c, budget, topology());
+    const int n = 5 * kBlock;
+    std::vector<float> k(size_t(n * kHeads * kDim), 0.f), v(k.size(), 0.f);
+    const auto key = [&](int t, int h) { return k.data() + (t * kHeads + h) * kDim; };
+    for (int t = 0; t < kBlock; ++t) {
+      key(1 * kBlock + t, 0)[0] = 2.f;  // head 0 (retrieval): block 1
+      for (const int b : {0, 2, 3}) key(b * kBlock + t, 1)[0] = b == 2 ? 100.f : 50.f;  // head 1: not block 1
+    }
+    store.append(0, make_view(k.data(), DType::kF32, {n, kHeads, kDim}),
+                 make_view(v.data(), DType::kF32, {n, kHeads, kDim}));
+    RetrievalHeads heads(1, kHeads);
+    heads.set(0, 0, true);
+    DecodePolicy policy(c, store, kHeadDimScale, heads);
+    std::vector<float> q(size_t(kHeads * kDim), 0.f), out(q.size()), lse(static_cast<size_t>(kHeads));
+    for (int h = 0; h < kHeads; ++h) q[size_t(h * kDim)] = 1.f;
+    policy.decode(0, 0, make_view(q.data(), DType::kF32, {kHeads, kDim}), true,
+                  make_mutable_view(out.data(), DType::kF32, {kHeads, kDim}),
+                  make_mutable_view(lse.data(), DType::kF32, {kHeads}));
+    std::set<int64_t> blocks;
+    for (const TokenSpan& span : policy.last_selection().spans[0])
+      for (int64_t t = span.begin; t < span.end; ++t)
+        if (t < 4 * kBlock) blocks.insert(t / kBlock);
+    return blocks;
+  }
+};
+
+// SHARED summed every head's scores: kv head 1's block 2 was chosen for all.
+TEST_F(RazorSteering, SharedSumsRetrievalHeadsOnly) {
+  LongContextConfig c = config();
+  c.head_select_mode = HeadSelectMode::kShared;
+  EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
+}
+
+// SEPARATE with Ada-KV shared the two heads' budget (2 blocks) by score, and
+// with no floor (alpha 0) kv head 1 took both: the retrieval head had none.
+TEST_F(RazorSteering, AdaKvSharesRetrievalHeadsBudgetOnly) {
+  LongContextConfig c = config();
+  c.head_select_mode = HeadSelectMode::kSeparate;
+  c.budget.policy = BudgetConfig::Policy::kAdaptive;
+  c.budget.alpha = 0.0;
+  EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
+}
+
+// top_p in SHARED mode ranked blocks by the mean of every head's masses.
+TEST_F(RazorSteering, TopPSharedWeighsRetrievalHeadsOnly) {
+  LongContextConfig c = config();
+  c.head_select_mode = HeadSelectMode::kShared;
+  c.budget.mode = BudgetConfig::Mode::kTopP;
+  c.budget.p = 0.5;
+  c.budget.max_blocks = 1;
+  EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
+}
+
+// A group's selection (layer_step 2: layer 1 reuses layer 0's) is chosen by
+// the heads that are retrieval heads in any of its layers: kv head 0, a
+// retrieval head of layer 1 only, gets its blocks from layer 0's choice.
+TEST(DecodePolicy, RazorGroupChoosesForEveryLayersRetrievalHeads) {
+  LongContextConfig config = small_config();
+  config.head_select_mode = HeadSelectMode::kSeparate;
+  config.layer_step = 2;
+  config.razor.sinks = 4;
+  config.razor.buffer_min = 16;
+  Fixture f(config, {2, 2, 16}, 150, 5);
+  RetrievalHeads heads(2, 2);
+  heads.set(1, 0, true);
+  DecodePolicy razor(config, f.store(), kHeadDimScale, heads);
+  DecodePolicy plain(config, f.store(), kHeadDimScale);  // SEPARATE: head 0's blocks are its own choice
+  const std::vector<float> q = f.random_q();
+  for (int layer = 0; layer < 2; ++layer) {
+    run_policy(razor, f, layer, 0, q, true);
+    run_policy(plain, f, layer, 0, q, true);
+  }
+  EXPECT_FALSE(razor.last_stats().reselected);  // layer 1 reused layer 0's selection
+  EXPECT_EQ(razor.last_selection().spans[0], plain.last_selection().spans[0]);
+}
+
 // (8) A config that does not describe the store, or heads of another shape.
 TEST(DecodePolicy, RejectsAConfigThatDisagreesWithTheStore) {
   const LongContextConfig config = small_config();

@@ -265,6 +265,65 @@ TEST(SelectBlocks, RejectsBadArguments) {
 }
 
 
+// SelectSpec::choosing_heads: only the marked heads' scores choose (SHARED:
+// their sum; SEPARATE uniform and Ada-KV: their rows and budget), the others
+// get no context block; no head marked: nothing chosen; a wrong size refused.
+TEST(SelectBlocks, ChoosingHeadsAloneChoose) {
+  std::mt19937 rng(23);
+  StoreCase c;
+  c.n_kv_heads = 3;
+  c.block_size = 8;
+  c.initial_len = 4;
+  c.local_windows_len = 8;
+  c.n_tokens = 250;
+  const TestStore ts(c, rng);
+  const Partition p = ts.store().partition(TestStore::kLayer);
+  const int64_t n_context = p.end_context_block - p.first_context_block;
+  std::vector<std::vector<double>> rows;
+  const std::vector<float> q = random_query(c.n_kv_heads, c.head_dim, rng, &rows);
+  const TensorView q_view = make_view(q.data(), DType::kF32, {c.n_kv_heads, c.head_dim});
+  std::vector<float> scores(size_t(c.n_kv_heads * n_context));
+  cpu::score_blocks(ts.store(), TestStore::kLayer, q_view, {},
+                    make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}));
+  std::vector<float> chooser_scores(scores.begin(), scores.begin() + n_context);  // heads 0 and 2
+  chooser_scores.insert(chooser_scores.end(), scores.begin() + 2 * n_context, scores.end());
+  // Ada-KV compares attention shares: each row's softmax over its ranked blocks at 1/sqrt(head_dim).
+  std::vector<float> chooser_shares = chooser_scores;
+  for (int r = 0; r < 2; ++r) {
+    float* row = chooser_shares.data() + r * n_context;
+    const int64_t lo = p.first_ranked_block - p.first_context_block, hi = p.end_ranked_block - p.first_context_block;
+    const double scale = 1.0 / std::sqrt(double(c.head_dim));
+    double m = -INFINITY, total = 0.0;
+    for (int64_t i = lo; i < hi; ++i) m = std::max(m, row[i] * scale);
+    for (int64_t i = lo; i < hi; ++i) total += std::exp(row[i] * scale - m);
+    for (int64_t i = lo; i < hi; ++i) row[i] = float(std::exp(row[i] * scale - m) / total);
+  }
+
+  SelectSpec spec;
+  spec.blocks = 4;
+  spec.choosing_heads = {1, 0, 1};
+  for (const auto [mode, policy] : {std::pair{HeadSelectMode::kShared, BudgetConfig::Policy::kUniform},
+                                    std::pair{HeadSelectMode::kSeparate, BudgetConfig::Policy::kUniform},
+                                    std::pair{HeadSelectMode::kSeparate, BudgetConfig::Policy::kAdaptive}}) {
+    spec.mode = mode;
+    spec.budget.policy = policy;
+    spec.budget.alpha = 0.0;
+    SCOPED_TRACE(str_cat(head_select_mode_name(mode), policy == BudgetConfig::Policy::kAdaptive ? " Ada-KV" : ""));
+    const bool adakv = policy == BudgetConfig::Policy::kAdaptive;
+    std::vector<std::vector<int64_t>> want =
+        choose_blocks(adakv ? chooser_shares : chooser_scores, 2, p, spec.blocks, mode, spec.budget);
+    if (mode == HeadSelectMode::kSeparate) want = {want[0], {}, want[1]};
+    EXPECT_EQ(select_blocks(ts.store(), TestStore::kLayer, q_view, spec).spans,
+              build_selection(p, c.block_size, c.n_kv_heads, want, true).spans);
+  }
+  spec.choosing_heads = {0, 0, 0};
+  EXPECT_EQ(select_blocks(ts.store(), TestStore::kLayer, q_view, spec).spans,
+            build_selection(p, c.block_size, c.n_kv_heads, std::vector<std::vector<int64_t>>(1), true).spans);
+  spec.choosing_heads = {1, 0};
+  expect_error([&] { select_blocks(ts.store(), TestStore::kLayer, q_view, spec); }, ErrorCode::kInvalidArgument,
+               {"choosing_heads has 2 entries", "3 kv heads"});
+}
+
 // With preselected blocks, the choice stays inside them: the set as is
 // (not scored) when the budget covers it, else the best `blocks` of the
 // preselected ones, by the same scores the unrestricted choice ranks.

@@ -12,7 +12,9 @@
 //              re-selection is select_blocks (select.h) with the config's
 //              SelectSpec and the layer's preselected blocks. With RazorAttention
 //              (retrieval heads given or razor.retrieval_heads naming a file)
-//              the selection is that of the retrieval heads and
+//              the blocks are chosen by the retrieval heads' scores alone
+//              (SelectSpec::choosing_heads: the heads that are retrieval
+//              heads in some layer of the group sharing the selection) and
 //              razor_decode_attention compresses the others. Without it,
 //              a SEPARATE re-selection attends each kv head from the task
 //              that chose its blocks (select_blocks' head_selected), so the
@@ -133,6 +135,8 @@ class DecodePolicy {
   std::vector<std::optional<Preselected>> preselected_;                        // [layer]
   std::vector<std::optional<H2OState>> h2o_;                                   // [layer]
   std::vector<std::optional<RazorCompensation>> razor_;                        // [layer]
+  // [group leader]: SelectSpec::choosing_heads of the group's selection; empty without RazorAttention
+  std::vector<std::vector<uint8_t>> choosing_heads_;
   std::vector<std::vector<float>> speculated_q_;  // [layer]: speculate: the query of its saved selection
   Stats stats_;
   cpu::Selection last_selection_;

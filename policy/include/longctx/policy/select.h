@@ -27,6 +27,11 @@ struct SelectSpec {
   cpu::ScoreParams score;
   bool include_local = true;  // attend the local window here (false when the GPU does)
   float attn_scale = 0.f;     // top_p's logits: the model's scale; 0 = 1/sqrt(head_dim)
+  // [n_kv_heads], 1 = the head chooses blocks; empty = every head. The others
+  // (RazorAttention's non-retrieval heads, which never attend the blocks)
+  // choose none and do not steer the rest: SHARED sums the choosing heads'
+  // scores, Ada-KV shares the choosing heads' budget among them.
+  std::vector<uint8_t> choosing_heads;
 
   // The spec of `config`'s select policy at the model's attention scale.
   static SelectSpec from_config(const LongContextConfig& config, bool include_local, float attn_scale = 0.f);
@@ -41,8 +46,10 @@ struct SelectSpec {
 // logits of the sinks, the local window and the blocks that are not ranked as
 // the fixed part;
 // `estimated_mass`, when given, receives each kv head's estimated attended
-// share (empty in top_k mode). Throws Error(kInvalidArgument) naming the
-// argument for a bad layer or q, or spec.blocks < 0.
+// share (empty in top_k mode; NaN for a head that does not choose). With
+// spec.choosing_heads and no head choosing, no block is chosen and nothing is
+// scored. Throws Error(kInvalidArgument) naming the argument for a bad layer
+// or q, spec.blocks < 0, or spec.choosing_heads of another size than the kv heads.
 //
 // head_selected, when set and where each head's blocks come from its own
 // scores alone (SEPARATE with a uniform top_k budget, no preselection; the
