@@ -32,7 +32,7 @@ bool eligible(float score) { return !(std::isinf(score) && score < 0.f); }
 }  // namespace
 
 std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads, int64_t n_per_head,
-                                               int64_t per_head_budget, double alpha) {
+                                               int64_t per_head_budget, double alpha, int64_t total_budget) {
   if (n_heads < 1) fail(ErrorCode::kInvalidArgument, "adakv_select: n_heads is ", n_heads, ", must be >= 1");
   if (n_per_head < 0)
     fail(ErrorCode::kInvalidArgument, "adakv_select: n_per_head is ", n_per_head, ", must be >= 0");
@@ -62,10 +62,11 @@ std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads,
     remaining.insert(remaining.end(), head_entries.begin() + floor_h, head_entries.end());
   }
 
-  const int64_t total = std::min(int64_t(n_heads) * budget, n_eligible);
+  int64_t total = std::min(int64_t(n_heads) * budget, n_eligible);
+  if (total_budget >= 0) total = std::min(total, total_budget);
   int64_t taken = 0;
   for (const auto& c : chosen) taken += int64_t(c.size());
-  const int64_t rest = total - taken;  // >= 0: each floor_h <= budget
+  const int64_t rest = std::max<int64_t>(0, total - taken);  // a total_budget can be below the floors' sum
   std::partial_sort(remaining.begin(), remaining.begin() + rest, remaining.end(), ranks_before);
   for (int64_t j = 0; j < rest; ++j) chosen[size_t(remaining[size_t(j)].head)].push_back(remaining[size_t(j)].index);
 

@@ -135,7 +135,7 @@ MassChoice choose_by_mass(const std::vector<float>& logits, int n_kv_heads, int6
                                               : float(shares[size_t(h)].blocks[size_t(b)]);
         }
       out.chosen = adakv_select(normalised.data(), n_kv_heads, n_context, (total + n_kv_heads - 1) / n_kv_heads,
-                                budget.alpha);
+                                budget.alpha, total);
     }
   }
   for (int h = 0; h < n_kv_heads; ++h) {

@@ -142,7 +142,7 @@ TEST(TopP, SharedAndAdaptive) {
   const MassChoice shared = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kShared, top_p(0.8));
   ASSERT_EQ(shared.chosen.size(), 1u);
   EXPECT_GE(std::accumulate(shared.mass.begin(), shared.mass.end(), 0.0) / heads, 0.8 - 1e-9);
-  // Ada-KV: at least the per-head counts in total, each head >= alpha of the mean.
+  // Ada-KV: the per-head counts' total, each head >= alpha of the mean.
   BudgetConfig adaptive = top_p(0.8);
   adaptive.policy = BudgetConfig::Policy::kAdaptive;
   adaptive.alpha = 0.5;
@@ -152,9 +152,30 @@ TEST(TopP, SharedAndAdaptive) {
   for (int h = 0; h < heads; ++h) sep_total += int64_t(separate.chosen[size_t(h)].size());
   for (int h = 0; h < heads; ++h) ada_total += int64_t(ada.chosen[size_t(h)].size());
   const int64_t per_head = (sep_total + heads - 1) / heads;
-  EXPECT_GE(ada_total, sep_total);
-  EXPECT_LE(ada_total, per_head * heads);
+  EXPECT_EQ(ada_total, sep_total);
   for (int h = 0; h < heads; ++h) EXPECT_GE(int64_t(ada.chosen[size_t(h)].size()), int64_t(0.5 * per_head));
+}
+
+// Counts 4, 1, 1, 1 from the heads' masses: Ada-KV shares 7 blocks, not the
+// 8 that 4 heads x ceil(7 / 4) would give.
+TEST(TopP, AdaptiveSharesExactlyTheTotalOfTheCounts) {
+  const int heads = 4;
+  const int64_t n = 8;
+  std::vector<float> logits(size_t(heads * n), 0.f);
+  for (int h = 1; h < heads; ++h) logits[size_t(h * n + h)] = 10.f;  // heads 1-3: one block holds the mass
+  const std::vector<int64_t> tokens(size_t(n), 16);
+  const std::vector<double> fixed(heads, -INFINITY);
+  BudgetConfig budget = top_p(0.5, 1);
+  const MassChoice uniform = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kSeparate, budget);
+  std::vector<size_t> counts;
+  for (const auto& c : uniform.chosen) counts.push_back(c.size());
+  ASSERT_EQ(counts, (std::vector<size_t>{4, 1, 1, 1}));
+  budget.policy = BudgetConfig::Policy::kAdaptive;
+  budget.alpha = 0.2;
+  const MassChoice ada = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kSeparate, budget);
+  size_t total = 0;
+  for (const auto& c : ada.chosen) total += c.size();
+  EXPECT_EQ(total, 7u);
 }
 
 TEST(TopP, BadArgumentsAreRefused) {
