@@ -62,10 +62,13 @@ RetrievalHeads checked_heads(const LongContextConfig& config, const kvstore::KVS
     fail(ErrorCode::kInvalidArgument, "DecodePolicy: retrieval heads for ", heads.n_layers(), " layers x ",
          heads.n_kv_heads(), " kv heads, but the KV store has ", shape.n_layers, " layers x ", shape.n_kv_heads,
          " kv heads");
-  // validate_config refuses this with razor.retrieval_heads; heads given here bypass it.
+  // validate_config refuses these with razor.retrieval_heads; heads given here bypass it.
   if (config.tail == TailMode::kEstimate)
     fail(ErrorCode::kInvalidArgument, "DecodePolicy: tail: estimate with RazorAttention (retrieval heads given): "
          "RazorAttention already compensates what its heads drop; use one or the other");
+  if (config.rerank != RerankMode::kNone)
+    fail(ErrorCode::kInvalidArgument, "DecodePolicy: rerank: tokens with RazorAttention (retrieval heads given): "
+         "RazorAttention selects its own tokens; use one or the other");
   return heads;
 }
 

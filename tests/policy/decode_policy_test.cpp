@@ -682,6 +682,12 @@ TEST(DecodePolicy, RefusesTailEstimateWithRetrievalHeadsGiven) {
   expect_error([&] { DecodePolicy policy(config, f.store(), kHeadDimScale, heads); }, ErrorCode::kInvalidArgument,
                {"tail: estimate", "RazorAttention"});
   EXPECT_NO_THROW(DecodePolicy(config, f.store(), kHeadDimScale));
+  // rerank: tokens likewise: RazorAttention selects its own tokens.
+  config.tail = TailMode::kDrop;
+  config.rerank = RerankMode::kTokens;
+  expect_error([&] { DecodePolicy policy(config, f.store(), kHeadDimScale, heads); }, ErrorCode::kInvalidArgument,
+               {"rerank: tokens", "RazorAttention"});
+  EXPECT_NO_THROW(DecodePolicy(config, f.store(), kHeadDimScale));
 }
 
 // (9) The model's attention scale reaches every attention a policy computes
