@@ -44,7 +44,10 @@ std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads,
     fail(ErrorCode::kInvalidArgument, "adakv_select: scores is null for ", n_heads, " x ", n_per_head, " entries");
 
   const int64_t budget = std::min(per_head_budget, n_per_head);
-  const auto floor_budget = static_cast<int64_t>(std::floor(alpha * double(budget)));
+  // With a total, the floors are at most alpha of its share per head: their sum stays within it.
+  double floor_share = alpha * double(budget);
+  if (total_budget >= 0) floor_share = std::min(floor_share, alpha * double(total_budget) / n_heads);
+  const auto floor_budget = static_cast<int64_t>(std::floor(floor_share));
 
   std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(n_heads));
   std::vector<Entry> remaining;  // eligible entries not taken by a floor, all heads
@@ -66,7 +69,7 @@ std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads,
   if (total_budget >= 0) total = std::min(total, total_budget);
   int64_t taken = 0;
   for (const auto& c : chosen) taken += int64_t(c.size());
-  const int64_t rest = std::max<int64_t>(0, total - taken);  // a total_budget can be below the floors' sum
+  const int64_t rest = total - taken;  // >= 0: each floor_h <= budget, and their sum <= total_budget
   std::partial_sort(remaining.begin(), remaining.begin() + rest, remaining.end(), ranks_before);
   for (int64_t j = 0; j < rest; ++j) chosen[size_t(remaining[size_t(j)].head)].push_back(remaining[size_t(j)].index);
 

@@ -87,20 +87,24 @@ double logit_factor(const kvstore::KVStore& store, const TensorView& q, const Se
 }
 
 // Ada-KV compares the heads' scores with each other (adakv.h), so each head's
-// row of block scores becomes its ranked blocks' shares of their estimated
-// attention, exp(logit_b - max) / sum (the blocks are whole: equal sizes). A
-// head's order is kept; a shift of all its logits (a constant added to its
-// keys) no longer moves budget between heads.
-void to_attention_shares(std::vector<float>& scores, int n_kv_heads, const Partition& p, double to_logit) {
+// row of block scores becomes the log of its ranked blocks' shares of their
+// estimated attention, logit_b - log sum exp (the blocks are whole: equal
+// sizes). Logs keep a head's order where the shares would underflow; a shift
+// of all its logits (a constant added to its keys) no longer moves budget
+// between heads. NaN scores stay NaN (ranked last) and do not count.
+void to_log_attention_shares(std::vector<float>& scores, int n_kv_heads, const Partition& p, double to_logit) {
   const int64_t n_context = p.end_context_block - p.first_context_block;
   const int64_t lo = p.first_ranked_block - p.first_context_block, hi = p.end_ranked_block - p.first_context_block;
   for (int h = 0; h < n_kv_heads; ++h) {
     float* row = scores.data() + size_t(h) * size_t(n_context);
     double m = -std::numeric_limits<double>::infinity(), total = 0.0;
-    for (int64_t i = lo; i < hi; ++i) m = std::max(m, double(row[i]) * to_logit);
-    if (!std::isfinite(m)) continue;  // no block, or a NaN or inf score: ranked as they are
-    for (int64_t i = lo; i < hi; ++i) total += std::exp(double(row[i]) * to_logit - m);
-    for (int64_t i = lo; i < hi; ++i) row[i] = float(std::exp(double(row[i]) * to_logit - m) / total);
+    for (int64_t i = lo; i < hi; ++i)
+      if (!std::isnan(row[i])) m = std::max(m, double(row[i]) * to_logit);
+    if (!std::isfinite(m)) continue;  // no block, or an inf score: ranked as they are
+    for (int64_t i = lo; i < hi; ++i)
+      if (!std::isnan(row[i])) total += std::exp(double(row[i]) * to_logit - m);
+    const double log_total = m + std::log(total);
+    for (int64_t i = lo; i < hi; ++i) row[i] = float(double(row[i]) * to_logit - log_total);
   }
 }
 
@@ -221,7 +225,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   }
   cpu::score_blocks(store, layer, q, spec.score, scores_view);
   if (spec.mode == HeadSelectMode::kSeparate && spec.budget.policy == BudgetConfig::Policy::kAdaptive)
-    to_attention_shares(scores, n_kv_heads, partition, logit_factor(store, q, spec));
+    to_log_attention_shares(scores, n_kv_heads, partition, logit_factor(store, q, spec));
   if (!every_head) scores = rows_of(scores, n_context, choosers);
   std::vector<std::vector<int64_t>> chosen;
   if (preselected == nullptr) {

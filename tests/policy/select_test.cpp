@@ -431,10 +431,42 @@ TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
     const Selection got = select_blocks(store, 0, make_view(q.data(), DType::kF32, {n_kv, d}),
                                         SelectSpec::from_config(config, true));
     const std::vector<int64_t> tokens = {got.tokens(0), got.tokens(1)};
+    EXPECT_GT(tokens[0], 0);
+    EXPECT_GT(tokens[1], 0);
     EXPECT_EQ(tokens[0] + tokens[1], 2 * 4 * bs);
     if (unshifted.empty()) unshifted = tokens;
     EXPECT_EQ(tokens, unshifted);
   }
+}
+
+// The shares Ada-KV compares keep a head's order where they would underflow:
+// blocks 150 and 120 logits below the best one are still ranked by their
+// scores (as shares in f32 both were 0, and the tie went to the lower block).
+TEST(SelectBlocks, AdaKvKeepsTheOrderOfFarApartScores) {
+  const int bs = 4, d = 32;
+  LongContextConfig config;
+  config.max_seq_len = 1024;
+  config.block_size = bs;
+  config.initial_len = 0;
+  config.local_windows_len = 0;
+  config.kv_type = DType::kF32;
+  config.representative_type = RT::kMean;
+  config.representative_num = 1;
+  config.head_select_mode = HeadSelectMode::kSeparate;
+  config.budget.policy = BudgetConfig::Policy::kAdaptive;
+  config.budget.alpha = 0.0;
+  config.second_select_num = 2;
+  const double to_key = std::sqrt(double(d));  // key e0 * logit * sqrt(d): q = e0 gives that logit
+  const float logit[3] = {0.f, -150.f, -120.f};
+  std::vector<float> k(size_t(3 * bs * d), 0.f), v(k.size(), 0.f), q(size_t(d), 0.f);
+  for (int t = 0; t < 3 * bs; ++t) k[size_t(t * d)] = float(logit[t / bs] * to_key);
+  q[0] = 1.f;
+  kvstore::MemoryBudget budget(uint64_t{1} << 28);
+  kvstore::KVStore store({1, 1, d}, config, budget, cpu::testing::topology());
+  store.append(0, make_view(k.data(), DType::kF32, {3 * bs, 1, d}), make_view(v.data(), DType::kF32, {3 * bs, 1, d}));
+  EXPECT_EQ(select_blocks(store, 0, make_view(q.data(), DType::kF32, {1, d}), SelectSpec::from_config(config, true))
+                .spans[0],
+            (std::vector<TokenSpan>{{0, 4}, {8, 12}}));
 }
 
 // What DecodePolicy attends when a layer re-selects is select_blocks with

@@ -171,11 +171,14 @@ TEST(TopP, AdaptiveSharesExactlyTheTotalOfTheCounts) {
   for (const auto& c : uniform.chosen) counts.push_back(c.size());
   ASSERT_EQ(counts, (std::vector<size_t>{4, 1, 1, 1}));
   budget.policy = BudgetConfig::Policy::kAdaptive;
-  budget.alpha = 0.2;
-  const MassChoice ada = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kSeparate, budget);
-  size_t total = 0;
-  for (const auto& c : ada.chosen) total += c.size();
-  EXPECT_EQ(total, 7u);
+  for (const double alpha : {0.0, 0.2, 0.9, 1.0}) {  // alpha 1: floors of 2 per head would make 8
+    SCOPED_TRACE(alpha);
+    budget.alpha = alpha;
+    const MassChoice ada = choose_by_mass(logits, heads, n, tokens, fixed, HeadSelectMode::kSeparate, budget);
+    size_t total = 0;
+    for (const auto& c : ada.chosen) total += c.size();
+    EXPECT_EQ(total, 7u);
+  }
 }
 
 TEST(TopP, BadArgumentsAreRefused) {

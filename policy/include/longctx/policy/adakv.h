@@ -24,9 +24,10 @@ namespace longctx::policy {
 // total - sum_h floor_h entries are the best of all heads' remaining eligible
 // entries. Without -inf scores the total is exactly min(H*B, H*n) and every
 // head keeps >= min(floor(alpha * per_head_budget), n) entries. alpha = 1
-// gives every head its own top B (uniform budgets). A total_budget >= 0
-// caps the total as well, though never below the floors' sum (top_p shares
-// a total that need not be a multiple of H).
+// gives every head its own top B (uniform budgets). A total_budget T >= 0
+// caps the total as well, and the floors become min(floor(alpha * B),
+// floor(alpha * T / H)) so that they fit in it (top_p shares a total that
+// need not be a multiple of H).
 // Returns the chosen indices of each head sorted by increasing index.
 // Throws Error(kInvalidArgument) for n_heads < 1, n_per_head < 0,
 // per_head_budget < 0, alpha outside [0, 1] (or NaN), or null scores with n > 0.
