@@ -153,10 +153,23 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
     votes = snapkv_token_votes(store_, layer, window_q, params);
     const int n_kv_heads = store_.layout().shape.n_kv_heads;
     const Partition partition = store_.partition(layer);
-    preselected_[size_t(layer)] = Preselected{
-        preselect_blocks(block_votes(votes, n_kv_heads, partition, config_.block_size), n_kv_heads, partition,
-                         config_.preselect_block_count, config_.head_select_mode, config_.budget),
-        config_.preselect_block_count, partition.end_ranked_block};
+    // Only the heads that choose vote (RazorAttention: the retrieval heads), as they alone choose later.
+    const std::vector<uint8_t>& choosing = choosing_heads_[size_t(schedule_.group_of(layer))];
+    std::vector<int> choosers;
+    for (int h = 0; h < n_kv_heads; ++h)
+      if (choosing.empty() || choosing[size_t(h)] != 0) choosers.push_back(h);
+    std::vector<float> block_scores = block_votes(votes, n_kv_heads, partition, config_.block_size);
+    if (!choosers.empty()) {
+      const bool every_head = int(choosers.size()) == n_kv_heads;
+      if (!every_head)
+        block_scores = rows_of(block_scores, partition.end_context_block - partition.first_context_block, choosers);
+      std::vector<std::vector<int64_t>> lists =
+          preselect_blocks(block_scores, int(choosers.size()), partition, config_.preselect_block_count,
+                           config_.head_select_mode, config_.budget);
+      if (!every_head) lists = for_every_head(std::move(lists), choosers, n_kv_heads, config_.head_select_mode);
+      preselected_[size_t(layer)] =
+          Preselected{std::move(lists), config_.preselect_block_count, partition.end_ranked_block};
+    }
   }
   if (!dynamic) return;
   // Representatives are tokens: pooling would spread a peak over kernel/2

@@ -328,6 +328,14 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
   return choose_blocks(scores, n_kv_heads, partition, count, mode, budget);
 }
 
+std::vector<std::vector<int64_t>> for_every_head(std::vector<std::vector<int64_t>> chosen,
+                                                 const std::vector<int>& heads, int n_kv_heads, HeadSelectMode mode) {
+  if (mode == HeadSelectMode::kShared) return chosen;
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n_kv_heads));
+  for (size_t i = 0; i < heads.size(); ++i) out[size_t(heads[i])] = std::move(chosen[i]);
+  return out;
+}
+
 void feed_dynamic(KVStore& store, int layer, const std::vector<float>& token_votes) {
   const int n_kv_heads = store.layout().shape.n_kv_heads;
   if (layer < 0 || layer >= store.layout().shape.n_layers)

@@ -108,26 +108,6 @@ void to_log_attention_shares(std::vector<float>& scores, int n_kv_heads, const P
   }
 }
 
-// The rows ([n_kv_heads][n], row-major) of `heads`, in that order.
-template <typename T>
-std::vector<T> rows_of(const std::vector<T>& rows, int64_t n, const std::vector<int>& heads) {
-  std::vector<T> out;
-  out.reserve(heads.size() * size_t(n));
-  for (const int h : heads) out.insert(out.end(), rows.begin() + h * n, rows.begin() + (h + 1) * n);
-  return out;
-}
-
-// Block lists of `heads` (SEPARATE: one per choosing head) -> one per kv
-// head, empty for the others; SHARED's one list stays as is.
-std::vector<std::vector<int64_t>> for_every_head(std::vector<std::vector<int64_t>> chosen,
-                                                 const std::vector<int>& heads, int n_kv_heads,
-                                                 HeadSelectMode mode) {
-  if (mode == HeadSelectMode::kShared) return chosen;
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n_kv_heads));
-  for (size_t i = 0; i < heads.size(); ++i) out[size_t(heads[i])] = std::move(chosen[i]);
-  return out;
-}
-
 }  // namespace
 
 cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const SelectSpec& spec,

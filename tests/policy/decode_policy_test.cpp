@@ -566,6 +566,11 @@ class RazorSteering : public ::testing::Test {
     DecodePolicy policy(c, store, kHeadDimScale, heads);
     std::vector<float> q(size_t(kHeads * kDim), 0.f), out(q.size()), lse(static_cast<size_t>(kHeads));
     for (int h = 0; h < kHeads; ++h) q[size_t(h * kDim)] = 1.f;
+    if (c.preselect_block) {  // the prompt's last 4 queries, as the decode query
+      std::vector<float> window;
+      for (int i = 0; i < 4; ++i) window.insert(window.end(), q.begin(), q.end());
+      policy.on_prefill_end(0, make_view(window.data(), DType::kF32, {4, kHeads, kDim}));
+    }
     policy.decode(0, 0, make_view(q.data(), DType::kF32, {kHeads, kDim}), true,
                   make_mutable_view(out.data(), DType::kF32, {kHeads, kDim}),
                   make_mutable_view(lse.data(), DType::kF32, {kHeads}));
@@ -591,6 +596,18 @@ TEST_F(RazorSteering, AdaKvSharesRetrievalHeadsBudgetOnly) {
   c.head_select_mode = HeadSelectMode::kSeparate;
   c.budget.policy = BudgetConfig::Policy::kAdaptive;
   c.budget.alpha = 0.0;
+  EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
+}
+
+// SnapKV preselection summed every head's votes in SHARED mode: kv head 1's
+// block 2 was the one block left to choose from.
+TEST_F(RazorSteering, PreselectionCountsRetrievalHeadsVotesOnly) {
+  LongContextConfig c = config();
+  c.head_select_mode = HeadSelectMode::kShared;
+  c.preselect_block = true;
+  c.preselect_block_count = 1;
+  EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
+  c.head_select_mode = HeadSelectMode::kSeparate;
   EXPECT_EQ(retrieval_blocks(c), std::set<int64_t>{1});
 }
 

@@ -112,6 +112,21 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
                                                   int n_kv_heads, const kvstore::Partition& partition,
                                                   int64_t count, HeadSelectMode mode, const BudgetConfig& budget);
 
+// The rows ([n_kv_heads][n], row-major) of `heads`, in that order: the
+// choosing heads' part of a choice (SelectSpec::choosing_heads).
+template <typename T>
+std::vector<T> rows_of(const std::vector<T>& rows, int64_t n, const std::vector<int>& heads) {
+  std::vector<T> out;
+  out.reserve(heads.size() * size_t(n));
+  for (const int h : heads) out.insert(out.end(), rows.begin() + h * n, rows.begin() + (h + 1) * n);
+  return out;
+}
+
+// Block lists of `heads` (SEPARATE: one per choosing head) -> one per kv
+// head, empty for the others; SHARED's one list stays as is.
+std::vector<std::vector<int64_t>> for_every_head(std::vector<std::vector<int64_t>> chosen,
+                                                 const std::vector<int>& heads, int n_kv_heads, HeadSelectMode mode);
+
 // DYNAMIC representatives from the votes: store.add_importance(layer, 0, votes)
 // with the votes ([n_kv_heads][n_tokens of the layer]) transposed to the
 // store's [n_tokens, n_kv_heads]. Throws Error(kInvalidArgument) when the sizes
