@@ -391,16 +391,12 @@ TEST(SelectBlocks, PreselectedBlocksBoundTheChoice) {
   }
 }
 
-// Ada-KV shares the budget by comparing the heads' scores (adakv.h: "they
-// must be on one scale (e.g. attention mass)"). Adding u to every key of
-// head 1 shifts its logits by q.u and leaves its attention as it was, so the
-// budget each head gets must not move: on raw scores a shift of +-3 gave one
-// head every block.
-TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
-  const int bs = 4, d = 32, n_kv = 2, n_blocks = 8;
+// A store of whole blocks (no sinks, no window) whose blocks Ada-KV shares
+// among the kv heads: SEPARATE, MEAN representatives, f32.
+LongContextConfig adakv_config(int block_size, double alpha, int blocks) {
   LongContextConfig config;
   config.max_seq_len = 1024;
-  config.block_size = bs;
+  config.block_size = block_size;
   config.initial_len = 0;
   config.local_windows_len = 0;
   config.kv_type = DType::kF32;
@@ -408,8 +404,19 @@ TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
   config.representative_num = 1;
   config.head_select_mode = HeadSelectMode::kSeparate;
   config.budget.policy = BudgetConfig::Policy::kAdaptive;
-  config.budget.alpha = 0.2;
-  config.second_select_num = 4;
+  config.budget.alpha = alpha;
+  config.second_select_num = blocks;
+  return config;
+}
+
+// Ada-KV shares the budget by comparing the heads' scores (adakv.h: "they
+// must be on one scale (e.g. attention mass)"). Adding u to every key of
+// head 1 shifts its logits by q.u and leaves its attention as it was, so the
+// budget each head gets must not move: on raw scores a shift of +-3 gave one
+// head every block.
+TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
+  const int bs = 4, d = 32, n_kv = 2, n_blocks = 8;
+  const LongContextConfig config = adakv_config(bs, 0.2, 4);
   std::mt19937 rng(2);
   std::normal_distribution<float> normal;
   std::vector<float> keys(size_t(n_blocks * bs * n_kv * d)), q(size_t(n_kv * d));
@@ -444,18 +451,7 @@ TEST(SelectBlocks, AdaKvBudgetsDoNotMoveWhenAHeadsLogitsShift) {
 // scores (as shares in f32 both were 0, and the tie went to the lower block).
 TEST(SelectBlocks, AdaKvKeepsTheOrderOfFarApartScores) {
   const int bs = 4, d = 32;
-  LongContextConfig config;
-  config.max_seq_len = 1024;
-  config.block_size = bs;
-  config.initial_len = 0;
-  config.local_windows_len = 0;
-  config.kv_type = DType::kF32;
-  config.representative_type = RT::kMean;
-  config.representative_num = 1;
-  config.head_select_mode = HeadSelectMode::kSeparate;
-  config.budget.policy = BudgetConfig::Policy::kAdaptive;
-  config.budget.alpha = 0.0;
-  config.second_select_num = 2;
+  const LongContextConfig config = adakv_config(bs, 0.0, 2);
   const double to_key = std::sqrt(double(d));  // key e0 * logit * sqrt(d): q = e0 gives that logit
   const float logit[3] = {0.f, -150.f, -120.f};
   std::vector<float> k(size_t(3 * bs * d), 0.f), v(k.size(), 0.f), q(size_t(d), 0.f);
