@@ -154,12 +154,10 @@ void DecodePolicy::on_prefill_end(int layer, const TensorView& window_q) {
     const int n_kv_heads = store_.layout().shape.n_kv_heads;
     const Partition partition = store_.partition(layer);
     // Only the heads that choose vote (RazorAttention: the retrieval heads), as they alone choose later.
-    const std::vector<uint8_t>& choosing = choosing_heads_[size_t(schedule_.group_of(layer))];
-    std::vector<int> choosers;
-    for (int h = 0; h < n_kv_heads; ++h)
-      if (choosing.empty() || choosing[size_t(h)] != 0) choosers.push_back(h);
-    std::vector<float> block_scores = block_votes(votes, n_kv_heads, partition, config_.block_size);
+    const std::vector<int> choosers =
+        choosing_head_list(choosing_heads_[size_t(schedule_.group_of(layer))], n_kv_heads);
     if (!choosers.empty()) {
+      std::vector<float> block_scores = block_votes(votes, n_kv_heads, partition, config_.block_size);
       const bool every_head = int(choosers.size()) == n_kv_heads;
       if (!every_head)
         block_scores = rows_of(block_scores, partition.end_context_block - partition.first_context_block, choosers);

@@ -328,6 +328,13 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
   return choose_blocks(scores, n_kv_heads, partition, count, mode, budget);
 }
 
+std::vector<int> choosing_head_list(const std::vector<uint8_t>& choosing, int n_kv_heads) {
+  std::vector<int> heads;
+  for (int h = 0; h < n_kv_heads; ++h)
+    if (choosing.empty() || choosing[size_t(h)] != 0) heads.push_back(h);
+  return heads;
+}
+
 std::vector<std::vector<int64_t>> for_every_head(std::vector<std::vector<int64_t>> chosen,
                                                  const std::vector<int>& heads, int n_kv_heads, HeadSelectMode mode) {
   if (mode == HeadSelectMode::kShared) return chosen;

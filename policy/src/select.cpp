@@ -126,9 +126,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   if (!spec.choosing_heads.empty() && spec.choosing_heads.size() != size_t(n_kv_heads))
     fail(ErrorCode::kInvalidArgument, "select_blocks: SelectSpec::choosing_heads has ", spec.choosing_heads.size(),
          " entries, the store has ", n_kv_heads, " kv heads");
-  std::vector<int> choosers;  // the heads that choose, in order
-  for (int h = 0; h < n_kv_heads; ++h)
-    if (spec.choosing_heads.empty() || spec.choosing_heads[size_t(h)] != 0) choosers.push_back(h);
+  const std::vector<int> choosers = choosing_head_list(spec.choosing_heads, n_kv_heads);
   const int n_choosers = int(choosers.size());
   const bool every_head = n_choosers == n_kv_heads;
 

@@ -463,5 +463,19 @@ TEST(PreselectTest, FeedDynamicPicksTopVotedTokens) {
   EXPECT_THROW(feed_dynamic(*dynamic.store, 0, std::vector<float>(3, 1.f)), Error);
 }
 
+// The choosing heads' part of a choice and back: the list of heads, their
+// rows, and their lists spread to every kv head (SHARED's one list as is).
+TEST(ChoosingHeads, ListRowsAndSpread) {
+  EXPECT_EQ(choosing_head_list({}, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(choosing_head_list({0, 1, 0, 1}, 4), (std::vector<int>{1, 3}));
+  EXPECT_TRUE(choosing_head_list({0, 0}, 2).empty());
+  const std::vector<float> rows = {0.f, 1.f, 10.f, 11.f, 20.f, 21.f, 30.f, 31.f};  // [4 heads][2]
+  EXPECT_EQ(rows_of(rows, 2, {1, 3}), (std::vector<float>{10.f, 11.f, 30.f, 31.f}));
+  const std::vector<std::vector<int64_t>> chosen = {{5}, {6, 7}};
+  EXPECT_EQ(for_every_head(chosen, {1, 3}, 4, HeadSelectMode::kSeparate),
+            (std::vector<std::vector<int64_t>>{{}, {5}, {}, {6, 7}}));
+  EXPECT_EQ(for_every_head({{5, 6}}, {1, 3}, 4, HeadSelectMode::kShared), (std::vector<std::vector<int64_t>>{{5, 6}}));
+}
+
 }  // namespace
 }  // namespace longctx::policy

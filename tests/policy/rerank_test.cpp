@@ -84,7 +84,9 @@ TEST(Rerank, KeepsTheBestTokensByTheirStoredKeys) {
           }
           const std::set<int64_t> t = tokens_of(spans);
           for (int64_t i = 0; i < n_tokens; ++i)
-            if (!candidate(i)) EXPECT_TRUE(t.count(i)) << "fixed " << i;
+            if (!candidate(i)) {
+              EXPECT_TRUE(t.count(i)) << "fixed " << i;
+            }
           // fp64 scores of the candidate tokens from the stored keys.
           std::vector<std::pair<double, int64_t>> scores;
           std::vector<float> kt(size_t(d) * 16);

@@ -302,7 +302,7 @@ TEST(SelectBlocks, ChoosingHeadsAloneChoose) {
   SelectSpec spec;
   spec.blocks = 4;
   spec.choosing_heads = {1, 0, 1};
-  for (const auto [mode, policy] : {std::pair{HeadSelectMode::kShared, BudgetConfig::Policy::kUniform},
+  for (const auto& [mode, policy] : {std::pair{HeadSelectMode::kShared, BudgetConfig::Policy::kUniform},
                                     std::pair{HeadSelectMode::kSeparate, BudgetConfig::Policy::kUniform},
                                     std::pair{HeadSelectMode::kSeparate, BudgetConfig::Policy::kAdaptive}}) {
     spec.mode = mode;
