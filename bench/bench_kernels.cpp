@@ -1,5 +1,6 @@
 // longctx-bench kernels: one decode step of one layer on the CPU engine —
-// dense attention, block scoring, selection (policy::select_blocks), sparse
+// dense attention, block scoring (of every kv head, and of RazorAttention's
+// retrieval heads alone), selection (policy::select_blocks), sparse
 // attention, the LSE merge with the GPU part, and the whole sparse step as
 // DecodePolicy::decode runs it, in the runtime's default layout (sparse_step)
 // and with the budget on selected blocks alone (sparse_step_budget; see
@@ -156,7 +157,7 @@ LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_
 
 // The decode kernels timed, in the order they run per repetition (sparse
 // attends over the selection of the select run before it).
-enum class DecodeKernel { kDense, kScore, kSelect, kSparse, kStep };
+enum class DecodeKernel { kDense, kScore, kScoreRetrieval, kSelect, kSparse, kStep };
 constexpr size_t kNumDecodeKernels = size_t(DecodeKernel::kStep) + 1;
 
 // One kv type's layer 0 at one context in one layout, random K/V, and what its decode kernels read and write.
@@ -173,6 +174,10 @@ struct DecodeCase {
         out(q.size()),
         lse(size_t(a.q_heads)) {
     fill_store(store, context, a.kv_heads, a.head_dim);
+    // RazorAttention's retrieval heads are some 15% of the heads (ALGORITHMS.md:
+    // top 14% by induction and 1% by echo): the first ceil(15% of them) here.
+    retrieval_heads.assign(size_t(a.kv_heads), 0);
+    std::fill_n(retrieval_heads.begin(), (15 * a.kv_heads + 99) / 100, uint8_t{1});
     for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i));
     const kvstore::Partition part = store.partition(0);
     n_blocks = part.end_context_block - part.first_context_block;
@@ -192,6 +197,8 @@ struct DecodeCase {
     switch (kernel) {
       case DecodeKernel::kDense: return cpu::dense_decode_attention(store, 0, qv, attn, ov, lv);
       case DecodeKernel::kScore: return cpu::score_blocks(store, 0, qv, select.score, sv);
+      case DecodeKernel::kScoreRetrieval:
+        return cpu::score_blocks(store, 0, qv, select.score, sv, {}, retrieval_heads);
       case DecodeKernel::kSelect: selection = policy::select_blocks(store, 0, qv, select); return;
       case DecodeKernel::kSparse: return cpu::decode_attention(store, 0, qv, selection, attn, ov, lv);
       case DecodeKernel::kStep:
@@ -204,8 +211,8 @@ struct DecodeCase {
   // The kernels timed on this layout (kDefault: the whole step alone).
   std::vector<DecodeKernel> kernels() const {
     if (layout == Layout::kDefault) return {DecodeKernel::kStep};
-    return {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kSelect, DecodeKernel::kSparse,
-            DecodeKernel::kStep};
+    return {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kScoreRetrieval, DecodeKernel::kSelect,
+            DecodeKernel::kSparse, DecodeKernel::kStep};
   }
 
   DType dtype;
@@ -219,6 +226,7 @@ struct DecodeCase {
   cpu::DecodeAttentionParams attn;
   cpu::Selection selection;
   std::vector<float> q, out, lse, scores;
+  std::vector<uint8_t> retrieval_heads;  // [kv_heads], 1 = scored by score_retrieval
   int64_t n_blocks = 0;
   int64_t token_index = 0;
   std::vector<double> seconds[kNumDecodeKernels];  // per kernel, one per repetition
@@ -271,12 +279,12 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
   // Scoring streams every context block's representative record of every kv
   // head; records are padded to 64 bytes and packed, so it reads whole
   // records (q8_0 QUEST: 320 B, of which 272 are the two key slots; f16: 512, no padding).
-  const auto score_bytes = [&](const DecodeCase& c) {
-    return double(c.n_blocks) * a.kv_heads * double(c.store.layout().record_bytes);
+  const auto score_bytes = [&](const DecodeCase& c, int64_t heads) {
+    return double(c.n_blocks) * double(heads) * double(c.store.layout().record_bytes);
   };
   // The whole step's bytes: its scoring and the K and V of what the policy attended.
   const auto step_bytes = [&](const DecodeCase& c) {
-    return score_bytes(c) + double(tokens_of(c.decode_policy->last_selection(), a.kv_heads)) * 2.0 * vector_bytes(c);
+    return score_bytes(c, a.kv_heads) + double(tokens_of(c.decode_policy->last_selection(), a.kv_heads)) * 2.0 * vector_bytes(c);
   };
   std::vector<double> dense_ms(a.dtypes.size());
 
@@ -303,8 +311,13 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
       const double sparse_bytes = double(tokens_of(c.selection, a.kv_heads)) * 2.0 * vector_bytes(c);
       record(c, "dense", dense_ms[t], 2.0 * a.kv_heads * vector_bytes(c) * double(context))
           .set("split", a.split_tokens);
-      record(c, "score", ms(c, DecodeKernel::kScore), score_bytes(c));
-      record(c, "select", select_ms, score_bytes(c));  // select = score + top-k + spans
+      record(c, "score", ms(c, DecodeKernel::kScore), score_bytes(c, a.kv_heads));
+      // The same scoring of the retrieval heads alone (score_blocks' heads), as RazorAttention selects.
+      const int64_t n_retrieval = std::count(c.retrieval_heads.begin(), c.retrieval_heads.end(), uint8_t{1});
+      record(c, "score_retrieval", ms(c, DecodeKernel::kScoreRetrieval), score_bytes(c, n_retrieval))
+          .set("scored_heads", n_retrieval)
+          .set("over_score", ms(c, DecodeKernel::kScoreRetrieval) / ms(c, DecodeKernel::kScore));
+      record(c, "select", select_ms, score_bytes(c, a.kv_heads));  // select = score + top-k + spans
       record(c, "sparse", sparse_ms, sparse_bytes).set("split", a.split_tokens);
       // Two parts read, one written.
       record(c, "merge", merge_ms, 3.0 * double(out.size() + lse.size()) * sizeof(float));

@@ -28,8 +28,11 @@ SelectSpec SelectSpec::from_config(const LongContextConfig& config, bool include
 }
 
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
-                                       Reduce reduce) {
+                                       Reduce reduce, const std::vector<uint8_t>& heads) {
   cpu::check_decode_query(store, layer, q, "fixed_part_logsums");
+  if (!heads.empty() && heads.size() != size_t(store.layout().shape.n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: heads has ", heads.size(), " entries, the store has ",
+         store.layout().shape.n_kv_heads, " kv heads");
   const kvstore::StoreLayout& L = store.layout();
   const int n_kv_heads = L.shape.n_kv_heads;
   const int d = L.shape.head_dim;
@@ -43,6 +46,10 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   std::vector<float> keys(size_t(d) * size_t(bs));
   std::vector<double> logits;
   for (int h = 0; h < n_kv_heads; ++h) {
+    if (!heads.empty() && heads[size_t(h)] == 0) {
+      out[size_t(h)] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
     logits.clear();
     for (const auto& [begin, end] : ranges) {
       for (int64_t t = begin; t < end;) {
@@ -140,7 +147,8 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     std::vector<float> logits(size_t(n_kv_heads) * size_t(n_context));
     if (n_context > 0)
       cpu::score_blocks(store, layer, q, spec.score,
-                        make_mutable_view(logits.data(), DType::kF32, {n_kv_heads, n_context}));
+                        make_mutable_view(logits.data(), DType::kF32, {n_kv_heads, n_context}), {},
+                        spec.choosing_heads);
     if (preselected != nullptr) restrict_scores_to(*preselected, n_kv_heads, partition, logits);
     // Blocks that are not ranked are in the fixed part (fixed_part_logsums).
     for (int h = 0; h < n_kv_heads; ++h)
@@ -155,7 +163,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
       tokens[size_t(i)] = partition.context_end_of(b, block_size) - partition.context_begin_of(b, block_size);
     }
     std::vector<double> fixed =
-        fixed_part_logsums(store, layer, q, attention_scale(store, spec), spec.score.gqa_reduce);
+        fixed_part_logsums(store, layer, q, attention_scale(store, spec), spec.score.gqa_reduce, spec.choosing_heads);
     if (!every_head) {
       logits = rows_of(logits, n_context, choosers);
       fixed = rows_of(fixed, 1, choosers);
@@ -189,22 +197,24 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     // task that completes its scores: no second parallel pass waits for them all.
     cpu::Selection selection;
     selection.spans.resize(size_t(n_kv_heads));
-    cpu::score_blocks(store, layer, q, spec.score, scores_view, [&](int h) {
-      const bool chooses = spec.choosing_heads.empty() || spec.choosing_heads[size_t(h)] != 0;
-      const std::vector<int64_t> chosen =
-          chooses ? choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks)
-                  : std::vector<int64_t>{};
+    const auto select_head = [&](int h, const std::vector<int64_t>& chosen) {
       // The head's spans: build_selection of this head alone.
       selection.spans[size_t(h)] =
           cpu::build_selection(partition, block_size, 1, {chosen}, spec.include_local).spans[0];
       if (head_selected) head_selected(h, selection.spans[size_t(h)]);
-    });
+    };
+    cpu::score_blocks(store, layer, q, spec.score, scores_view, [&](int h) {
+      select_head(h, choose_head_blocks(scores.data() + size_t(h) * size_t(n_context), partition, spec.blocks));
+    }, spec.choosing_heads);
+    // The heads that choose nothing were not scored: no block of theirs.
+    for (int h = 0; h < n_kv_heads; ++h)
+      if (!spec.choosing_heads.empty() && spec.choosing_heads[size_t(h)] == 0) select_head(h, {});
     return selection;
   }
-  cpu::score_blocks(store, layer, q, spec.score, scores_view);
-  if (spec.mode == HeadSelectMode::kSeparate && spec.budget.policy == BudgetConfig::Policy::kAdaptive)
-    to_log_attention_shares(scores, n_kv_heads, partition, logit_factor(store, q, spec));
+  cpu::score_blocks(store, layer, q, spec.score, scores_view, {}, spec.choosing_heads);
   if (!every_head) scores = rows_of(scores, n_context, choosers);
+  if (spec.mode == HeadSelectMode::kSeparate && spec.budget.policy == BudgetConfig::Policy::kAdaptive)
+    to_log_attention_shares(scores, n_choosers, partition, logit_factor(store, q, spec));
   std::vector<std::vector<int64_t>> chosen;
   if (preselected == nullptr) {
     chosen = choose_blocks(scores, n_choosers, partition, spec.blocks, spec.mode, spec.budget);

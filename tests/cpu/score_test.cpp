@@ -32,6 +32,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "error_message.h"
 #include "hwy/targets.h"
 #include "longctx/core/error.h"
 #include "longctx/cpu/selection.h"
@@ -549,6 +550,56 @@ TEST(ScoreBlocks, HeadScoredSeesEachCompleteRowOnce) {
       EXPECT_EQ(seen[size_t(h)], row) << "kv head " << h;  // no NaN left: every score written
     }
   }
+}
+
+// With `heads`, only the named rows are scored: each as the unmasked call
+// scores it, head_scored for those heads alone, every other row untouched
+// (the NaN it was filled with). Every subset of 4 heads, on 1 and 2 threads.
+TEST(ScoreBlocks, ScoresOnlyTheNamedHeads) {
+  std::mt19937 rng(9);
+  StoreCase c;
+  c.n_kv_heads = 4;
+  c.n_tokens = 16 * 300 + 7;
+  const TestStore ts(c, rng);
+  const kvstore::Partition part = ts.store().partition(TestStore::kLayer);
+  const int64_t n_context = part.end_context_block - part.first_context_block;
+  const Query q = random_query(c.n_kv_heads * 2, c.head_dim, rng);
+  std::vector<float> all(size_t(c.n_kv_heads * n_context));
+  score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+               make_mutable_view(all.data(), DType::kF32, {c.n_kv_heads, n_context}));
+  for (const int threads : {1, 2}) {
+    for (int mask = 0; mask < 1 << c.n_kv_heads; ++mask) {
+      SCOPED_TRACE(str_cat(threads, " threads, heads mask ", mask));
+      std::vector<uint8_t> heads(size_t(c.n_kv_heads));
+      for (int h = 0; h < c.n_kv_heads; ++h) heads[size_t(h)] = uint8_t(mask >> h & 1);
+      std::vector<float> scores(all.size(), std::nanf(""));
+      std::vector<int> calls(size_t(c.n_kv_heads), 0);
+      std::mutex mutex;
+      tbb::task_arena(threads).execute([&] {
+        score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+                     make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}), [&](int h) {
+                       const std::lock_guard<std::mutex> lock(mutex);
+                       ++calls[size_t(h)];
+                     }, heads);
+      });
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        EXPECT_EQ(calls[size_t(h)], heads[size_t(h)]) << "kv head " << h;
+        for (int64_t i = 0; i < n_context; ++i) {
+          const float got = scores[size_t(h * n_context + i)];
+          if (heads[size_t(h)] != 0) {
+            ASSERT_EQ(got, all[size_t(h * n_context + i)]) << "kv head " << h << ", block " << i;
+          } else {
+            ASSERT_TRUE(std::isnan(got)) << "kv head " << h << " was not to be scored, block " << i;
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> scores(all.size());
+  expect_error([&] {
+    score_blocks(ts.store(), TestStore::kLayer, q.view, ScoreParams{},
+                 make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}), {}, {1, 0, 1});
+  }, ErrorCode::kInvalidArgument, {"heads has 3 entries", "4 kv heads"});
 }
 
 TEST(ScoreBlocks, RejectsBadArguments) {

@@ -316,6 +316,42 @@ TEST(SelectBlocks, ChoosingHeadsAloneChoose) {
     EXPECT_EQ(select_blocks(ts.store(), TestStore::kLayer, q_view, spec).spans,
               build_selection(p, c.block_size, c.n_kv_heads, want, true).spans);
   }
+  // Where heads are attended as they are chosen (SEPARATE uniform),
+  // head_selected still comes once for every kv head, the unscored one too.
+  spec.mode = HeadSelectMode::kSeparate;
+  spec.budget.policy = BudgetConfig::Policy::kUniform;
+  std::vector<std::vector<cpu::TokenSpan>> seen(size_t(c.n_kv_heads));
+  std::vector<int> calls(size_t(c.n_kv_heads), 0);
+  std::mutex mutex;
+  const cpu::Selection got =
+      select_blocks(ts.store(), TestStore::kLayer, q_view, spec, nullptr, nullptr,
+                    [&](int h, const std::vector<cpu::TokenSpan>& spans) {
+                      const std::lock_guard<std::mutex> lock(mutex);
+                      ++calls[size_t(h)];
+                      seen[size_t(h)] = spans;
+                    });
+  EXPECT_EQ(calls, std::vector<int>(size_t(c.n_kv_heads), 1));
+  EXPECT_EQ(seen, got.spans);
+  // top_p in SEPARATE mode: each choosing head keeps what it keeps when every
+  // head chooses, with the same estimated mass; the other none, and NaN.
+  spec.budget.mode = BudgetConfig::Mode::kTopP;
+  spec.budget.p = 0.6;
+  std::vector<double> mass_all, mass_some;
+  spec.choosing_heads = {};
+  const cpu::Selection every = select_blocks(ts.store(), TestStore::kLayer, q_view, spec, nullptr, &mass_all);
+  spec.choosing_heads = {1, 0, 1};
+  const cpu::Selection some = select_blocks(ts.store(), TestStore::kLayer, q_view, spec, nullptr, &mass_some);
+  const std::vector<std::vector<int64_t>> none(1);
+  EXPECT_EQ(some.spans[0], every.spans[0]);
+  EXPECT_EQ(some.spans[1], build_selection(p, c.block_size, 1, none, true).spans[0]);
+  EXPECT_EQ(some.spans[2], every.spans[2]);
+  EXPECT_GT(every.tokens(1), some.tokens(1)) << "the unmasked head 1 keeps some block";
+  ASSERT_EQ(mass_some.size(), size_t(3));
+  EXPECT_EQ(mass_some[0], mass_all[0]);
+  EXPECT_TRUE(std::isnan(mass_some[1]));
+  EXPECT_EQ(mass_some[2], mass_all[2]);
+  spec.budget = BudgetConfig{};
+
   spec.choosing_heads = {0, 0, 0};
   EXPECT_EQ(select_blocks(ts.store(), TestStore::kLayer, q_view, spec).spans,
             build_selection(p, c.block_size, c.n_kv_heads, std::vector<std::vector<int64_t>>(1), true).spans);

@@ -233,6 +233,13 @@ TEST(TopP, FixedPartLogsumsMatchExactKeys) {
         for (double x : e) sum += std::exp(x - m);
         EXPECT_NEAR(got[size_t(h)], m + std::log(sum), 1e-9) << "group " << group << " head " << h;
       }
+      // Only the heads asked for: the same sum, NaN for the other.
+      const std::vector<double> head_1 =
+          fixed_part_logsums(ts.store(), TestStore::kLayer, make_view(q.data(), DType::kF32,
+                                                                      {c.n_kv_heads * group, c.head_dim}),
+                             scale, reduce, {0, 1});
+      EXPECT_TRUE(std::isnan(head_1[0]));
+      EXPECT_EQ(head_1[1], got[1]);
     }
   }
 }

@@ -53,8 +53,14 @@ void check_decode_query(const kvstore::KVStore& store, int layer, const TensorVi
 // blocks, by the task that scores the row's last records, once the whole row
 // is written: work on one head's scores (its top-k) then runs while the other
 // heads are still being scored, not in a parallel pass of its own after them.
+// heads, when not empty ([n_kv_heads], 1 = score the head), names the rows to
+// score: the others are neither read nor written, and head_scored is not
+// called for them (RazorAttention's non-retrieval heads choose no block).
+// Throws Error(kInvalidArgument) naming the argument for a bad layer, q,
+// scores shape, reduce, or heads of another size than the kv heads.
 void score_blocks(const kvstore::KVStore& store, int layer, const TensorView& q, const ScoreParams& params,
-                  const MutableTensorView& scores, const std::function<void(int)>& head_scored = {});
+                  const MutableTensorView& scores, const std::function<void(int)>& head_scored = {},
+                  const std::vector<uint8_t>& heads = {});
 
 // Indices of the k largest of scores[0..n) (k clamped to n), in decreasing
 // score order; ties: lower index first. NaN scores rank last.

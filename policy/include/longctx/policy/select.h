@@ -29,8 +29,8 @@ struct SelectSpec {
   float attn_scale = 0.f;     // top_p's logits: the model's scale; 0 = 1/sqrt(head_dim)
   // [n_kv_heads], 1 = the head chooses blocks; empty = every head. The others
   // (RazorAttention's non-retrieval heads, which never attend the blocks)
-  // choose none and do not steer the rest: SHARED sums the choosing heads'
-  // scores, Ada-KV shares the choosing heads' budget among them.
+  // choose none, are not scored and do not steer the rest: SHARED sums the
+  // choosing heads' scores, Ada-KV shares the choosing heads' budget among them.
   std::vector<uint8_t> choosing_heads;
 
   // The spec of `config`'s select policy at the model's attention scale.
@@ -68,8 +68,9 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
 // ranked blocks': [0, ranked_begin) and [ranked_end, n_tokens)) per kv
 // head, with e_t = the group's query heads' q.k_t combined by `reduce` (sum:
 // their mean; max) times `scale`; -inf for a head with no such tokens. fp32
-// products summed in double.
+// products summed in double. heads, when not empty ([n_kv_heads], 1 = the
+// head's sum), names the heads to sum for; the others get NaN.
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
-                                       Reduce reduce);
+                                       Reduce reduce, const std::vector<uint8_t>& heads = {});
 
 }  // namespace longctx::policy
