@@ -208,7 +208,10 @@ struct CudaPath {
 struct PyLayerAttention {
   StoreHandle store;
   std::unique_ptr<scheduler::LayerAttention> attention;
+  // Read and written with the GIL held (the store's mutex is taken without
+  // it), so use_cuda's check and its claim cannot interleave with another's.
   std::unique_ptr<CudaPath> cuda;
+  bool cuda_starting = false;  // a use_cuda call is building the path
 };
 
 PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& store, float scale) {
@@ -217,7 +220,7 @@ PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& stor
          "LayerAttention: this store is a Model's (Model.store), which the model attends itself; make a KVStore "
          "of your own");
   const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
-  PyLayerAttention a{store, nullptr, nullptr};
+  PyLayerAttention a{store, nullptr, nullptr, false};
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(*store.mutex);
   a.attention = std::make_unique<scheduler::LayerAttention>(*store.store, c, scale);
@@ -233,7 +236,8 @@ py::tuple layer_prefill_chunk(PyLayerAttention& a, int layer, int64_t first_pos,
   const Arg va = tensor_arg(v, "v", {n, shape.n_kv_heads, shape.head_dim}, kKVTypes);
   Out o = output(out, "out", {n, heads, shape.head_dim});
   Out l = output(lse, "lse", {n, heads});
-  run_locked(a.store, [&] { a.attention->prefill_chunk(layer, first_pos, qa.cview(), ka.cview(), va.cview(), o.view, l.view); });
+  run_locked(a.store,
+             [&] { a.attention->prefill_chunk(layer, first_pos, qa.cview(), ka.cview(), va.cview(), o.view, l.view); });
   return py::make_tuple(o.object, l.object);
 }
 
@@ -246,7 +250,8 @@ py::tuple layer_decode(PyLayerAttention& a, int layer, py::handle q, py::handle 
   const Arg va = tensor_arg(v, "v", {1, shape.n_kv_heads, shape.head_dim}, kKVTypes);
   Out o = output(out, "out", {heads, shape.head_dim});
   Out l = output(lse, "lse", {heads});
-  run_locked(a.store, [&] { a.attention->decode(layer, qa.cview(), ka.cview(), va.cview(), include_local, o.view, l.view); });
+  run_locked(a.store,
+             [&] { a.attention->decode(layer, qa.cview(), ka.cview(), va.cview(), include_local, o.view, l.view); });
   return py::make_tuple(o.object, l.object);
 }
 
@@ -264,10 +269,19 @@ void use_cuda(PyLayerAttention& a, int n_heads, int device) {
     fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: n_heads ", n_heads,
          " is not a positive multiple of the store's ", shape.n_kv_heads, " kv heads");
   if (a.cuda) fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: already on CUDA device ", a.cuda->device);
+  if (a.cuda_starting)
+    fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: another thread's use_cuda is moving it to CUDA");
   const std::string why = cuda_declined(a);
   if (!why.empty()) fail(ErrorCode::kUnsupported, "LayerAttention.use_cuda: attention cannot run on CUDA: ", why);
+  // Claimed before the GIL is released; the flag drops with the GIL held again, even on an error.
+  a.cuda_starting = true;
+  const struct Claim {
+    bool& starting;
+    ~Claim() { starting = false; }
+  } claim{a.cuda_starting};
+  std::unique_ptr<CudaPath> path;
   run_locked(a.store, [&] {
-    auto path = std::make_unique<CudaPath>();
+    path = std::make_unique<CudaPath>();
     path->device = device;
     gpu::CudaBackendOptions options;
     options.device = device;
@@ -282,8 +296,8 @@ void use_cuda(PyLayerAttention& a, int n_heads, int device) {
     path->step = std::make_unique<scheduler::DeviceLayerAttention>(*path->backend->device_attention(), ds,
                                                                    *a.store.store, *a.attention);
     path->step->sync_with_store();  // the store may hold tokens already (a loaded snapshot)
-    a.cuda = std::move(path);
   });
+  a.cuda = std::move(path);
 }
 
 CudaPath& cuda_path(PyLayerAttention& a, const char* what) {
