@@ -8,6 +8,7 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/node_executor.h"
+#include "token_scores.h"
 
 namespace longctx::policy {
 
@@ -15,7 +16,7 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
                              const cpu::Selection& candidates, int64_t keep, Reduce gqa_reduce) {
   cpu::check_decode_query(store, layer, q, "rerank_tokens");
   const kvstore::StoreLayout& L = store.layout();
-  const int n_kv = L.shape.n_kv_heads, d = L.shape.head_dim, bs = L.block_size;
+  const int n_kv = L.shape.n_kv_heads, bs = L.block_size;
   if (int(candidates.spans.size()) != n_kv)
     fail(ErrorCode::kInvalidArgument, "rerank_tokens: a selection for ", candidates.spans.size(),
          " kv heads, the store has ", n_kv);
@@ -28,39 +29,15 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
   out.spans.resize(size_t(n_kv));
   kvstore::parallel_for_heads(store, n_kv, [](int64_t h) { return int(h); }, [&](int64_t item) {
     const int h = int(item);
-    // The group's queries, summed for gqa_reduce sum.
-    std::vector<float> qs(size_t(group) * d);
-    for (int j = 0; j < group; ++j)
-      for (int c = 0; c < d; ++c)
-        qs[size_t(j) * d + c] = static_cast<const float*>(q.data)[(h * group + j) * q.strides[0] + c];
-    if (gqa_reduce == Reduce::kSum)
-      for (int j = 1; j < group; ++j)
-        for (int c = 0; c < d; ++c) qs[size_t(c)] += qs[size_t(j) * d + c];
-    const int n_rows = gqa_reduce == Reduce::kSum ? 1 : group;
-
+    const detail::GroupQuery gq = detail::group_query(q, h, group, gqa_reduce);
     // Candidate tokens [ranked_begin, ranked_end) of the spans, scored block by block.
     std::vector<std::pair<float, int64_t>> scored;  // (-score, token): sorting ascending puts the best first
-    std::vector<float> kt(static_cast<size_t>(d * bs)), scores(static_cast<size_t>(bs)), dot(scores.size());
+    std::vector<float> keys, scores;
     for (const cpu::TokenSpan& span : candidates.spans[size_t(h)]) {
       const int64_t begin = std::max(span.begin, ranked_begin), end = std::min(span.end, ranked_end);
-      for (int64_t t0 = begin; t0 < end;) {
-        const int64_t b = t0 / bs;
-        const int64_t t1 = std::min(end, (b + 1) * bs);
-        const int n = int(t1 - t0);
-        kvstore::read_keys_t(L, store.block(layer, h, b), int(t0 - b * bs), n, kt.data(), size_t(n));
-        std::fill_n(scores.begin(), n, -std::numeric_limits<float>::infinity());
-        for (int r = 0; r < n_rows; ++r) {
-          std::fill_n(dot.begin(), n, 0.f);
-          for (int c = 0; c < d; ++c) {
-            const float qc = qs[size_t(r) * d + c];
-            const float* row = kt.data() + size_t(c) * n;
-            for (int t = 0; t < n; ++t) dot[size_t(t)] += qc * row[t];
-          }
-          for (int t = 0; t < n; ++t) scores[size_t(t)] = std::max(scores[size_t(t)], dot[size_t(t)]);
-        }
-        for (int t = 0; t < n; ++t) scored.emplace_back(-scores[size_t(t)], t0 + t);
-        t0 = t1;
-      }
+      scores.clear();
+      detail::score_token_range(store, layer, h, gq, begin, end, keys, scores);
+      for (size_t i = 0; i < scores.size(); ++i) scored.emplace_back(-scores[i], begin + int64_t(i));
     }
     if (int64_t(scored.size()) > keep) {
       std::nth_element(scored.begin(), scored.begin() + keep, scored.end());

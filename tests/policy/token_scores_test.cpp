@@ -1,0 +1,97 @@
+// The token scores behind rerank_tokens and fixed_part_logsums
+// (policy/src/token_scores.h): a block's q.k for a kv head's group, and the
+// sum of exponentials, against fp64 on every Highway target this CPU runs.
+#include "../../policy/src/token_scores.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "hwy_target.h"
+#include "longctx/core/config.h"
+#include "longctx/core/error.h"
+#include "longctx/core/tensor.h"
+
+namespace longctx::policy::detail {
+namespace {
+
+const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
+
+// Transposed keys of n tokens, kt[c * ld + i], and q rows of a group,
+// against fp64: the sum of the group's products (kSum) or their largest
+// (kMax), within head_dim + group + 2 roundings of sum |q k|. Token counts
+// around whole vectors of every target, head_dim 64/128/256, groups 1-8.
+TEST(TokenScores, MatchFp64OnEveryTarget) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal;
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const longctx::testing::ForcedHighwayTarget forced(target);
+    for (const int d : {64, 128, 256}) {
+      for (const int n : {1, 5, 15, 16, 17, 31, 32, 33, 100, 128}) {
+        for (const int group : {1, 3, 8}) {
+          for (const Reduce reduce : {Reduce::kSum, Reduce::kMax}) {
+            SCOPED_TRACE(str_cat("d ", d, ", n ", n, ", group ", group, ", ", reduce_name(reduce)));
+            std::vector<float> q(size_t(2 * group * d));  // two kv heads' groups: kv head 1 is scored
+            for (float& x : q) x = normal(rng);
+            const TensorView qv = make_view(q.data(), DType::kF32, {2 * group, d});
+            const GroupQuery gq = group_query(qv, 1, group, reduce);
+            ASSERT_EQ(gq.n_rows, reduce == Reduce::kSum ? 1 : group);
+            const int ld = padded_tokens(n);
+            std::vector<float> kt(size_t(d) * size_t(ld), NAN);  // padding: its lanes score, unused
+            for (int c = 0; c < d; ++c)
+              for (int i = 0; i < n; ++i) kt[size_t(c * ld + i)] = normal(rng);
+            std::vector<float> out(static_cast<size_t>(ld));
+            score_tokens_t(gq, kt.data(), n, out.data());
+            for (int i = 0; i < n; ++i) {
+              double sum = 0.0, best = -INFINITY, terms = 0.0;
+              for (int g = 0; g < group; ++g) {
+                double dot = 0.0;
+                for (int c = 0; c < d; ++c) {
+                  const double p = double(q[size_t((group + g) * d + c)]) * kt[size_t(c * ld + i)];
+                  dot += p;
+                  terms += std::abs(p);
+                }
+                sum += dot;
+                best = std::max(best, dot);
+              }
+              const double want = reduce == Reduce::kSum ? sum : best;
+              ASSERT_NEAR(out[size_t(i)], want, double(d + group + 2) * kU * terms) << "token " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// sum exp(x f - s) against fp64, for lengths around whole vectors, within a
+// few ulp of each exponential and of the rounding of its argument.
+TEST(TokenScores, SumExpMatchesFp64OnEveryTarget) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> uniform(-30.f, 5.f);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const longctx::testing::ForcedHighwayTarget forced(target);
+    for (const int64_t n : {0, 1, 7, 16, 17, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = uniform(rng);
+      const float factor = 0.125f, shift = 0.5f;
+      double want = 0.0, bound = 0.0;
+      for (const float v : x) {
+        const double arg = double(v) * factor - shift;
+        want += std::exp(arg);
+        bound += std::exp(arg) * 8 * kU * (1.0 + std::abs(arg));
+      }
+      EXPECT_NEAR(sum_exp(x.data(), n, factor, shift), want, bound + 1e-300) << "n " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace longctx::policy::detail
