@@ -9,8 +9,10 @@
 
 #include "longctx/core/error.h"
 #include "longctx/kvstore/kv_store.h"
+#include "longctx/kvstore/node_executor.h"
 #include "longctx/policy/preselect.h"
 #include "longctx/policy/top_p.h"
+#include "token_scores.h"
 
 namespace longctx::policy {
 
@@ -30,53 +32,32 @@ SelectSpec SelectSpec::from_config(const LongContextConfig& config, bool include
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce, const std::vector<uint8_t>& heads) {
   cpu::check_decode_query(store, layer, q, "fixed_part_logsums");
-  if (!heads.empty() && heads.size() != size_t(store.layout().shape.n_kv_heads))
+  const int n_kv_heads = store.layout().shape.n_kv_heads;
+  if (!heads.empty() && heads.size() != size_t(n_kv_heads))
     fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: heads has ", heads.size(), " entries, the store has ",
-         store.layout().shape.n_kv_heads, " kv heads");
-  const kvstore::StoreLayout& L = store.layout();
-  const int n_kv_heads = L.shape.n_kv_heads;
-  const int d = L.shape.head_dim;
-  const int bs = L.block_size;
+         n_kv_heads, " kv heads");
+  const int bs = store.layout().block_size;
   const int group = int(q.shape[0]) / n_kv_heads;
   const Partition part = store.partition(layer);
   // Everything but the ranked blocks: the sinks, the window and the blocks they reach into.
   const std::pair<int64_t, int64_t> ranges[2] = {{0, part.ranked_begin(bs)}, {part.ranked_end(bs), part.n_tokens}};
-  const float* qd = static_cast<const float*>(q.data);
+  // A token's logit: its group score (the sum or max of the g products) to the mean or max, at the scale.
+  const float factor = float(reduce == Reduce::kMax ? scale : scale / group);
   std::vector<double> out(size_t(n_kv_heads), -std::numeric_limits<double>::infinity());
-  std::vector<float> keys(size_t(d) * size_t(bs));
-  std::vector<double> logits;
-  for (int h = 0; h < n_kv_heads; ++h) {
+  kvstore::parallel_for_heads(store, n_kv_heads, [](int64_t h) { return int(h); }, [&](int64_t item) {
+    const int h = int(item);
     if (!heads.empty() && heads[size_t(h)] == 0) {
       out[size_t(h)] = std::numeric_limits<double>::quiet_NaN();
-      continue;
+      return;
     }
-    logits.clear();
-    for (const auto& [begin, end] : ranges) {
-      for (int64_t t = begin; t < end;) {
-        const int64_t b = t / bs;
-        const int t0 = int(t - b * bs);
-        const int n = int(std::min<int64_t>(end, (b + 1) * bs) - t);
-        kvstore::read_keys_t(L, store.block(layer, h, b), t0, n, keys.data(), size_t(n));
-        for (int i = 0; i < n; ++i) {
-          double combined = reduce == Reduce::kMax ? -std::numeric_limits<double>::infinity() : 0.0;
-          for (int g = 0; g < group; ++g) {
-            const float* qh = qd + (int64_t(h) * group + g) * q.strides[0];
-            double dot = 0.0;
-            for (int c = 0; c < d; ++c) dot += double(qh[c]) * double(keys[size_t(c) * size_t(n) + size_t(i)]);
-            combined = reduce == Reduce::kMax ? std::max(combined, dot) : combined + dot;
-          }
-          if (reduce != Reduce::kMax) combined /= group;
-          logits.push_back(combined * scale);
-        }
-        t += n;
-      }
-    }
-    if (logits.empty()) continue;
-    const double m = *std::max_element(logits.begin(), logits.end());
-    double sum = 0.0;
-    for (const double x : logits) sum += std::exp(x - m);
-    out[size_t(h)] = m + std::log(sum);
-  }
+    const detail::GroupQuery gq = detail::group_query(q, h, group, reduce);
+    std::vector<float> keys, scores;
+    for (const auto& [begin, end] : ranges) detail::score_token_range(store, layer, h, gq, begin, end, keys, scores);
+    if (scores.empty()) return;
+    float m = -std::numeric_limits<float>::infinity();
+    for (const float s : scores) m = std::max(m, s * factor);
+    out[size_t(h)] = double(m) + std::log(detail::sum_exp(scores.data(), int64_t(scores.size()), factor, m));
+  });
   return out;
 }
 

@@ -25,6 +25,7 @@ namespace {
 using cpu::testing::StoreCase;
 using cpu::testing::TestStore;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 
 BudgetConfig top_p(double p, int64_t min_blocks = 0, int64_t max_blocks = 0) {
   BudgetConfig b;
@@ -213,25 +214,36 @@ TEST(TopP, FixedPartLogsumsMatchExactKeys) {
       const kvstore::Partition part = ts.store().partition(TestStore::kLayer);
       for (int h = 0; h < c.n_kv_heads; ++h) {
         std::vector<double> e;
+        double worst_terms = 0.0;  // the largest sum_g sum_c |q_gc k_c| of a token
         for (int64_t t = 0; t < part.n_tokens; ++t) {
           const int64_t b = t / c.block_size;
           const bool ranked = b * c.block_size >= part.initial_end && (b + 1) * c.block_size <= part.local_begin;
           if (ranked) continue;  // the fixed part: every token but those of blocks wholly in the context
           const auto keys = cpu::score_ref::stored_block_keys(ts.store(), TestStore::kLayer, h, t / c.block_size);
-          double comb = reduce == Reduce::kMax ? -INFINITY : 0.0;
+          double comb = reduce == Reduce::kMax ? -INFINITY : 0.0, terms = 0.0;
           for (int g = 0; g < group; ++g) {
             double dot = 0.0;
-            for (int ch = 0; ch < c.head_dim; ++ch)
-              dot += double(q[size_t((h * group + g) * c.head_dim + ch)]) * keys[size_t(t % c.block_size)][size_t(ch)];
+            for (int ch = 0; ch < c.head_dim; ++ch) {
+              const double p = double(q[size_t((h * group + g) * c.head_dim + ch)]) *
+                               keys[size_t(t % c.block_size)][size_t(ch)];
+              dot += p;
+              terms += std::abs(p);
+            }
             comb = reduce == Reduce::kMax ? std::max(comb, dot) : comb + dot / group;
           }
+          worst_terms = std::max(worst_terms, terms);
           e.push_back(comb * scale);
         }
         ASSERT_EQ(e.size(), size_t(16 + 22));  // block 0 (the 5 sinks' block), and [128, 150) (window from 129)
         const double m = *std::max_element(e.begin(), e.end());
-        double sum = 0.0;
-        for (double x : e) sum += std::exp(x - m);
-        EXPECT_NEAR(got[size_t(h)], m + std::log(sum), 1e-9) << "group " << group << " head " << h;
+        double sum = 0.0, spread = 0.0;
+        for (double x : e) sum += std::exp(x - m), spread = std::max(spread, m - x);
+        // log sum exp moves no more than its largest argument: the f32 dot
+        // products (head_dim + group + 2 roundings of sum |q k| at most), and
+        // f32 exponentials (a few ulp, and the rounding of arguments down to -spread).
+        const double tolerance =
+            scale * double(c.head_dim + group + 2) * kU * worst_terms + 8 * kU * (1.0 + spread);
+        EXPECT_NEAR(got[size_t(h)], m + std::log(sum), tolerance) << "group " << group << " head " << h;
       }
       // Only the heads asked for: the same sum, NaN for the other.
       const std::vector<double> head_1 =

@@ -67,9 +67,10 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
 // log sum_t exp(e_t) over the always-attended tokens of `layer` (all but the
 // ranked blocks': [0, ranked_begin) and [ranked_end, n_tokens)) per kv
 // head, with e_t = the group's query heads' q.k_t combined by `reduce` (sum:
-// their mean; max) times `scale`; -inf for a head with no such tokens. fp32
-// products summed in double. heads, when not empty ([n_kv_heads], 1 = the
-// head's sum), names the heads to sum for; the others get NaN.
+// their mean; max) times `scale`; -inf for a head with no such tokens. The
+// products and their sums in f32 (vector kernels), the exponentials in f32
+// summed in double; the kv heads in parallel. heads, when not empty
+// ([n_kv_heads], 1 = the head's sum), names the heads to sum for; the others get NaN.
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce, const std::vector<uint8_t>& heads = {});
 
