@@ -248,6 +248,10 @@ void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n
     return;
   }
   const size_t es = dtype_size(layout.kv_type);
+  if (t0 == 0 && size_t(n) == bs && ld == bs) {  // the whole page's K^T: one conversion, not one per channel
+    convert(view.k_t, layout.kv_type, dst, DType::kF32, size_t(layout.shape.head_dim) * bs);
+    return;
+  }
   for (size_t c = 0; c < size_t(layout.shape.head_dim); ++c)
     convert(view.k_t + (c * bs + size_t(t0)) * es, layout.kv_type, dst + c * ld, DType::kF32, size_t(n));
 }
