@@ -2,9 +2,9 @@
 // dense attention, block scoring (of every kv head, and of RazorAttention's
 // retrieval heads alone), selection (policy::select_blocks), sparse
 // attention, the LSE merge with the GPU part, and the whole sparse step as
-// DecodePolicy::decode runs it, in the runtime's default layout (sparse_step)
-// and with the budget on selected blocks alone (sparse_step_budget; see
-// Layout) — over
+// DecodePolicy::decode runs it, in the runtime's default layout (sparse_step,
+// and sparse_step_top_p with budget.mode top_p) and with the budget on
+// selected blocks alone (sparse_step_budget; see Layout) — over
 // contexts from 4K to 1M tokens, with the bytes each kernel must read and the
 // achieved GB/s beside the read bandwidth measured in the same run, for each
 // KV type, and each type's time over f16's (the types take turns in every
@@ -157,8 +157,8 @@ LongContextConfig decode_config(const KernelsArgs& a, int64_t context, DType kv_
 
 // The decode kernels timed, in the order they run per repetition (sparse
 // attends over the selection of the select run before it).
-enum class DecodeKernel { kDense, kScore, kScoreRetrieval, kSelect, kSparse, kStep };
-constexpr size_t kNumDecodeKernels = size_t(DecodeKernel::kStep) + 1;
+enum class DecodeKernel { kDense, kScore, kScoreRetrieval, kSelect, kSparse, kStep, kStepTopP };
+constexpr size_t kNumDecodeKernels = size_t(DecodeKernel::kStepTopP) + 1;
 
 // One kv type's layer 0 at one context in one layout, random K/V, and what its decode kernels read and write.
 struct DecodeCase {
@@ -187,6 +187,15 @@ struct DecodeCase {
     // (0: 1/sqrt(head_dim), as the kernels). It splits its attention as the
     // runtime does (its default piece size), whatever --split says.
     decode_policy = std::make_unique<policy::DecodePolicy>(config, store, 0.f);
+    // The same step with budget.mode top_p (its default p), at most the
+    // budget's blocks: on the default layout, whose sinks and window its
+    // exact fixed part covers.
+    if (layout == Layout::kDefault) {
+      LongContextConfig top_p = config;
+      top_p.budget.mode = BudgetConfig::Mode::kTopP;
+      top_p.budget.max_blocks = config.second_select_num;
+      top_p_policy = std::make_unique<policy::DecodePolicy>(top_p, store, 0.f);
+    }
   }
 
   void run(DecodeKernel kernel, const KernelsArgs& a) {
@@ -205,12 +214,14 @@ struct DecodeCase {
         decode_policy->decode(0, token_index++, qv, /*include_local=*/true, ov, lv);
         step_select_seconds.push_back(decode_policy->last_stats().select_seconds);
         return;
+      case DecodeKernel::kStepTopP:
+        return top_p_policy->decode(0, token_index++, qv, /*include_local=*/true, ov, lv);
     }
   }
 
   // The kernels timed on this layout (kDefault: the whole step alone).
   std::vector<DecodeKernel> kernels() const {
-    if (layout == Layout::kDefault) return {DecodeKernel::kStep};
+    if (layout == Layout::kDefault) return {DecodeKernel::kStep, DecodeKernel::kStepTopP};
     return {DecodeKernel::kDense, DecodeKernel::kScore, DecodeKernel::kScoreRetrieval, DecodeKernel::kSelect,
             DecodeKernel::kSparse, DecodeKernel::kStep};
   }
@@ -223,6 +234,7 @@ struct DecodeCase {
   kvstore::KVStore store;
   policy::SelectSpec select;
   std::unique_ptr<policy::DecodePolicy> decode_policy;
+  std::unique_ptr<policy::DecodePolicy> top_p_policy;  // kDefault only
   cpu::DecodeAttentionParams attn;
   cpu::Selection selection;
   std::vector<float> q, out, lse, scores;
@@ -284,7 +296,8 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
   };
   // The whole step's bytes: its scoring and the K and V of what the policy attended.
   const auto step_bytes = [&](const DecodeCase& c) {
-    return score_bytes(c, a.kv_heads) + double(tokens_of(c.decode_policy->last_selection(), a.kv_heads)) * 2.0 * vector_bytes(c);
+    const double attended = double(tokens_of(c.decode_policy->last_selection(), a.kv_heads));
+    return score_bytes(c, a.kv_heads) + attended * 2.0 * vector_bytes(c);
   };
   std::vector<double> dense_ms(a.dtypes.size());
 
@@ -344,6 +357,17 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
       step.set("attended_tokens", tokens_of(c.decode_policy->last_selection(), a.kv_heads));
       step.set("dense_over_step", dense_ms[t] / step_ms);  // dense attention (budget-only store) over this step
       step.set("select_share", 1e3 * median(c.step_select_seconds) / step_ms);
+      // sparse_step_top_p: the same step choosing by estimated mass; its
+      // bytes also count the fixed part's keys, which it reads once more.
+      const double top_p_ms = ms(c, DecodeKernel::kStepTopP);
+      const int64_t top_p_tokens = tokens_of(c.top_p_policy->last_selection(), a.kv_heads);
+      const kvstore::Partition part = c.store.partition(0);
+      const double fixed_tokens =
+          double(part.ranked_begin(a.block_size) + part.n_tokens - part.ranked_end(a.block_size)) * a.kv_heads;
+      Record& top_p = record(c, "sparse_step_top_p", top_p_ms,
+                             score_bytes(c, a.kv_heads) + (double(top_p_tokens) * 2.0 + fixed_tokens) * vector_bytes(c));
+      top_p.set("split", int64_t{0}).set("attended_tokens", top_p_tokens);
+      top_p.set("over_step", top_p_ms / step_ms);
     }
   }
   std::vector<Record> records;
