@@ -66,6 +66,14 @@ def main():
     budget_steps = [r for r in rows if r.get("kernel") == "sparse_step_budget"]
     check(len(budget_steps) == len(steps) and all(r["layout"] == "budget_only" for r in budget_steps),
           "kernels: the budget-only step is a row of its own, named so", out)
+    # The top_p step beside the default one; RazorAttention's scoring of 2 of the 8 kv heads (ceil 15%).
+    top_p = {(r["dtype"], r["threads"]): r for r in rows if r.get("kernel") == "sparse_step_top_p"}
+    check(top_p.keys() == steps.keys() and all(
+              abs(r["over_step"] - r["ms"] / steps[key]["ms"]) < 1e-4 * r["over_step"] and r["layout"] == "default"
+              for key, r in top_p.items()), "kernels: sparse_step_top_p over sparse_step, on the default layout", out)
+    retrieval = [r for r in rows if r.get("kernel") == "score_retrieval"]
+    check(len(retrieval) == len(steps) and all(r["scored_heads"] == 2 and r["over_score"] > 0 for r in retrieval),
+          "kernels: score_retrieval scores 2 of 8 kv heads", out)
     rc, out, err = run([BENCH, "kernels", "--target", "avx9"])
     check(rc == 1 and "--target 'avx9'" in err and "sse4" in err, "kernels --target avx9 refused, naming it and "
           "the targets this CPU runs", err)
