@@ -41,7 +41,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 std::vector<std::vector<int64_t>> reference_adakv(const std::vector<float>& scores, int n_heads, int64_t n,
                                                   int64_t per_head_budget, double alpha) {
   struct E { double score; int head; int64_t index; };
-  const auto by_score = [](const E& a, const E& b) { return a.score > b.score; };
+  // Larger first, NaN after every number, -0 == +0 (0.0 > -0.0 is false).
+  const auto by_score = [](const E& a, const E& b) {
+    if (std::isnan(a.score) != std::isnan(b.score)) return std::isnan(b.score);
+    return !std::isnan(a.score) && a.score > b.score;
+  };
   const int64_t budget = std::min(per_head_budget, n);
   const auto floor_budget = int64_t(std::floor(alpha * double(budget)));
   std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(n_heads));
@@ -118,6 +122,26 @@ TEST(AdakvTest, ExcludedEntriesAreNeverChosen) {
     EXPECT_EQ(chosen, reference_adakv(scores, n_heads, n, budget, alpha));
     for (int h = 0; h < n_heads; ++h)
       for (const int64_t i : chosen[size_t(h)]) EXPECT_NE(scores[size_t(h * n + i)], kNegInf);
+  }
+}
+
+// The rank order at the edges of the floats: NaN last, -0 == +0 (ties by
+// head, then index), infinities, subnormals and the largest magnitudes.
+TEST(AdakvTest, RanksSpecialValuesAsDocumented) {
+  const float specials[] = {std::nanf(""), -0.f, 0.f, std::numeric_limits<float>::infinity(), 1e-40f, -1e-40f,
+                            3.4e38f, -3.4e38f, 1.f, -1.f, kNegInf};
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<size_t> pick(0, std::size(specials) - 1);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n_heads = std::uniform_int_distribution<int>(1, 5)(rng);
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 16)(rng);
+    const int64_t budget = std::uniform_int_distribution<int64_t>(0, 18)(rng);
+    const double alpha = std::uniform_real_distribution<double>(0, 1)(rng);
+    std::vector<float> scores(size_t(n_heads) * size_t(n));
+    for (float& x : scores) x = specials[pick(rng)];
+    SCOPED_TRACE(::testing::Message() << "H=" << n_heads << " n=" << n << " B=" << budget << " alpha=" << alpha);
+    EXPECT_EQ(adakv_select(scores.data(), n_heads, n, budget, alpha),
+              reference_adakv(scores, n_heads, n, budget, alpha));
   }
 }
 
