@@ -79,19 +79,24 @@ double logit_factor(const kvstore::KVStore& store, const TensorView& q, const Se
 // estimated attention, logit_b - log sum exp (the blocks are whole: equal
 // sizes). Logs keep a head's order where the shares would underflow; a shift
 // of all its logits (a constant added to its keys) no longer moves budget
-// between heads. NaN scores stay NaN (ranked last) and do not count.
+// between heads. NaN scores stay NaN (ranked last) and do not count. The
+// exponentials are f32 vectors (sum_exp): 8192 blocks per head at 128K.
 void to_log_attention_shares(std::vector<float>& scores, int n_kv_heads, const Partition& p, double to_logit) {
   const int64_t n_context = p.end_context_block - p.first_context_block;
   const int64_t lo = p.first_ranked_block - p.first_context_block, hi = p.end_ranked_block - p.first_context_block;
+  std::vector<float> counted;  // a row's ranked scores, NaN as -inf (no share)
   for (int h = 0; h < n_kv_heads; ++h) {
     float* row = scores.data() + size_t(h) * size_t(n_context);
-    double m = -std::numeric_limits<double>::infinity(), total = 0.0;
-    for (int64_t i = lo; i < hi; ++i)
-      if (!std::isnan(row[i])) m = std::max(m, double(row[i]) * to_logit);
+    double m = -std::numeric_limits<double>::infinity();
+    counted.clear();
+    for (int64_t i = lo; i < hi; ++i) {
+      counted.push_back(std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i]);
+      m = std::max(m, double(counted.back()) * to_logit);
+    }
     if (!std::isfinite(m)) continue;  // no block, or an inf score: ranked as they are
-    for (int64_t i = lo; i < hi; ++i)
-      if (!std::isnan(row[i])) total += std::exp(double(row[i]) * to_logit - m);
-    const double log_total = m + std::log(total);
+    const float shift = float(m);      // the exponentials are f32 (sum_exp), their sum double
+    const double log_total =
+        double(shift) + std::log(detail::sum_exp(counted.data(), int64_t(counted.size()), float(to_logit), shift));
     for (int64_t i = lo; i < hi; ++i) row[i] = float(double(row[i]) * to_logit - log_total);
   }
 }
