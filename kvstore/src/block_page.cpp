@@ -238,11 +238,7 @@ void read_keys_t(const StoreLayout& layout, const BlockView& view, int t0, int n
         const int m = std::min(kScaleTile, n - t);
         const uint16_t* s = view.k_scales + size_t(c0 / kQ8Group) * bs + size_t(t0 + t);
         for (int i = 0; i < m; ++i) scale[i] = f16_bits_to_f32(s[i]);
-        for (int c = c0; c < c0 + kQ8Group; ++c) {
-          const int8_t* q = codes + q8_key_code_offset(int(bs), c, t0 + t);
-          float* out = dst + size_t(c) * ld + size_t(t);
-          for (int i = 0; i < m; ++i) out[i] = float(q[size_t(i) * kQ8KeyQuad]) * scale[i];
-        }
+        detail::dequantize_q8_keys_t(codes, scale, int(bs), t0 + t, m, c0, dst + t, ld);
       }
     }
     return;

@@ -45,6 +45,12 @@ void quantize_q8_groups(const float* x, size_t n_groups, int8_t* codes, uint16_t
 // group's scale overflows f16 (q8_quant_hwy.cpp).
 bool q8_row_storable(const float* row, int head_dim);
 
+// Keys of a q8_0 page as f32, one group of 32 channels [c0, c0 + 32) at a
+// time: dst[c * ld + i] = the code of channel c, token t + i, times scales[i]
+// (the group's f16 scale of that token, as f32), for i < n (q8_quant_hwy.cpp).
+void dequantize_q8_keys_t(const int8_t* codes, const float* scales, int block_size, int t, int n, int c0, float* dst,
+                          size_t ld);
+
 // The first channel of a row (head_dim values) that a q8_0 store cannot hold
 // (not finite, or in a group whose scale overflows f16), or -1.
 int q8_unstorable_channel(const float* row, int head_dim);

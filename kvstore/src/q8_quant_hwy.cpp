@@ -1,5 +1,6 @@
-// q8_0 quantization of appended keys and values (block_page.h), vectorized
-// with Highway and dispatched at run time to the best target of this CPU.
+// q8_0 quantization of appended keys and values, and the keys read back
+// (block_page.h), vectorized with Highway and dispatched at run time to the
+// best target of this CPU.
 // Every target gives the bits of the rule in kv_store.h: the division x / s
 // and round-to-nearest-even (Round, as nearbyint in the default rounding
 // mode) are those of the scalar code, and the scale goes through the same
@@ -69,6 +70,30 @@ bool Q8RowStorable(const float* row, int head_dim) {
   return q8_scale_fits(hn::GetLane(hn::MaxOfLanes(df, top)));
 }
 
+void DequantizeQ8KeysT(const int8_t* codes, const float* scales, int block_size, int t, int n, int c0, float* dst,
+                       size_t ld) {
+  const hn::ScalableTag<int32_t> di;
+  const hn::Rebind<float, decltype(di)> df;
+  const size_t lanes = hn::Lanes(di);
+  for (int c = c0; c < c0 + kQ8Group; c += kQ8KeyQuad) {
+    // Token t's four codes of channels c..c+3 are one int32 lane; byte k is channel c + k.
+    const int8_t* quad = codes + q8_key_code_offset(block_size, c, t);
+    float* out = dst + size_t(c) * ld;
+    int i = 0;
+    for (; i + int(lanes) <= n; i += int(lanes)) {
+      // LoadU reads bytes (an unaligned vector load, or a copy on HWY_SCALAR), not an int32 lvalue.
+      const auto four = hn::LoadU(di, reinterpret_cast<const int32_t*>(quad) + i);
+      const auto s = hn::LoadU(df, scales + i);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(four))), s), df, out + i);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(four))), s), df, out + ld + i);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(four))), s), df, out + 2 * ld + i);
+      hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(four)), s), df, out + 3 * ld + i);
+    }
+    for (; i < n; ++i)
+      for (int k = 0; k < kQ8KeyQuad; ++k) out[size_t(k) * ld + size_t(i)] = float(quad[4 * i + k]) * scales[i];
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace longctx::kvstore::detail
 HWY_AFTER_NAMESPACE();
@@ -78,12 +103,18 @@ namespace longctx::kvstore::detail {
 
 HWY_EXPORT(QuantizeQ8Groups);
 HWY_EXPORT(Q8RowStorable);
+HWY_EXPORT(DequantizeQ8KeysT);
 
 void quantize_q8_groups(const float* x, size_t n_groups, int8_t* codes, uint16_t* scales, float* deq) {
   HWY_DYNAMIC_DISPATCH(QuantizeQ8Groups)(x, n_groups, codes, scales, deq);
 }
 
 bool q8_row_storable(const float* row, int head_dim) { return HWY_DYNAMIC_DISPATCH(Q8RowStorable)(row, head_dim); }
+
+void dequantize_q8_keys_t(const int8_t* codes, const float* scales, int block_size, int t, int n, int c0, float* dst,
+                          size_t ld) {
+  HWY_DYNAMIC_DISPATCH(DequantizeQ8KeysT)(codes, scales, block_size, t, n, c0, dst, ld);
+}
 
 }  // namespace longctx::kvstore::detail
 #endif  // HWY_ONCE

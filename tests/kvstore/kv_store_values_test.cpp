@@ -241,5 +241,79 @@ TEST(KVStore, RefusesNonFiniteAndOverflowingValuesInEveryStoreType) {
   }
 }
 
+// read_keys_t of a q8_0 page (a Highway kernel) against the rule written
+// out: the code of channel c, token t (q8_key_code_offset) times its group's
+// f16 scale, bit for bit, on every Highway target: whole and partial blocks,
+// windows [t0, t0 + n) of every length, ld past n, blocks of 40 and 128
+// tokens (whole and partial vectors), head_dim 32 to 256.
+TEST(KVStore, Q8KeysReadBackAsCodeTimesScaleOnEveryHighwayTarget) {
+  std::mt19937 rng(83);
+  for (const int block_size : {40, 128}) {
+    for (const int head_dim : {32, 128, 256}) {
+      TestStore ts = make_store({1, 1, head_dim}, small_config(block_size, DType::kQ8_0, RT::kQuest, 2, 1024));
+      const int64_t n_tokens = block_size + block_size / 2 + 3;
+      const Input k = random_input(rng, n_tokens, 1, head_dim, DType::kF32, false);
+      ts.store->append(0, k.view, k.view);
+      const StoreLayout& L = ts.store->layout();
+      for (int64_t b = 0; b < ts.store->n_blocks(0); ++b) {
+        const BlockView view = ts.store->block(0, 0, b);
+        const auto* codes = reinterpret_cast<const int8_t*>(view.k_t);
+        for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+          const ForcedHighwayTarget forced(target);
+          for (int trial = 0; trial < 6; ++trial) {
+            const int t0 = int(rng() % uint32_t(view.n_filled));
+            const int n = 1 + int(rng() % uint32_t(view.n_filled - t0));
+            const size_t ld = size_t(n) + rng() % 5;
+            SCOPED_TRACE(str_cat(hwy::TargetName(target), ", block ", block_size, " of ", view.n_filled,
+                                 " tokens, head_dim ", head_dim, ", tokens [", t0, ", ", t0 + n, "), ld ", ld));
+            std::vector<float> got(size_t(head_dim) * ld, -1.f);
+            read_keys_t(L, view, t0, n, got.data(), ld);
+            for (int c = 0; c < head_dim; ++c)
+              for (int i = 0; i < n; ++i) {
+                const int t = t0 + i;
+                const float want = float(codes[q8_key_code_offset(block_size, c, t)]) *
+                                   f16_bits_to_f32(view.k_scales[size_t(c / kQ8Group) * size_t(block_size) + size_t(t)]);
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(c) * ld + size_t(i)]), std::bit_cast<uint32_t>(want))
+                    << "channel " << c << ", token " << t;
+              }
+            for (int c = 0; c < head_dim; ++c)  // nothing written past n in a row
+              for (size_t i = size_t(n); i < ld; ++i) ASSERT_EQ(got[size_t(c) * ld + i], -1.f);
+          }
+        }
+      }
+    }
+  }
+}
+
+// read_keys_t of f32, f16 and bf16 pages: every window, the whole block into
+// a buffer of its layout (one conversion) among them, gives what the page
+// holds at [c * block_size + t], widened.
+TEST(KVStore, KeysReadBackAsStoredForEveryWindow) {
+  std::mt19937 rng(84);
+  for (const DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int block_size = 24, head_dim = 32;
+    TestStore ts = make_store({1, 1, head_dim}, small_config(block_size, kv, RT::kQuest, 2, 1024));
+    const Input k = random_input(rng, 2 * block_size, 1, head_dim, DType::kF32, false);
+    ts.store->append(0, k.view, k.view);
+    const StoreLayout& L = ts.store->layout();
+    const BlockView view = ts.store->block(0, 0, 1);
+    for (int t0 = 0; t0 < block_size; t0 += 5) {
+      for (const int n : {block_size - t0, 1, (block_size - t0 + 1) / 2}) {
+        for (const size_t ld : {size_t(block_size), size_t(n) + 3}) {
+          SCOPED_TRACE(str_cat(dtype_name(kv), ", tokens [", t0, ", ", t0 + n, "), ld ", ld));
+          std::vector<float> got(size_t(head_dim) * std::max(ld, size_t(block_size)), -1.f);
+          read_keys_t(L, view, t0, n, got.data(), ld);
+          for (int c = 0; c < head_dim; ++c)
+            for (int i = 0; i < n; ++i) {
+              float want = 0.f;
+              convert(view.k_t + (size_t(c) * block_size + size_t(t0 + i)) * dtype_size(kv), kv, &want, DType::kF32, 1);
+              ASSERT_EQ(got[size_t(c) * ld + size_t(i)], want) << "channel " << c << ", token " << t0 + i;
+            }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx::kvstore
