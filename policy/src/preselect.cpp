@@ -329,6 +329,9 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
 }
 
 std::vector<int> choosing_head_list(const std::vector<uint8_t>& choosing, int n_kv_heads) {
+  if (!choosing.empty() && choosing.size() != size_t(n_kv_heads))
+    fail(ErrorCode::kInvalidArgument, "choosing_head_list: ", choosing.size(), " entries for ", n_kv_heads,
+         " kv heads");
   std::vector<int> heads;
   for (int h = 0; h < n_kv_heads; ++h)
     if (choosing.empty() || choosing[size_t(h)] != 0) heads.push_back(h);

@@ -21,6 +21,9 @@ cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const Ten
     fail(ErrorCode::kInvalidArgument, "rerank_tokens: a selection for ", candidates.spans.size(),
          " kv heads, the store has ", n_kv);
   if (keep < 0) fail(ErrorCode::kInvalidArgument, "rerank_tokens: keep ", keep, " < 0");
+  if (gqa_reduce != Reduce::kSum && gqa_reduce != Reduce::kMax)
+    fail(ErrorCode::kInvalidArgument, "rerank_tokens: gqa_reduce is ", reduce_name(gqa_reduce),
+         ", must be sum or max");
   const int group = int(q.shape[0]) / n_kv;
   const kvstore::Partition part = store.partition(layer);
   // Only the tokens of ranked blocks are candidates; the others are always attended (build_selection).

@@ -32,6 +32,8 @@ SelectSpec SelectSpec::from_config(const LongContextConfig& config, bool include
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce, const std::vector<uint8_t>& heads) {
   cpu::check_decode_query(store, layer, q, "fixed_part_logsums");
+  if (reduce != Reduce::kSum && reduce != Reduce::kMax)
+    fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: reduce is ", reduce_name(reduce), ", must be sum or max");
   const int n_kv_heads = store.layout().shape.n_kv_heads;
   if (!heads.empty() && heads.size() != size_t(n_kv_heads))
     fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: heads has ", heads.size(), " entries, the store has ",

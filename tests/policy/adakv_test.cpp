@@ -14,6 +14,7 @@
 
 #include "cpu/store_fixture.h"
 #include "longctx/core/config.h"
+#include "error_message.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/cpu/attention.h"
@@ -143,6 +144,14 @@ TEST(AdakvTest, RanksSpecialValuesAsDocumented) {
     EXPECT_EQ(adakv_select(scores.data(), n_heads, n, budget, alpha),
               reference_adakv(scores, n_heads, n, budget, alpha));
   }
+}
+
+// An entry's place must fit the 32 bits of its rank key: more entries are
+// refused before any score is read.
+TEST(AdakvTest, RefusesMoreEntriesThanItsKeysHold) {
+  const float one = 1.f;
+  expect_error([&] { adakv_select(&one, 2, int64_t{1} << 31, 1, 0.5); }, ErrorCode::kInvalidArgument,
+               {"2 x 2147483648 entries", "2^32"});
 }
 
 TEST(AdakvTest, AlphaOneIsUniformTopB) {

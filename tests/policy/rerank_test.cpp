@@ -118,6 +118,21 @@ TEST(Rerank, KeepsTheBestTokensByTheirStoredKeys) {
       }
 }
 
+TEST(Rerank, RefusesBadArguments) {
+  std::mt19937 rng(33);
+  auto s = make_store(DType::kF16, 2, 64, 400, rng);
+  const std::vector<float> q = cpu::testing::normal_values(size_t(8) * 64, rng);
+  const TensorView qv = make_view(q.data(), DType::kF32, {8, 64});
+  const cpu::Selection all = cpu::select_all(*s->store, 0, true);
+  cpu::testing::expect_invalid([&] { rerank_tokens(*s->store, 0, qv, all, 10, Reduce::kMean); },
+                               {"rerank_tokens: gqa_reduce is", "must be sum or max"});
+  cpu::testing::expect_invalid([&] { rerank_tokens(*s->store, 0, qv, all, -1, Reduce::kSum); }, {"keep -1"});
+  cpu::Selection one_head = all;
+  one_head.spans.pop_back();
+  cpu::testing::expect_invalid([&] { rerank_tokens(*s->store, 0, qv, one_head, 10, Reduce::kSum); },
+                               {"a selection for 1 kv heads"});
+}
+
 TEST(Rerank, DecodePolicyAttendsTheRerankedTokens) {
   std::mt19937 rng(32);
   auto s = make_store(DType::kF16, 2, 64, 400, rng);

@@ -252,6 +252,11 @@ TEST(TopP, FixedPartLogsumsMatchExactKeys) {
                              scale, reduce, {0, 1});
       EXPECT_TRUE(std::isnan(head_1[0]));
       EXPECT_EQ(head_1[1], got[1]);
+      const TensorView qv = make_view(q.data(), DType::kF32, {c.n_kv_heads * group, c.head_dim});
+      cpu::testing::expect_invalid([&] { fixed_part_logsums(ts.store(), TestStore::kLayer, qv, scale, Reduce::kMean); },
+                                   {"fixed_part_logsums: reduce is", "must be sum or max"});
+      cpu::testing::expect_invalid([&] { fixed_part_logsums(ts.store(), TestStore::kLayer, qv, scale, reduce, {1}); },
+                                   {"heads has 1 entries"});
     }
   }
 }

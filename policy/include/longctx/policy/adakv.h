@@ -30,7 +30,9 @@ namespace longctx::policy {
 // need not be a multiple of H).
 // Returns the chosen indices of each head sorted by increasing index.
 // Throws Error(kInvalidArgument) for n_heads < 1, n_per_head < 0,
-// per_head_budget < 0, alpha outside [0, 1] (or NaN), or null scores with n > 0.
+// per_head_budget < 0, alpha outside [0, 1] (or NaN), null scores with n > 0,
+// or n_heads * n_per_head >= 2^32 (an entry's place is a 32-bit key; 1M
+// tokens of 16-token blocks are 65,536 per head).
 std::vector<std::vector<int64_t>> adakv_select(const float* scores, int n_heads, int64_t n_per_head,
                                                int64_t per_head_budget, double alpha, int64_t total_budget = -1);
 

@@ -22,7 +22,9 @@
 
 namespace longctx::policy {
 
-// q f32 [n_q_heads, head_dim]; keep >= 0 tokens per kv head.
+// q f32 [n_q_heads, head_dim]; keep >= 0 tokens per kv head. Throws
+// Error(kInvalidArgument) for a bad layer or q, candidates for another number
+// of kv heads, keep < 0, or a gqa_reduce other than sum or max.
 cpu::Selection rerank_tokens(const kvstore::KVStore& store, int layer, const TensorView& q,
                              const cpu::Selection& candidates, int64_t keep, Reduce gqa_reduce);
 

@@ -70,7 +70,9 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
 // their mean; max) times `scale`; -inf for a head with no such tokens. The
 // products and their sums in f32 (vector kernels), the exponentials in f32
 // summed in double; the kv heads in parallel. heads, when not empty
-// ([n_kv_heads], 1 = the head's sum), names the heads to sum for; the others get NaN.
+// ([n_kv_heads], 1 = the head's sum), names the heads to sum for; the others
+// get NaN. Throws Error(kInvalidArgument) for a bad layer or q, a reduce
+// other than sum or max, or heads of another size than the kv heads.
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce, const std::vector<uint8_t>& heads = {});
 
