@@ -208,10 +208,9 @@ struct CudaPath {
 struct PyLayerAttention {
   StoreHandle store;
   std::unique_ptr<scheduler::LayerAttention> attention;
-  // Read and written with the GIL held (the store's mutex is taken without
-  // it), so use_cuda's check and its claim cannot interleave with another's.
+  // Set by use_cuda holding the GIL and the store's mutex, so that readers
+  // holding either (the device calls, restart) see it whole.
   std::unique_ptr<CudaPath> cuda;
-  bool cuda_starting = false;  // a use_cuda call is building the path
 };
 
 PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& store, float scale) {
@@ -220,7 +219,7 @@ PyLayerAttention make_layer_attention(py::handle config, const StoreHandle& stor
          "LayerAttention: this store is a Model's (Model.store), which the model attends itself; make a KVStore "
          "of your own");
   const LongContextConfig c = config.is_none() ? store.store->config() : config_arg(config);
-  PyLayerAttention a{store, nullptr, nullptr, false};
+  PyLayerAttention a{store, nullptr, nullptr};
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(*store.mutex);
   a.attention = std::make_unique<scheduler::LayerAttention>(*store.store, c, scale);
@@ -269,34 +268,28 @@ void use_cuda(PyLayerAttention& a, int n_heads, int device) {
     fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: n_heads ", n_heads,
          " is not a positive multiple of the store's ", shape.n_kv_heads, " kv heads");
   if (a.cuda) fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: already on CUDA device ", a.cuda->device);
-  if (a.cuda_starting)
-    fail(ErrorCode::kInvalidArgument, "LayerAttention.use_cuda: another thread's use_cuda is moving it to CUDA");
   const std::string why = cuda_declined(a);
   if (!why.empty()) fail(ErrorCode::kUnsupported, "LayerAttention.use_cuda: attention cannot run on CUDA: ", why);
-  // Claimed before the GIL is released; the flag drops with the GIL held again, even on an error.
-  a.cuda_starting = true;
-  const struct Claim {
-    bool& starting;
-    ~Claim() { starting = false; }
-  } claim{a.cuda_starting};
-  std::unique_ptr<CudaPath> path;
-  run_locked(a.store, [&] {
-    path = std::make_unique<CudaPath>();
-    path->device = device;
-    gpu::CudaBackendOptions options;
-    options.device = device;
-    path->backend = gpu::make_cuda_backend(options);
-    const DeviceAttention::Shape ds = scheduler::DeviceLayerAttention::shape_for(
-        a.attention->policy().config(), shape.n_layers, n_heads, shape.n_kv_heads, shape.head_dim,
-        a.attention->policy().attn_scale());
-    const uint64_t bytes = scheduler::DeviceLayerAttention::history_bytes(ds);
-    a.store.store->budget().reserve(bytes, "LayerAttention.use_cuda: host staging of one layer's K/V for the device");
-    path->budget = &a.store.store->budget();
-    path->reserved = bytes;
-    path->step = std::make_unique<scheduler::DeviceLayerAttention>(*path->backend->device_attention(), ds,
-                                                                   *a.store.store, *a.attention);
-    path->step->sync_with_store();  // the store may hold tokens already (a loaded snapshot)
-  });
+  // Built holding the GIL and the store's lock, both: the check above and
+  // the path's arrival are one step for any other thread, whichever of the
+  // two it holds. (Threads in run_locked take the lock without the GIL and
+  // give it back before they wait for the GIL: no deadlock.)
+  const std::lock_guard<std::mutex> lock(*a.store.mutex);
+  auto path = std::make_unique<CudaPath>();
+  path->device = device;
+  gpu::CudaBackendOptions options;
+  options.device = device;
+  path->backend = gpu::make_cuda_backend(options);
+  const DeviceAttention::Shape ds = scheduler::DeviceLayerAttention::shape_for(
+      a.attention->policy().config(), shape.n_layers, n_heads, shape.n_kv_heads, shape.head_dim,
+      a.attention->policy().attn_scale());
+  const uint64_t bytes = scheduler::DeviceLayerAttention::history_bytes(ds);
+  a.store.store->budget().reserve(bytes, "LayerAttention.use_cuda: host staging of one layer's K/V for the device");
+  path->budget = &a.store.store->budget();
+  path->reserved = bytes;
+  path->step = std::make_unique<scheduler::DeviceLayerAttention>(*path->backend->device_attention(), ds,
+                                                                 *a.store.store, *a.attention);
+  path->step->sync_with_store();  // the store may hold tokens already (a loaded snapshot)
   a.cuda = std::move(path);
 }
 
