@@ -18,6 +18,7 @@
 #include "longctx/kvstore/node_executor.h"
 #include "longctx/policy/adakv.h"
 #include "longctx/policy/preselect.h"
+#include "token_scores.h"
 
 namespace longctx::policy {
 
@@ -55,24 +56,13 @@ void check_params(const SnapKVParams& p) {
     fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: scale is ", p.scale, ", must be finite and >= 0");
 }
 
-// Keys of one block widened to f32, [head_dim][block_size] (the page's K^T layout).
+// Keys of one block widened to f32, [head_dim][ld] with ld = the block size
+// in whole vectors (the page's K^T layout, as the token-score kernel reads it).
 void widen_keys(const KVStore& store, const kvstore::BlockView& view, std::vector<float>& keys) {
   const auto& layout = store.layout();
-  keys.resize(size_t(layout.shape.head_dim) * size_t(layout.block_size));
-  kvstore::read_keys_t(layout, view, 0, layout.block_size, keys.data(), size_t(layout.block_size));
-}
-
-// Scaled logits of query q (f32 [head_dim]) against the first n keys of a
-// widened block: logits[t] = (sum_c q_c k_c,t) * scale, fp32, channel order.
-void block_logits(const float* q, const std::vector<float>& keys, int head_dim, int block_size, int n, float scale,
-                  float* logits) {
-  std::fill(logits, logits + n, 0.f);
-  for (int c = 0; c < head_dim; ++c) {
-    const float qc = q[c];
-    const float* kc = keys.data() + size_t(c) * size_t(block_size);
-    for (int t = 0; t < n; ++t) logits[t] += qc * kc[t];
-  }
-  for (int t = 0; t < n; ++t) logits[t] *= scale;
+  const int ld = detail::padded_tokens(layout.block_size);
+  keys.resize(size_t(layout.shape.head_dim) * size_t(ld));
+  kvstore::read_keys_t(layout, view, 0, layout.block_size, keys.data(), size_t(ld));
 }
 
 // 1-D pooling of one row, stride 1, padding kernel/2 (see preselect.h).
@@ -140,16 +130,18 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
         store, n_tasks, [&](int64_t task) { return int(task / s.n_blocks); },
         [&](int64_t task) {
           auto& [keys, logits] = scratch.local();
-          logits.resize(size_t(s.block_size));
           const int h = int(task / s.n_blocks);
           const int64_t b = task % s.n_blocks;
           const kvstore::BlockView view = store.block(layer, h, b);
           widen_keys(store, view, keys);
+          // Every query of the head against every filled key at once: [nq][ld].
+          const size_t ld = size_t(detail::padded_tokens(s.block_size));
+          logits.resize(size_t(nq) * ld);
+          detail::row_scores_t(query(h, 0), int(nq), s.head_dim, keys.data(), ld, view.n_filled, scale,
+                               logits.data());
           for (int64_t qi = 0; qi < nq; ++qi) {
             const int n = visible(b, view, qi % s.w);
-            if (n == 0) continue;
-            block_logits(query(h, qi), keys, s.head_dim, s.block_size, n, scale, logits.data());
-            visit(task, h, b, qi, logits.data(), n);
+            if (n > 0) visit(task, h, b, qi, logits.data() + size_t(qi) * ld, n);
           }
         });
   };
@@ -158,10 +150,8 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
   std::vector<float> block_max(size_t(n_tasks * nq), kNegInf), block_sum(size_t(n_tasks * nq), 0.f);
   for_each_visible([&](int64_t task, int, int64_t, int64_t qi, const float* logits, int n) {
     const float m = *std::max_element(logits, logits + n);
-    float sum = 0.f;
-    for (int t = 0; t < n; ++t) sum += std::exp(logits[t] - m);
     block_max[size_t(task * nq + qi)] = m;
-    block_sum[size_t(task * nq + qi)] = sum;
+    block_sum[size_t(task * nq + qi)] = float(detail::sum_exp(logits, n, 1.f, m));
   });
 
   // Per (kv head, query): the global max and normalizer, blocks combined in order.
@@ -186,8 +176,7 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
     const float m = row_max[size_t(h * nq + qi)];
     const float inv_sum = 1.f / row_sum[size_t(h * nq + qi)];
     const int64_t hq = int64_t(h) * s.g + qi / s.w;
-    float* col = columns.data() + size_t(hq * s.n_tokens + b * s.block_size);
-    for (int t = 0; t < n; ++t) col[t] += std::exp(logits[t] - m) * inv_sum;
+    detail::add_exp(logits, n, m, inv_sum, columns.data() + size_t(hq * s.n_tokens + b * s.block_size));
   });
 
   // Pooling per query head, then the group reduction per kv head.

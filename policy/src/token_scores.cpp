@@ -31,7 +31,7 @@ void score_token_range(const kvstore::KVStore& store, int layer, int kv_head, co
     kvstore::read_keys_t(layout, store.block(layer, kv_head, b), int(t - b * bs), n, keys.data(), size_t(ld));
     const size_t at = out.size();
     out.resize(at + size_t(ld));
-    score_tokens_t(q, keys.data(), n, out.data() + at);
+    score_tokens_t(q.rows.data(), q.n_rows, q.d, keys.data(), size_t(ld), n, 1.f, out.data() + at);
     out.resize(at + size_t(n));
     t += n;
   }

@@ -31,14 +31,22 @@ GroupQuery group_query(const TensorView& q, int kv_head, int group, Reduce reduc
 constexpr int kTokenPad = 16;
 inline int padded_tokens(int n) { return (n + kTokenPad - 1) / kTokenPad * kTokenPad; }
 
-// out[i] = the score of token i for i < n from keys transposed, kt[c * ld + i]
-// (ld = padded_tokens(n); out has room for ld): max over the rows of
-// sum_c row[c] * kt[c * ld + i], in f32 (fused multiply-adds where the target has them).
-void score_tokens_t(const GroupQuery& q, const float* kt, int n, float* out);
+// out[i] for tokens i < n of keys transposed, kt[c * ld + i] (ld >= n, a
+// multiple of kTokenPad): the largest over the n_rows query rows (row r at
+// rows + r * d) of scale * sum_c row[c] * kt[c * ld + i], in f32 (fused
+// multiply-adds where the target has them). out has room for padded_tokens(n).
+void score_tokens_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out);
+
+// The same for each row alone: out[r * ld + i] = scale * sum_c row_r[c] *
+// kt[c * ld + i] for r < n_rows, i < n (out: n_rows rows of ld).
+void row_scores_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out);
 
 // sum_i exp(x[i] * factor - shift) over x[0, n), the exponentials in f32
 // (Highway's Exp), summed in double.
 double sum_exp(const float* x, int64_t n, float factor, float shift);
+
+// acc[i] += exp(x[i] - shift) * factor for i < n, in f32 (Highway's Exp).
+void add_exp(const float* x, int64_t n, float shift, float factor, float* acc);
 
 // Appends to `out` the scores of tokens [begin, end) of kv head h of
 // `layer`, read a block at a time into `keys` (scratch, resized as needed).

@@ -1,5 +1,5 @@
 // Highway kernels of the token scores (token_scores.h): q.k of a block's
-// tokens, a vector of tokens at a time, and the sum of exponentials.
+// tokens, a vector of tokens at a time, and sums of exponentials.
 #include <algorithm>
 #include <cmath>
 
@@ -21,8 +21,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// One row's scores of the tokens [i, i + 2 * lanes): two independent sums
-// over the channels, so that consecutive multiply-adds do not wait on each other.
+// One row's dot products with the tokens [i, i + 2 * lanes): two independent
+// sums over the channels, so that consecutive multiply-adds do not wait on each other.
 HWY_INLINE void RowScores2(const float* row, int d, const float* kt, size_t ld, size_t i, VF& a, VF& b) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
@@ -36,32 +36,75 @@ HWY_INLINE void RowScores2(const float* row, int d, const float* kt, size_t ld, 
   }
 }
 
-void ScoreTokensT(const GroupQuery& q, const float* kt, int n, float* out) {
+void ScoreTokensT(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  const size_t ld = size_t(padded_tokens(n));  // a multiple of lanes: every load is whole
+  const VF s = hn::Set(df, scale);
+  const size_t end = size_t(padded_tokens(n));  // <= ld, a multiple of lanes: every load is whole
   for (size_t i = 0; i < size_t(n); i += 2 * lanes) {
-    if (i + lanes >= ld) {  // one vector left
+    if (i + lanes >= end) {  // one vector left
       VF best = hn::Set(df, -HUGE_VALF);
-      for (int r = 0; r < q.n_rows; ++r) {
-        const float* row = q.rows.data() + size_t(r) * size_t(q.d);
+      for (int r = 0; r < n_rows; ++r) {
+        const float* row = rows + size_t(r) * size_t(d);
         VF a = hn::Zero(df);
-        for (int c = 0; c < q.d; ++c) a = hn::MulAdd(hn::Set(df, row[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
+        for (int c = 0; c < d; ++c) a = hn::MulAdd(hn::Set(df, row[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
         best = hn::Max(best, a);
       }
-      hn::StoreU(best, df, out + i);
+      hn::StoreU(hn::Mul(best, s), df, out + i);
       break;
     }
     VF best_a = hn::Set(df, -HUGE_VALF), best_b = best_a;
-    for (int r = 0; r < q.n_rows; ++r) {
+    for (int r = 0; r < n_rows; ++r) {
       VF a, b;
-      RowScores2(q.rows.data() + size_t(r) * size_t(q.d), q.d, kt, ld, i, a, b);
+      RowScores2(rows + size_t(r) * size_t(d), d, kt, ld, i, a, b);
       best_a = hn::Max(best_a, a);
       best_b = hn::Max(best_b, b);
     }
-    hn::StoreU(best_a, df, out + i);
-    hn::StoreU(best_b, df, out + i + lanes);
+    hn::StoreU(hn::Mul(best_a, s), df, out + i);
+    hn::StoreU(hn::Mul(best_b, s), df, out + i + lanes);
   }
+}
+
+void RowScoresT(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const VF s = hn::Set(df, scale);
+  const size_t end = size_t(padded_tokens(n));  // <= ld, a multiple of lanes
+  int r = 0;
+  // Four rows at a time: four independent sums share each load of the keys.
+  for (; r + 4 <= n_rows; r += 4) {
+    const float* q = rows + size_t(r) * size_t(d);
+    for (size_t i = 0; i < end; i += lanes) {
+      VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+      for (int c = 0; c < d; ++c) {
+        const VF k = hn::LoadU(df, kt + size_t(c) * ld + i);
+        a0 = hn::MulAdd(hn::Set(df, q[c]), k, a0);
+        a1 = hn::MulAdd(hn::Set(df, q[d + c]), k, a1);
+        a2 = hn::MulAdd(hn::Set(df, q[2 * d + c]), k, a2);
+        a3 = hn::MulAdd(hn::Set(df, q[3 * d + c]), k, a3);
+      }
+      float* to = out + size_t(r) * ld + i;
+      hn::StoreU(hn::Mul(a0, s), df, to);
+      hn::StoreU(hn::Mul(a1, s), df, to + ld);
+      hn::StoreU(hn::Mul(a2, s), df, to + 2 * ld);
+      hn::StoreU(hn::Mul(a3, s), df, to + 3 * ld);
+    }
+  }
+  for (; r < n_rows; ++r) {
+    const float* q = rows + size_t(r) * size_t(d);
+    for (size_t i = 0; i < end; i += lanes) {
+      VF a = hn::Zero(df);
+      for (int c = 0; c < d; ++c) a = hn::MulAdd(hn::Set(df, q[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
+      hn::StoreU(hn::Mul(a, s), df, out + size_t(r) * ld + i);
+    }
+  }
+}
+
+// exp(x), NaN for NaN as std::exp gives: Highway's Exp gives 0 for NaN (it
+// zeroes what lies below -104), which would hide a NaN score.
+HWY_INLINE VF ExpKeepingNaN(VF x) {
+  const DF df;
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(df, x));
 }
 
 double SumExp(const float* x, int64_t n, float factor, float shift) {
@@ -71,9 +114,19 @@ double SumExp(const float* x, int64_t n, float factor, float shift) {
   double sum = 0.0;
   int64_t i = 0;
   for (; i + int64_t(lanes) <= n; i += int64_t(lanes))
-    sum += double(hn::GetLane(hn::SumOfLanes(df, hn::Exp(df, hn::MulSub(hn::LoadU(df, x + i), f, s)))));
+    sum += double(hn::GetLane(hn::SumOfLanes(df, ExpKeepingNaN(hn::MulSub(hn::LoadU(df, x + i), f, s)))));
   for (; i < n; ++i) sum += std::exp(double(std::fma(x[i], factor, -shift)));
   return sum;
+}
+
+void AddExp(const float* x, int64_t n, float shift, float factor, float* acc) {
+  const DF df;
+  const int64_t lanes = int64_t(hn::Lanes(df));
+  const VF f = hn::Set(df, factor), s = hn::Set(df, shift);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::MulAdd(ExpKeepingNaN(hn::Sub(hn::LoadU(df, x + i), s)), f, hn::LoadU(df, acc + i)), df, acc + i);
+  for (; i < n; ++i) acc[i] += std::exp(x[i] - shift) * factor;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -84,10 +137,20 @@ HWY_AFTER_NAMESPACE();
 namespace longctx::policy::detail {
 
 HWY_EXPORT(ScoreTokensT);
+HWY_EXPORT(RowScoresT);
 HWY_EXPORT(SumExp);
+HWY_EXPORT(AddExp);
 
-void score_tokens_t(const GroupQuery& q, const float* kt, int n, float* out) {
-  HWY_DYNAMIC_DISPATCH(ScoreTokensT)(q, kt, n, out);
+void score_tokens_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
+  HWY_DYNAMIC_DISPATCH(ScoreTokensT)(rows, n_rows, d, kt, ld, n, scale, out);
+}
+
+void row_scores_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
+  HWY_DYNAMIC_DISPATCH(RowScoresT)(rows, n_rows, d, kt, ld, n, scale, out);
+}
+
+void add_exp(const float* x, int64_t n, float shift, float factor, float* acc) {
+  HWY_DYNAMIC_DISPATCH(AddExp)(x, n, shift, factor, acc);
 }
 
 double sum_exp(const float* x, int64_t n, float factor, float shift) {

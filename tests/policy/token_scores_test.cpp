@@ -42,12 +42,13 @@ TEST(TokenScores, MatchFp64OnEveryTarget) {
             const TensorView qv = make_view(q.data(), DType::kF32, {2 * group, d});
             const GroupQuery gq = group_query(qv, 1, group, reduce);
             ASSERT_EQ(gq.n_rows, reduce == Reduce::kSum ? 1 : group);
-            const int ld = padded_tokens(n);
+            const int ld = padded_tokens(n) + (n % 2 == 0 ? kTokenPad : 0);  // a block's rows past n too
+            const float scale = n % 3 == 0 ? 1.f : 0.125f;
             std::vector<float> kt(size_t(d) * size_t(ld), NAN);  // padding: its lanes score, unused
             for (int c = 0; c < d; ++c)
               for (int i = 0; i < n; ++i) kt[size_t(c * ld + i)] = normal(rng);
-            std::vector<float> out(static_cast<size_t>(ld));
-            score_tokens_t(gq, kt.data(), n, out.data());
+            std::vector<float> out(static_cast<size_t>(padded_tokens(n)));
+            score_tokens_t(gq.rows.data(), gq.n_rows, gq.d, kt.data(), size_t(ld), n, scale, out.data());
             for (int i = 0; i < n; ++i) {
               double sum = 0.0, best = -INFINITY, terms = 0.0;
               for (int g = 0; g < group; ++g) {
@@ -60,11 +61,74 @@ TEST(TokenScores, MatchFp64OnEveryTarget) {
                 sum += dot;
                 best = std::max(best, dot);
               }
-              const double want = reduce == Reduce::kSum ? sum : best;
-              ASSERT_NEAR(out[size_t(i)], want, double(d + group + 2) * kU * terms) << "token " << i;
+              const double want = scale * (reduce == Reduce::kSum ? sum : best);
+              ASSERT_NEAR(out[size_t(i)], want, scale * double(d + group + 3) * kU * terms) << "token " << i;
             }
           }
         }
+      }
+    }
+  }
+}
+
+// Each row's scores alone (row_scores_t, SnapKV's logits): rows in fours
+// and the rest, against fp64 within head_dim + 2 roundings of sum |q k|;
+// nothing written past padded_tokens(n) in a row of ld.
+TEST(TokenScores, RowScoresMatchFp64OnEveryTarget) {
+  std::mt19937 rng(44);
+  std::normal_distribution<float> normal;
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const longctx::testing::ForcedHighwayTarget forced(target);
+    for (const int d : {64, 128}) {
+      for (const int n : {1, 16, 17, 100, 128}) {
+        for (const int n_rows : {1, 3, 4, 9}) {
+          SCOPED_TRACE(str_cat("d ", d, ", n ", n, ", rows ", n_rows));
+          const int ld = padded_tokens(n) + kTokenPad;
+          std::vector<float> rows(size_t(n_rows) * size_t(d)), kt(size_t(d) * size_t(ld), NAN);
+          for (float& x : rows) x = normal(rng);
+          for (int c = 0; c < d; ++c)
+            for (int i = 0; i < n; ++i) kt[size_t(c * ld + i)] = normal(rng);
+          std::vector<float> out(size_t(n_rows) * size_t(ld), -7.f);
+          const float scale = 0.125f;
+          row_scores_t(rows.data(), n_rows, d, kt.data(), size_t(ld), n, scale, out.data());
+          for (int r = 0; r < n_rows; ++r) {
+            for (int i = 0; i < n; ++i) {
+              double dot = 0.0, terms = 0.0;
+              for (int c = 0; c < d; ++c) {
+                const double p = double(rows[size_t(r * d + c)]) * kt[size_t(c * ld + i)];
+                dot += p;
+                terms += std::abs(p);
+              }
+              ASSERT_NEAR(out[size_t(r * ld + i)], scale * dot, scale * double(d + 2) * kU * terms)
+                  << "row " << r << ", token " << i;
+            }
+            for (int i = padded_tokens(n); i < ld; ++i) ASSERT_EQ(out[size_t(r * ld + i)], -7.f) << "row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// acc += exp(x - s) * f against fp64, within a few ulp of each term and one
+// rounding of the sum, for lengths around whole vectors.
+TEST(TokenScores, AddExpMatchesFp64OnEveryTarget) {
+  std::mt19937 rng(43);
+  std::uniform_real_distribution<float> uniform(-30.f, 5.f);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const longctx::testing::ForcedHighwayTarget forced(target);
+    for (const int64_t n : {0, 1, 7, 16, 17, 100}) {
+      std::vector<float> x(static_cast<size_t>(n)), acc(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = uniform(rng), acc[i] = uniform(rng) + 30.f;
+      const std::vector<float> before = acc;
+      const float shift = 0.5f, factor = 0.3f;
+      add_exp(x.data(), n, shift, factor, acc.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double term = std::exp(double(x[i]) - shift) * factor;
+        const double want = double(before[i]) + term;
+        EXPECT_NEAR(acc[i], want, term * 8 * kU * (1.0 + std::abs(double(x[i]) - shift)) + kU * want) << "i " << i;
       }
     }
   }
@@ -89,6 +153,19 @@ TEST(TokenScores, SumExpMatchesFp64OnEveryTarget) {
         bound += std::exp(arg) * 8 * kU * (1.0 + std::abs(arg));
       }
       EXPECT_NEAR(sum_exp(x.data(), n, factor, shift), want, bound + 1e-300) << "n " << n;
+    }
+    // A NaN anywhere (in whole vectors or the tail) makes the sum NaN, as in
+    // fp64; -inf and arguments far below -104 add nothing.
+    for (const size_t at : {size_t(0), size_t(5), size_t(16), size_t(40)}) {
+      std::vector<float> x(41, -1.f);
+      x[at] = std::nanf("");
+      EXPECT_TRUE(std::isnan(sum_exp(x.data(), int64_t(x.size()), 1.f, 0.f))) << "NaN at " << at;
+      std::vector<float> acc(x.size(), 1.f);
+      add_exp(x.data(), int64_t(x.size()), 0.f, 1.f, acc.data());
+      EXPECT_TRUE(std::isnan(acc[at])) << "NaN at " << at;
+      x[at] = -INFINITY;
+      x[(at + 1) % x.size()] = -500.f;
+      EXPECT_NEAR(sum_exp(x.data(), int64_t(x.size()), 1.f, 0.f), 39 * std::exp(-1.0), 1e-5) << "-inf at " << at;
     }
   }
 }
