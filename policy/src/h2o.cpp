@@ -9,6 +9,8 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/policy/preselect.h"
+#include "token_scores.h"
 
 namespace longctx::policy {
 
@@ -19,14 +21,16 @@ using cpu::TokenSpan;
 
 namespace {
 
-// Keys of one kv head at `positions` (ascending), widened to f32: [m][head_dim].
-// Each block page touched is converted once.
-std::vector<float> gather_keys(const kvstore::KVStore& store, int layer, int kv_head,
-                               const std::vector<int64_t>& positions) {
+// Keys of one kv head at `positions` (ascending), widened to f32 and
+// transposed, keys[c * ld + j] with ld = padded_tokens(m), as the token-score
+// kernel reads them. Each block page touched is converted once.
+std::vector<float> gather_keys_t(const kvstore::KVStore& store, int layer, int kv_head,
+                                 const std::vector<int64_t>& positions) {
   const kvstore::StoreLayout& layout = store.layout();
   const int d = layout.shape.head_dim;
   const int block_size = layout.block_size;
-  std::vector<float> keys(positions.size() * size_t(d));
+  const size_t ld = size_t(detail::padded_tokens(int(positions.size())));
+  std::vector<float> keys(size_t(d) * ld, 0.f);
   std::vector<float> k_t(size_t(d) * size_t(block_size));  // K^T of the current block, f32
   int64_t loaded_block = -1;
   for (size_t j = 0; j < positions.size(); ++j) {
@@ -37,35 +41,32 @@ std::vector<float> gather_keys(const kvstore::KVStore& store, int layer, int kv_
       loaded_block = block;
     }
     const int64_t t = positions[j] % block_size;
-    for (int c = 0; c < d; ++c) keys[j * size_t(d) + size_t(c)] = k_t[size_t(c) * size_t(block_size) + size_t(t)];
+    for (int c = 0; c < d; ++c) keys[size_t(c) * ld + j] = k_t[size_t(c) * size_t(block_size) + size_t(t)];
   }
   return keys;
 }
 
 // For each of n_q query rows (q + r * q_stride, head_dim floats): the fp32
-// softmax of q.k * scale over the first `visible` gathered keys; the
-// probabilities, summed over the rows, are added to acc[0..visible).
-void add_probabilities(const std::vector<float>& keys, int d, int64_t visible, const float* q, int64_t q_stride,
+// softmax of q.k * scale over the m gathered keys (keys_t, gather_keys_t's
+// layout); the probabilities, summed over the rows, are added to acc[0..m).
+void add_probabilities(const std::vector<float>& keys_t, int d, int64_t m, const float* q, int64_t q_stride,
                        int n_q, float scale, std::vector<double>& acc, std::vector<float>& scratch) {
-  if (visible == 0) return;
-  scratch.resize(size_t(visible));
+  if (m == 0) return;
+  const size_t ld = size_t(detail::padded_tokens(int(m)));
+  scratch.assign(size_t(n_q) * size_t(d) + size_t(n_q + 1) * ld, 0.f);
+  float* rows = scratch.data();  // the query rows, packed: one kernel call scores them all
+  float* p = rows + size_t(n_q) * size_t(d);
+  float* all_logits = p + ld;  // [n_q][ld]
+  for (int r = 0; r < n_q; ++r) std::copy_n(q + r * q_stride, d, rows + size_t(r) * size_t(d));
+  detail::row_scores_t(rows, n_q, d, keys_t.data(), ld, int(m), scale, all_logits);
   for (int r = 0; r < n_q; ++r) {
-    const float* qr = q + r * q_stride;
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < visible; ++j) {
-      const float* k = keys.data() + j * d;
-      float dot = 0.f;
-      for (int c = 0; c < d; ++c) dot += qr[c] * k[c];
-      scratch[size_t(j)] = dot * scale;
-      max_score = std::max(max_score, scratch[size_t(j)]);
-    }
-    float sum = 0.f;
-    for (int64_t j = 0; j < visible; ++j) {
-      scratch[size_t(j)] = std::exp(scratch[size_t(j)] - max_score);
-      sum += scratch[size_t(j)];
-    }
+    const float* logits = all_logits + size_t(r) * ld;
+    const float max_score = *std::max_element(logits, logits + m);
     // sum >= 1 (the maximum contributes exp(0)); a NaN query propagates, as in attention.
-    for (int64_t j = 0; j < visible; ++j) acc[size_t(j)] += double(scratch[size_t(j)] / sum);
+    const float inv_sum = float(1.0 / detail::sum_exp(logits, m, 1.f, max_score));
+    std::fill_n(p, m, 0.f);
+    detail::add_exp(logits, m, max_score, inv_sum, p);
+    for (int64_t j = 0; j < m; ++j) acc[size_t(j)] += double(p[j]);
   }
 }
 
@@ -158,22 +159,23 @@ void H2OState::init_from_prefill(const kvstore::KVStore& store, int layer, const
     fail(ErrorCode::kInvalidArgument, "H2OState::init_from_prefill: layer ", layer, ": ", w,
          " window queries for only ", n, " tokens");
   }
-  const int g = int(window_q.shape[1]) / shape.n_kv_heads;
-  const auto* q = static_cast<const float*>(window_q.data);
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), int64_t{0});
-  const float scale = scale_for(store);
-  std::vector<float> scratch;
+  // The window's probabilities summed per token over its queries and each
+  // group's query heads: SnapKV's votes, unpooled, summed over the group.
+  std::vector<float> votes;
+  if (w > 0) {
+    SnapKVParams votes_params;
+    votes_params.pool_kernel = 1;
+    votes_params.gqa_reduce = Reduce::kSum;
+    votes_params.scale = scale_for(store);
+    votes = snapkv_token_votes(store, layer, window_q, votes_params);
+  }
   for (int h = 0; h < shape.n_kv_heads; ++h) {
     Head& head = heads_[size_t(h)];
-    head.positions = all;
+    head.positions.resize(size_t(n));
+    std::iota(head.positions.begin(), head.positions.end(), int64_t{0});
     head.acc.assign(size_t(n), 0.0);
-    const std::vector<float> keys = gather_keys(store, layer, h, all);
-    for (int64_t i = 0; i < w; ++i) {
-      const int64_t position = n - w + i;  // query i attends [0, position]
-      const float* rows = q + i * window_q.strides[0] + int64_t(h) * g * window_q.strides[1];
-      add_probabilities(keys, shape.head_dim, position + 1, rows, window_q.strides[1], g, scale, head.acc, scratch);
-    }
+    if (w > 0)
+      for (int64_t t = 0; t < n; ++t) head.acc[size_t(t)] = double(votes[size_t(h * n + t)]);
   }
   n_seen_ = n;
   evict(n);
@@ -213,8 +215,8 @@ void H2OState::step(const kvstore::KVStore& store, int layer, const TensorView& 
   std::vector<float> scratch;
   for (int h = 0; h < shape.n_kv_heads; ++h) {
     Head& head = heads_[size_t(h)];
-    const std::vector<float> keys = gather_keys(store, layer, h, head.positions);
-    add_probabilities(keys, shape.head_dim, int64_t(head.positions.size()), qd + int64_t(h) * g * q.strides[0],
+    const std::vector<float> keys_t = gather_keys_t(store, layer, h, head.positions);
+    add_probabilities(keys_t, shape.head_dim, int64_t(head.positions.size()), qd + int64_t(h) * g * q.strides[0],
                       q.strides[0], g, scale, head.acc, scratch);
   }
   evict(n);

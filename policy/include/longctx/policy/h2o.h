@@ -8,8 +8,10 @@
 //               p(query head, j),
 // where p is the softmax of q.k * scale (fp32) over the tokens that query
 // attended: the causal prefix for a prefill query, the kept set for a decode
-// query. acc is summed in fp64 (state, not a kernel: the extra bits keep
-// rankings stable over long runs).
+// query. acc is summed in fp64 over the decode steps (state, not a kernel:
+// the extra bits keep rankings stable over long runs); the prefill window's
+// share is SnapKV's unpooled votes (snapkv_token_votes: f32, vector kernels),
+// and a step's probabilities come from the token-score kernels.
 // Eviction keeps the last n_recent tokens of the layer and, among the other
 // kept tokens, evicts the lowest acc first (ties: the older token first)
 // until the set fits the budget. An evicted token never comes back: a later
