@@ -6,6 +6,7 @@
 // mode) are those of the scalar code, and the scale goes through the same
 // scalar f16 conversion, once per group. Scalar, a call to nearbyintf per
 // value made a q8_0 store append 12x slower than an f16 one.
+#include <bit>
 #include <cfloat>
 
 #include "block_page.h"
@@ -69,6 +70,9 @@ bool Q8RowStorable(const float* row, int head_dim) {
   // Every group's scale is finite when the row's largest one is.
   return q8_scale_fits(hn::GetLane(hn::MaxOfLanes(df, top)));
 }
+
+// A lane's byte k is channel c + k only in little-endian order (x86, the machines longctx runs on).
+static_assert(std::endian::native == std::endian::little, "DequantizeQ8KeysT reads four int8 codes as one int32");
 
 void DequantizeQ8KeysT(const int8_t* codes, const float* scales, int block_size, int t, int n, int c0, float* dst,
                        size_t ld) {

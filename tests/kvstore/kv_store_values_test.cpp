@@ -16,6 +16,7 @@
 #include "error_message.h"
 #include "hwy_target.h"
 #include "kv_reference.h"
+#include "../../kvstore/src/block_page.h"
 #include "longctx/core/error.h"
 
 namespace longctx::kvstore {
@@ -311,6 +312,36 @@ TEST(KVStore, KeysReadBackAsStoredForEveryWindow) {
             }
         }
       }
+    }
+  }
+}
+
+// The q8_0 key kernel alone on buffers of exactly the size it may touch (a
+// sanitized build then catches any read or write past them; pages come from
+// slabs it cannot see into): every window of blocks of 1 to 41 tokens, both
+// groups of 64 channels, ld = n, every Highway target, against code * scale.
+TEST(KVStore, Q8KeyKernelStaysInsideItsBuffersOnEveryHighwayTarget) {
+  std::mt19937 rng(85);
+  const int d = 64;
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    const ForcedHighwayTarget forced(target);
+    for (const int bs : {1, 2, 3, 5, 7, 16, 17, 33, 41}) {
+      std::vector<int8_t> codes(size_t(d) * size_t(bs));
+      for (int8_t& x : codes) x = int8_t(int(rng() % 255) - 127);
+      for (int t = 0; t < bs; ++t)
+        for (int n = 1; t + n <= bs; n += 1 + n / 4) {
+          std::vector<float> scales(static_cast<size_t>(n));
+          for (float& x : scales) x = float(rng() % 1000) / 128.f;
+          for (const int c0 : {0, 32}) {
+            SCOPED_TRACE(str_cat(hwy::TargetName(target), ", block ", bs, ", tokens [", t, ", ", t + n, "), c0 ", c0));
+            std::vector<float> dst(size_t(c0 + kQ8Group) * size_t(n));  // rows up to the group's last, ld = n
+            detail::dequantize_q8_keys_t(codes.data(), scales.data(), bs, t, n, c0, dst.data(), size_t(n));
+            for (int c = c0; c < c0 + kQ8Group; ++c)
+              for (int i = 0; i < n; ++i)
+                ASSERT_EQ(dst[size_t(c * n + i)], float(codes[q8_key_code_offset(bs, c, t + i)]) * scales[size_t(i)])
+                    << "channel " << c << ", token " << t + i;
+          }
+        }
     }
   }
 }
