@@ -56,13 +56,12 @@ void check_params(const SnapKVParams& p) {
     fail(ErrorCode::kInvalidArgument, "snapkv_token_votes: scale is ", p.scale, ", must be finite and >= 0");
 }
 
-// Keys of one block widened to f32, [head_dim][ld] with ld = the block size
-// in whole vectors (the page's K^T layout, as the token-score kernel reads it).
-void widen_keys(const KVStore& store, const kvstore::BlockView& view, std::vector<float>& keys) {
+// Keys of one block widened to f32, [head_dim][ld] (the page's K^T layout;
+// ld >= block_size, as the token-score kernel reads it).
+void widen_keys(const KVStore& store, const kvstore::BlockView& view, size_t ld, std::vector<float>& keys) {
   const auto& layout = store.layout();
-  const int ld = detail::padded_tokens(layout.block_size);
-  keys.resize(size_t(layout.shape.head_dim) * size_t(ld));
-  kvstore::read_keys_t(layout, view, 0, layout.block_size, keys.data(), size_t(ld));
+  keys.resize(size_t(layout.shape.head_dim) * ld);
+  kvstore::read_keys_t(layout, view, 0, layout.block_size, keys.data(), ld);
 }
 
 // 1-D pooling of one row, stride 1, padding kernel/2 (see preselect.h).
@@ -125,6 +124,7 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
   // node holding the head: widen the block's keys once, then for each window
   // query that sees some of them call visit(task, h, b, qi, logits, n).
   tbb::enumerable_thread_specific<std::pair<std::vector<float>, std::vector<float>>> scratch;  // keys, logits
+  const size_t ld = size_t(detail::padded_tokens(s.block_size));  // a block's tokens in whole vectors
   const auto for_each_visible = [&](const auto& visit) {
     kvstore::parallel_for_heads(
         store, n_tasks, [&](int64_t task) { return int(task / s.n_blocks); },
@@ -133,9 +133,8 @@ std::vector<float> snapkv_token_votes(const KVStore& store, int layer, const Ten
           const int h = int(task / s.n_blocks);
           const int64_t b = task % s.n_blocks;
           const kvstore::BlockView view = store.block(layer, h, b);
-          widen_keys(store, view, keys);
+          widen_keys(store, view, ld, keys);
           // Every query of the head against every filled key at once: [nq][ld].
-          const size_t ld = size_t(detail::padded_tokens(s.block_size));
           logits.resize(size_t(nq) * ld);
           detail::row_scores_t(query(h, 0), int(nq), s.head_dim, keys.data(), ld, view.n_filled, scale,
                                logits.data());

@@ -36,6 +36,14 @@ HWY_INLINE void RowScores2(const float* row, int d, const float* kt, size_t ld, 
   }
 }
 
+// One row's dot products with the tokens [i, i + lanes).
+HWY_INLINE VF RowDot(const float* row, int d, const float* kt, size_t ld, size_t i) {
+  const DF df;
+  VF a = hn::Zero(df);
+  for (int c = 0; c < d; ++c) a = hn::MulAdd(hn::Set(df, row[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
+  return a;
+}
+
 void ScoreTokensT(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
@@ -44,12 +52,7 @@ void ScoreTokensT(const float* rows, int n_rows, int d, const float* kt, size_t 
   for (size_t i = 0; i < size_t(n); i += 2 * lanes) {
     if (i + lanes >= end) {  // one vector left
       VF best = hn::Set(df, -HUGE_VALF);
-      for (int r = 0; r < n_rows; ++r) {
-        const float* row = rows + size_t(r) * size_t(d);
-        VF a = hn::Zero(df);
-        for (int c = 0; c < d; ++c) a = hn::MulAdd(hn::Set(df, row[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
-        best = hn::Max(best, a);
-      }
+      for (int r = 0; r < n_rows; ++r) best = hn::Max(best, RowDot(rows + size_t(r) * size_t(d), d, kt, ld, i));
       hn::StoreU(hn::Mul(best, s), df, out + i);
       break;
     }
@@ -90,14 +93,9 @@ void RowScoresT(const float* rows, int n_rows, int d, const float* kt, size_t ld
       hn::StoreU(hn::Mul(a3, s), df, to + 3 * ld);
     }
   }
-  for (; r < n_rows; ++r) {
-    const float* q = rows + size_t(r) * size_t(d);
-    for (size_t i = 0; i < end; i += lanes) {
-      VF a = hn::Zero(df);
-      for (int c = 0; c < d; ++c) a = hn::MulAdd(hn::Set(df, q[c]), hn::LoadU(df, kt + size_t(c) * ld + i), a);
-      hn::StoreU(hn::Mul(a, s), df, out + size_t(r) * ld + i);
-    }
-  }
+  for (; r < n_rows; ++r)
+    for (size_t i = 0; i < end; i += lanes)
+      hn::StoreU(hn::Mul(RowDot(rows + size_t(r) * size_t(d), d, kt, ld, i), s), df, out + size_t(r) * ld + i);
 }
 
 // exp(x), NaN for NaN as std::exp gives: Highway's Exp gives 0 for NaN (it
