@@ -364,8 +364,9 @@ std::vector<Record> run_context(const KernelsArgs& a, int64_t context, int threa
       const kvstore::Partition part = c.store.partition(0);
       const double fixed_tokens =
           double(part.ranked_begin(a.block_size) + part.n_tokens - part.ranked_end(a.block_size)) * a.kv_heads;
-      Record& top_p = record(c, "sparse_step_top_p", top_p_ms,
-                             score_bytes(c, a.kv_heads) + (double(top_p_tokens) * 2.0 + fixed_tokens) * vector_bytes(c));
+      const double top_p_bytes =
+          score_bytes(c, a.kv_heads) + (double(top_p_tokens) * 2.0 + fixed_tokens) * vector_bytes(c);
+      Record& top_p = record(c, "sparse_step_top_p", top_p_ms, top_p_bytes);
       top_p.set("split", int64_t{0}).set("attended_tokens", top_p_tokens);
       top_p.set("over_step", top_p_ms / step_ms);
     }
