@@ -21,6 +21,7 @@
 #include <tbb/task_arena.h>
 
 #include "longctx/core/error.h"
+#include "longctx/core/head_mask.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/node_executor.h"
 #include "quant_dot.h"
@@ -131,9 +132,7 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   check_decode_query(store, layer, q, "score_blocks");
   check_reduce(params.gqa_reduce, Reduce::kSum, Reduce::kMax, "gqa_reduce");
   check_reduce(params.dynamic_reduce, Reduce::kMax, Reduce::kMean, "dynamic_reduce");
-  if (!heads.empty() && heads.size() != size_t(n_kv_heads))
-    fail(ErrorCode::kInvalidArgument, "score_blocks: heads has ", heads.size(), " entries, the store has ", n_kv_heads,
-         " kv heads");
+  check_head_mask(heads, n_kv_heads, "score_blocks", "heads");
 
   const Partition part = store.partition(layer);
   const int64_t n_context = part.end_context_block - part.first_context_block;
@@ -150,15 +149,15 @@ void score_blocks(const KVStore& store, int layer, const TensorView& q, const Sc
   // fewer valid slots then.
   const int last_block_slots = plan.slots_full == 1 ? 1 : store.valid_rep_slots(layer, 0, last_block);
 
-  const int64_t n_scored =
-      heads.empty() ? n_kv_heads : int64_t(heads.size()) - int64_t(std::count(heads.begin(), heads.end(), 0));
+  int64_t n_scored = 0;
+  for (int h = 0; h < n_kv_heads; ++h) n_scored += head_in_mask(heads, h);
   if (n_scored == 0) return;
   const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
   const int64_t per_piece = std::clamp(n_context * n_scored / (kPiecesPerThread * threads), kMinRecordsPerPiece,
                                        kMaxRecordsPerPiece);
   std::vector<Piece> pieces;
   for (int h = 0; h < n_kv_heads; ++h) {
-    if (!heads.empty() && heads[size_t(h)] == 0) continue;
+    if (!head_in_mask(heads, h)) continue;
     for (int64_t b = part.first_context_block; b < part.end_context_block; b += per_piece)
       pieces.push_back({h, b, std::min(part.end_context_block, b + per_piece)});
   }

@@ -14,6 +14,7 @@
 
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
+#include "longctx/core/head_mask.h"
 #include "longctx/cpu/selection.h"
 #include "longctx/kvstore/node_executor.h"
 #include "longctx/policy/adakv.h"
@@ -317,12 +318,10 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
 }
 
 std::vector<int> choosing_head_list(const std::vector<uint8_t>& choosing, int n_kv_heads) {
-  if (!choosing.empty() && choosing.size() != size_t(n_kv_heads))
-    fail(ErrorCode::kInvalidArgument, "choosing_head_list: ", choosing.size(), " entries for ", n_kv_heads,
-         " kv heads");
+  check_head_mask(choosing, n_kv_heads, "choosing_head_list", "choosing");
   std::vector<int> heads;
   for (int h = 0; h < n_kv_heads; ++h)
-    if (choosing.empty() || choosing[size_t(h)] != 0) heads.push_back(h);
+    if (head_in_mask(choosing, h)) heads.push_back(h);
   return heads;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "longctx/core/error.h"
+#include "longctx/core/head_mask.h"
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/node_executor.h"
 #include "longctx/policy/preselect.h"
@@ -35,9 +36,7 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   if (reduce != Reduce::kSum && reduce != Reduce::kMax)
     fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: reduce is ", reduce_name(reduce), ", must be sum or max");
   const int n_kv_heads = store.layout().shape.n_kv_heads;
-  if (!heads.empty() && heads.size() != size_t(n_kv_heads))
-    fail(ErrorCode::kInvalidArgument, "fixed_part_logsums: heads has ", heads.size(), " entries, the store has ",
-         n_kv_heads, " kv heads");
+  check_head_mask(heads, n_kv_heads, "fixed_part_logsums", "heads");
   const int bs = store.layout().block_size;
   const int group = int(q.shape[0]) / n_kv_heads;
   const Partition part = store.partition(layer);
@@ -48,7 +47,7 @@ std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer,
   std::vector<double> out(size_t(n_kv_heads), -std::numeric_limits<double>::infinity());
   kvstore::parallel_for_heads(store, n_kv_heads, [](int64_t h) { return int(h); }, [&](int64_t item) {
     const int h = int(item);
-    if (!heads.empty() && heads[size_t(h)] == 0) {
+    if (!head_in_mask(heads, h)) {
       out[size_t(h)] = std::numeric_limits<double>::quiet_NaN();
       return;
     }
@@ -118,9 +117,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
   const auto build = [&](const std::vector<std::vector<int64_t>>& chosen) {
     return cpu::build_selection(partition, block_size, n_kv_heads, chosen, spec.include_local);
   };
-  if (!spec.choosing_heads.empty() && spec.choosing_heads.size() != size_t(n_kv_heads))
-    fail(ErrorCode::kInvalidArgument, "select_blocks: SelectSpec::choosing_heads has ", spec.choosing_heads.size(),
-         " entries, the store has ", n_kv_heads, " kv heads");
+  check_head_mask(spec.choosing_heads, n_kv_heads, "select_blocks", "SelectSpec::choosing_heads");
   const std::vector<int> choosers = choosing_head_list(spec.choosing_heads, n_kv_heads);
   const int n_choosers = int(choosers.size());
   const bool every_head = n_choosers == n_kv_heads;
@@ -196,7 +193,7 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
     }, spec.choosing_heads);
     // The heads that choose nothing were not scored: no block of theirs.
     for (int h = 0; h < n_kv_heads; ++h)
-      if (!spec.choosing_heads.empty() && spec.choosing_heads[size_t(h)] == 0) select_head(h, {});
+      if (!head_in_mask(spec.choosing_heads, h)) select_head(h, {});
     return selection;
   }
   cpu::score_blocks(store, layer, q, spec.score, scores_view, {}, spec.choosing_heads);

@@ -53,7 +53,7 @@ void check_decode_query(const kvstore::KVStore& store, int layer, const TensorVi
 // blocks, by the task that scores the row's last records, once the whole row
 // is written: work on one head's scores (its top-k) then runs while the other
 // heads are still being scored, not in a parallel pass of its own after them.
-// heads, when not empty ([n_kv_heads], 1 = score the head), names the rows to
+// heads, a mask (core/head_mask.h: empty = every head, nonzero = in), names the rows to
 // score: the others are neither read nor written, and head_scored is not
 // called for them (RazorAttention's non-retrieval heads choose no block).
 // Throws Error(kInvalidArgument) naming the argument for a bad layer, q,

@@ -112,9 +112,9 @@ std::vector<std::vector<int64_t>> reselect_blocks(const Preselected& preselected
                                                   int n_kv_heads, const kvstore::Partition& partition,
                                                   int64_t count, HeadSelectMode mode, const BudgetConfig& budget);
 
-// The heads that choose blocks, in increasing order: those marked 1 in
-// `choosing` ([n_kv_heads], SelectSpec::choosing_heads), or every head when
-// it is empty. Throws Error(kInvalidArgument) for another size.
+// The heads that choose blocks, in increasing order: the heads of the mask
+// `choosing` (SelectSpec::choosing_heads; core/head_mask.h: empty = every
+// head). Throws Error(kInvalidArgument) for a mask of another size.
 std::vector<int> choosing_head_list(const std::vector<uint8_t>& choosing, int n_kv_heads);
 
 // The rows ([n_kv_heads][n], row-major) of `heads`, in that order: the

@@ -27,7 +27,7 @@ struct SelectSpec {
   cpu::ScoreParams score;
   bool include_local = true;  // attend the local window here (false when the GPU does)
   float attn_scale = 0.f;     // top_p's logits: the model's scale; 0 = 1/sqrt(head_dim)
-  // [n_kv_heads], 1 = the head chooses blocks; empty = every head. The others
+  // A mask (core/head_mask.h): nonzero = the head chooses blocks; empty = every head. The others
   // (RazorAttention's non-retrieval heads, which never attend the blocks)
   // choose none, are not scored and do not steer the rest: SHARED sums the
   // choosing heads' scores, Ada-KV shares the choosing heads' budget among them.
@@ -69,9 +69,9 @@ cpu::Selection select_blocks(const kvstore::KVStore& store, int layer, const Ten
 // head, with e_t = the group's query heads' q.k_t combined by `reduce` (sum:
 // their mean; max) times `scale`; -inf for a head with no such tokens. The
 // products and their sums in f32 (vector kernels), the exponentials in f32
-// summed in double; the kv heads in parallel. heads, when not empty
-// ([n_kv_heads], 1 = the head's sum), names the heads to sum for; the others
-// get NaN. Throws Error(kInvalidArgument) for a bad layer or q, a reduce
+// summed in double; the kv heads in parallel. heads, a mask
+// (core/head_mask.h: empty = every head), names the heads to sum for; the
+// others get NaN. Throws Error(kInvalidArgument) for a bad layer or q, a reduce
 // other than sum or max, or heads of another size than the kv heads.
 std::vector<double> fixed_part_logsums(const kvstore::KVStore& store, int layer, const TensorView& q, double scale,
                                        Reduce reduce, const std::vector<uint8_t>& heads = {});
