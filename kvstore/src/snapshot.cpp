@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "longctx/core/crc32c.h"
+#include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/file.h"
 
@@ -157,6 +158,43 @@ std::string printable(std::string_view text) {
 
 bool checked_mul(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 bool checked_add(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_add_overflow(a, b, &out); }
+
+// ---- block content (what append enforces) -----------------------------------
+
+// Whether none of n values of `type` (f32, f16, bf16) is NaN, nor, with
+// `finite`, infinite.
+bool values_ok(const std::byte* p, size_t n, DType type, bool finite) {
+  if (finite) return first_non_finite(p, type, n) < 0;
+  const uint32_t inf_bits = type == DType::kF32 ? 0x7F800000u : type == DType::kF16 ? 0x7C00u : 0x7F80u;
+  return first_magnitude_above(p, type, n, inf_bits) < 0;  // above Inf: NaN
+}
+
+// A block whose checksum is right can still hold what no store writes (a
+// file edited and its checksums recomputed): a NaN or infinite K/V value or
+// q8_0 scale, which append refuses and the next append to the block would
+// compute representatives from (a NaN code: undefined behaviour), or a NaN in
+// its record (sums may reach Inf, never NaN). The part that is wrong, or nullptr.
+const char* bad_block_content(const StoreLayout& l, const std::byte* page, const std::byte* record) {
+  const size_t bs = size_t(l.block_size), d = size_t(l.shape.head_dim), slots = size_t(l.rep_slots);
+  if (l.kv_type == DType::kQ8_0) {
+    const size_t scales = bs * (d / kQ8Group);
+    if (!values_ok(page + l.page_k_scales, scales, DType::kF16, true)) return "a K scale of the page is NaN or Inf";
+    if (!values_ok(page + l.page_v_scales, scales, DType::kF16, true)) return "a V scale of the page is NaN or Inf";
+    if (!values_ok(record + slots * d, slots * (d / kQ8Group), DType::kF16, true))
+      return "a representative key scale is NaN or Inf";
+  } else {
+    if (!values_ok(page, bs * d, l.kv_type, true)) return "a key of the page is NaN or Inf";
+    if (!values_ok(page + l.page_v, bs * d, l.kv_type, true)) return "a value of the page is NaN or Inf";
+    if (!values_ok(record, slots * d, l.kv_type, false)) return "a representative key is NaN";
+  }
+  if (l.record_sum_offset != 0 && !values_ok(record + l.record_sum_offset, d, DType::kF32, false))
+    return "the MEAN sum is NaN";
+  if (l.record_importance_offset != 0 && !values_ok(record + l.record_importance_offset, bs, DType::kF32, false))
+    return "a DYNAMIC importance is NaN";
+  if (l.record_tail_offset != 0 && !values_ok(record + l.record_tail_offset, 3 * d, DType::kF32, false))
+    return "a tail sum is NaN";
+  return nullptr;
+}
 
 // ---- the header --------------------------------------------------------------
 
@@ -633,6 +671,10 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
         const uint32_t stored = get_u32(record + h.record_bytes);
         const uint32_t computed = block_crc(page, h.page_bytes, record, h.record_bytes, b.offset);
         if (stored != computed) fail_block_crc(path, h, b, stored, computed, "");
+        if (const char* bad = bad_block_content(layout, page, record)) {
+          fail(ErrorCode::kCorrupt, "snapshot ", path, ": layer ", b.layer, " kv head ", b.kv_head, " block ",
+               b.block, " (file offset ", b.offset, "): ", bad, ", which no store holds");
+        }
         crcs.push_back(stored);
       });
     }

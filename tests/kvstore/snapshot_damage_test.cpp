@@ -388,5 +388,84 @@ TEST_F(SnapshotTest, ValidationFollowsTheDocumentedOrder) {
   expect_unchanged(*target, before, "after rejected loads");
 }
 
+// A block that holds what no store writes, its checksum recomputed (a file
+// edited on purpose; a CRC is no defence against that): NaN or infinite K/V
+// values and q8_0 scales, NaN in a record. Refused with the block and the
+// part named, in both modes, the store unchanged. The patched block is layer
+// 0's partial last block, which the next append would extend (computing
+// representatives from a NaN scale was undefined behaviour). An infinite MEAN
+// sum (f32 sums may overflow) still loads.
+TEST_F(SnapshotTest, ValuesNoStoreHoldsAreRejectedEvenWithTheirChecksumRecomputed) {
+  struct Case {
+    const char* what;
+    DType kv_type;
+    RepresentativeType rep;
+    bool tail;
+    size_t (*at)(const StoreLayout&);  // byte offset in the block: the page, then the record
+    uint32_t bits;
+    int width;
+    const char* refusal;  // nullptr: it loads
+  };
+  const Case cases[] = {
+      {"f16 key Inf", DType::kF16, RepresentativeType::kQuest, false, [](const StoreLayout&) { return size_t(0); },
+       0x7C00, 2, "a key of the page is NaN or Inf"},
+      {"bf16 value NaN", DType::kBF16, RepresentativeType::kMean, false,
+       [](const StoreLayout& l) { return l.page_v + 2; }, 0x7FC0, 2, "a value of the page is NaN or Inf"},
+      {"f16 representative key NaN", DType::kF16, RepresentativeType::kQuest, false,
+       [](const StoreLayout& l) { return l.page_bytes; }, 0x7E00, 2, "a representative key is NaN"},
+      {"f32 MEAN sum NaN", DType::kF32, RepresentativeType::kMean, false,
+       [](const StoreLayout& l) { return l.page_bytes + l.record_sum_offset; }, 0x7FC00000, 4, "the MEAN sum is NaN"},
+      {"f32 MEAN sum Inf", DType::kF32, RepresentativeType::kMean, false,
+       [](const StoreLayout& l) { return l.page_bytes + l.record_sum_offset; }, 0x7F800000, 4, nullptr},
+      {"DYNAMIC importance NaN", DType::kF32, RepresentativeType::kDynamic, false,
+       [](const StoreLayout& l) { return l.page_bytes + l.record_importance_offset; }, 0x7FC00000, 4,
+       "a DYNAMIC importance is NaN"},
+      {"tail sum NaN", DType::kF16, RepresentativeType::kQuest, true,
+       [](const StoreLayout& l) { return l.page_bytes + l.record_tail_offset + 4; }, 0xFFC00000, 4,
+       "a tail sum is NaN"},
+      {"q8_0 K scale Inf", DType::kQ8_0, RepresentativeType::kQuest, false,
+       [](const StoreLayout& l) { return l.page_k_scales; }, 0x7C00, 2, "a K scale of the page is NaN or Inf"},
+      {"q8_0 V scale NaN", DType::kQ8_0, RepresentativeType::kMax, false,
+       [](const StoreLayout& l) { return l.page_v_scales + 2; }, 0x7E00, 2, "a V scale of the page is NaN or Inf"},
+      {"q8_0 record key scale Inf", DType::kQ8_0, RepresentativeType::kQuest, false,
+       [](const StoreLayout& l) { return l.page_bytes + size_t(l.rep_slots) * size_t(l.shape.head_dim); }, 0x7C00,
+       2, "a representative key scale is NaN or Inf"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    LongContextConfig cfg = small_config(c.rep, c.kv_type);
+    if (c.tail) cfg.tail = TailMode::kEstimate;
+    const KVShape shape = c.kv_type == DType::kQ8_0 ? KVShape{2, 2, 64} : kShape;  // q8_0: head_dim % 32 == 0
+    auto source = make_store(cfg, shape);
+    fill_source(*source, 2300);
+    save_snapshot(*source, path("v.snap"), kFingerprint);
+    std::vector<std::byte> f = read_bytes(path("v.snap"));
+    const StoreLayout& l = source->layout();
+    const size_t block = documented_blocks(*source, f)[3].offset;  // layer 0, kv head 0, block 3 (partial)
+    put_le(f, block + c.at(l), c.bits, c.width);
+    std::vector<std::byte> covered(f.begin() + std::ptrdiff_t(block),
+                                   f.begin() + std::ptrdiff_t(block + l.page_bytes + l.record_bytes));
+    for (int i = 0; i < 8; ++i) covered.push_back(std::byte(uint64_t(block) >> (8 * i)));
+    put_le(f, block + l.page_bytes + l.record_bytes, crc32c(covered.data(), covered.size()), 4);
+    write_bytes(path("v.snap"), f);
+    for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+      auto target = make_store(cfg, shape);
+      fill_target(*target, 2301);
+      if (c.refusal == nullptr) {
+        load_snapshot(*target, path("v.snap"), kFingerprint, mode);
+        EXPECT_EQ(target->n_tokens(0), 13);
+        continue;
+      }
+      const StoreImage before = image_of(*target);
+      const Error e = error_from([&] { load_snapshot(*target, path("v.snap"), kFingerprint, mode); });
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupt) << e.what();
+      const std::string expected = "layer 0 kv head 0 block 3 (file offset " + std::to_string(block) + "): " +
+                                   c.refusal + ", which no store holds";
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      expect_unchanged(*target, before, c.what);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx::kvstore
