@@ -37,7 +37,8 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
 // The index of the first of n contiguous values of `dtype` (f32, f16, bf16)
 // whose bit pattern, sign cleared, exceeds `limit`, or -1: magnitudes order
 // as those patterns do, NaN above Inf above every finite value, so a limit
-// is "the largest magnitude allowed". Vectorized (magnitude_hwy.cpp).
+// is "the largest magnitude allowed". data need not be aligned. Vectorized
+// (magnitude_hwy.cpp).
 int64_t first_magnitude_above(const void* data, DType dtype, size_t n, uint32_t limit);
 // The index of the first NaN or infinite one of n values, or -1.
 int64_t first_non_finite(const void* data, DType dtype, size_t n);
