@@ -186,7 +186,7 @@ class Chat {
     const chat::SnapshotChatState state =
         chat::check_snapshot_fingerprint(path, stored, model_.fingerprint(), conversation_.chat_template(),
                                          config_.model.system_prompt);
-    kvstore::load_snapshot(seq_.store(), path, stored);
+    kvstore::load_snapshot(seq_.store(), path, stored, kvstore::LoadMode::kRead, /*equal_layers=*/true);
     seq_.sync_with_store();
     if (seq_.n_past() != state.context_tokens)
       fail(ErrorCode::kCorrupt, "--load-kv ", path, ": the snapshot holds ", seq_.n_past(),

@@ -194,7 +194,8 @@ void DiskCache::save(const kvstore::KVStore& store, const std::vector<int32_t>& 
 void DiskCache::load(const Entry& entry, kvstore::KVStore& store) {
   const std::string name = entry.name;
   try {
-    kvstore::load_snapshot(store, path(name, ".kv"), fingerprint(entry.tokens));
+    kvstore::load_snapshot(store, path(name, ".kv"), fingerprint(entry.tokens), kvstore::LoadMode::kRead,
+                           /*equal_layers=*/true);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kIo) {
       remove(name);

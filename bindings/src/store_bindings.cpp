@@ -166,7 +166,8 @@ void bind_store(py::module_& m) {
           "load",
           [](const StoreHandle& h, const std::string& path, const std::string& fingerprint, bool mmap) {
             locked(h, [&](kvstore::KVStore& s) {
-              kvstore::load_snapshot(s, path, fingerprint, mmap ? kvstore::LoadMode::kMmap : kvstore::LoadMode::kRead);
+              kvstore::load_snapshot(s, path, fingerprint, mmap ? kvstore::LoadMode::kMmap : kvstore::LoadMode::kRead,
+                                     /*equal_layers=*/h.sequence != nullptr);  // a model's store
               if (h.sequence != nullptr) h.sync_owner();
               return 0;
             });

@@ -628,7 +628,7 @@ std::string read_snapshot_fingerprint(const std::string& path) {
 }
 
 void load_snapshot(KVStore& store, const std::string& path, const std::string& expected_fingerprint,
-                   LoadMode mode) {
+                   LoadMode mode, bool equal_layers) {
   const SnapshotFile file(path, mode);
   const std::span<const std::byte> bytes = file.bytes();
 
@@ -649,6 +649,10 @@ void load_snapshot(KVStore& store, const std::string& path, const std::string& e
     if (h.n_tokens[layer] > uint64_t(std::max<int64_t>(max_seq_len, 0))) {
       fail(ErrorCode::kInvalidArgument, "snapshot ", path, ": layer ", layer, " holds ", h.n_tokens[layer],
            " tokens, more than this store's max_seq_len ", max_seq_len);
+    }
+    if (equal_layers && h.n_tokens[layer] != h.n_tokens[0]) {
+      fail(ErrorCode::kInvalidArgument, "snapshot ", path, ": layer ", layer, " holds ", h.n_tokens[layer],
+           " tokens, layer 0 holds ", h.n_tokens[0], " (a model's sequence holds as many in every layer)");
     }
   }
 

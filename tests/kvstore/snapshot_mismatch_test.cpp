@@ -136,6 +136,34 @@ TEST_F(SnapshotTest, TokenCountAboveTheStoresMaxSeqLenIsRejected) {
   expect_same_content(*exact, *source);
 }
 
+// A model's sequence holds as many tokens in every layer; asked for that
+// (equal_layers), a load refuses a snapshot of another store before touching
+// the target, and takes one whose layers agree.
+TEST_F(SnapshotTest, EqualLayersRefusesLayersOfDifferentLengths) {
+  const LongContextConfig cfg = small_config(RepresentativeType::kQuest);
+  auto uneven = make_store(cfg);
+  fill_source(*uneven, 1750);  // 13 and 6 tokens
+  save_snapshot(*uneven, path("uneven.snap"), kFingerprint);
+  auto even = make_store(cfg);
+  append_random(*even, 0, 9, 1751);
+  append_random(*even, 1, 9, 1752);
+  save_snapshot(*even, path("even.snap"), kFingerprint);
+  for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
+    auto target = make_store(cfg);
+    append_random(*target, 0, 5, 1753);
+    append_random(*target, 1, 5, 1754);
+    const StoreImage before = image_of(*target);
+    const Error e = error_from([&] { load_snapshot(*target, path("uneven.snap"), kFingerprint, mode, true); });
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("layer 1 holds 6 tokens, layer 0 holds 13"), std::string::npos) << e.what();
+    expect_unchanged(*target, before, "after an uneven snapshot");
+    load_snapshot(*target, path("even.snap"), kFingerprint, mode, true);
+    expect_same_content(*target, *even);
+    load_snapshot(*target, path("uneven.snap"), kFingerprint, mode);  // a plain store takes it
+    expect_same_content(*target, *uneven);
+  }
+}
+
 // ---- resources ----------------------------------------------------------------------
 
 TEST_F(SnapshotTest, BudgetTooSmallForTheLoadLeavesTheStoreUnchanged) {

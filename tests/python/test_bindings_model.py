@@ -165,6 +165,17 @@ class ChatParityTest(unittest.TestCase):
         other = demo_model()
         other.store.load(snap, m.fingerprint)
         self.assertEqual(other.n_past, n_context)
+        # A plain store's snapshot whose layers differ in length: refused before
+        # the model's store is touched (a sequence holds as many in every layer).
+        uneven = lc.KVStore(lc.Config.load(DEMO_CONFIG), 2, 5, 32)
+        kv = np.random.default_rng(5).standard_normal((20, 5, 32), dtype=np.float32)
+        uneven.append(0, kv, kv)
+        uneven.append(1, kv[:10], kv[:10])
+        uneven.save(path("uneven.kv"), m.fingerprint)
+        with self.assertRaisesRegex(lc.Error, "layer 1 holds 10 tokens, layer 0 holds 20"):
+            other.store.load(path("uneven.kv"), m.fingerprint)
+        self.assertEqual(other.n_past, n_context)
+        self.assertEqual(other.store.n_tokens(1), n_context)
         self.assertEqual(other.generate(question).strip(), key)
         other.store.clear()
         self.assertEqual(other.n_past, 0)

@@ -27,9 +27,12 @@ std::string read_snapshot_fingerprint(const std::string& path);
 // offset and checksum is validated, and the layout and fingerprint are checked
 // against the store and `expected_fingerprint`, before the store is touched:
 // on any error (kIo, kCorrupt, kInvalidArgument for a mismatch, kOutOfMemory)
-// the store is byte-identical to before.
+// the store is byte-identical to before. With equal_layers the snapshot must
+// hold as many tokens in every layer, as the store of a model's Sequence
+// does (Sequence::sync_with_store refuses anything else, but only after the
+// load): kInvalidArgument otherwise, before the store is touched.
 void load_snapshot(KVStore& store, const std::string& path, const std::string& expected_fingerprint,
-                   LoadMode mode = LoadMode::kRead);
+                   LoadMode mode = LoadMode::kRead, bool equal_layers = false);
 
 // Lets snapshot code reach the store's pages (the only code that may).
 class SnapshotAccess {
