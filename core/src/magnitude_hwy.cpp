@@ -65,9 +65,18 @@ int64_t first_magnitude_above(const void* data, DType dtype, size_t n, uint32_t 
   return HWY_DYNAMIC_DISPATCH(FirstMagnitudeAbove)(data, dtype, n, limit);
 }
 
+namespace {
+uint32_t largest_finite_bits(DType dtype) {
+  return dtype == DType::kF32 ? 0x7f7fffffu : dtype == DType::kF16 ? 0x7bffu : 0x7f7fu;
+}
+}  // namespace
+
 int64_t first_non_finite(const void* data, DType dtype, size_t n) {
-  const uint32_t largest_finite = dtype == DType::kF32 ? 0x7f7fffffu : dtype == DType::kF16 ? 0x7bffu : 0x7f7fu;
-  return first_magnitude_above(data, dtype, n, largest_finite);
+  return first_magnitude_above(data, dtype, n, largest_finite_bits(dtype));
+}
+
+int64_t first_nan(const void* data, DType dtype, size_t n) {
+  return first_magnitude_above(data, dtype, n, largest_finite_bits(dtype) + 1);  // above Inf
 }
 
 }  // namespace longctx

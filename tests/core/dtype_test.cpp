@@ -482,6 +482,8 @@ TEST(DtypeMagnitude, FirstAboveTheLimitAtEveryPositionOnEveryTarget) {
           x[at] = bad;
           if (at + 3 < n) x[at + 3] = nan;
           ASSERT_EQ(first_non_finite(in_dtype(x), dtype, n), int64_t(at)) << bad;
+          const int64_t first_nan_at = std::isnan(bad) ? int64_t(at) : at + 3 < n ? int64_t(at + 3) : -1;
+          ASSERT_EQ(first_nan(in_dtype(x), dtype, n), first_nan_at) << bad;  // infinities pass
         }
       }
     }

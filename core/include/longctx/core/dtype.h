@@ -42,6 +42,8 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
 int64_t first_magnitude_above(const void* data, DType dtype, size_t n, uint32_t limit);
 // The index of the first NaN or infinite one of n values, or -1.
 int64_t first_non_finite(const void* data, DType dtype, size_t n);
+// The index of the first NaN of n values (infinities pass), or -1.
+int64_t first_nan(const void* data, DType dtype, size_t n);
 
 // Reads element i of a buffer of `dtype` as float (for references and tests).
 float load_as_f32(const void* data, DType dtype, size_t i);
