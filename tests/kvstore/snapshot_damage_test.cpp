@@ -443,10 +443,7 @@ TEST_F(SnapshotTest, ValuesNoStoreHoldsAreRejectedEvenWithTheirChecksumRecompute
     const StoreLayout& l = source->layout();
     const size_t block = documented_blocks(*source, f)[3].offset;  // layer 0, kv head 0, block 3 (partial)
     put_le(f, block + c.at(l), c.bits, c.width);
-    std::vector<std::byte> covered(f.begin() + std::ptrdiff_t(block),
-                                   f.begin() + std::ptrdiff_t(block + l.page_bytes + l.record_bytes));
-    for (int i = 0; i < 8; ++i) covered.push_back(std::byte(uint64_t(block) >> (8 * i)));
-    put_le(f, block + l.page_bytes + l.record_bytes, crc32c(covered.data(), covered.size()), 4);
+    put_le(f, block + l.page_bytes + l.record_bytes, documented_block_crc(f, block, l), 4);
     write_bytes(path("v.snap"), f);
     for (LoadMode mode : {LoadMode::kRead, LoadMode::kMmap}) {
       auto target = make_store(cfg, shape);

@@ -213,6 +213,14 @@ inline std::vector<FileBlock> documented_blocks(const KVStore& store, const std:
   return blocks;
 }
 
+// The documented CRC of the block at file offset `at`: CRC32C(page bytes,
+// record bytes, the offset as u64 LE).
+inline uint32_t documented_block_crc(const std::vector<std::byte>& f, size_t at, const StoreLayout& l) {
+  std::vector<std::byte> covered(f.data() + at, f.data() + at + l.page_bytes + l.record_bytes);
+  for (int i = 0; i < 8; ++i) covered.push_back(std::byte(uint64_t(at) >> (8 * i)));
+  return crc32c(covered.data(), covered.size());
+}
+
 // Checks the body and trailer of snapshot `f` of `store` against the documented format.
 inline void expect_documented_body(const KVStore& store, const std::vector<std::byte>& f) {
   const StoreLayout& l = store.layout();
@@ -227,12 +235,7 @@ inline void expect_documented_body(const KVStore& store, const std::vector<std::
     EXPECT_EQ(std::memcmp(f.data() + at, block.page, l.page_bytes), 0) << "page at " << at;
     EXPECT_EQ(std::memcmp(f.data() + at + l.page_bytes, block.record, l.record_bytes), 0)
         << "record of block at " << at;
-    std::byte offset_le[8];
-    for (int i = 0; i < 8; ++i) offset_le[i] = std::byte(uint64_t(at) >> (8 * i));
-    std::vector<std::byte> covered(f.data() + at, f.data() + at + l.page_bytes + l.record_bytes);
-    covered.insert(covered.end(), offset_le, offset_le + 8);
-    EXPECT_EQ(get_le(f, at + l.page_bytes + l.record_bytes, 4), crc32c(covered.data(), covered.size()))
-        << "block at " << at;
+    EXPECT_EQ(get_le(f, at + l.page_bytes + l.record_bytes, 4), documented_block_crc(f, at, l)) << "block at " << at;
     at += l.page_bytes + l.record_bytes + 4;
     ++n_blocks;
   }

@@ -470,7 +470,8 @@ TEST(ChoosingHeads, ListRowsAndSpread) {
   EXPECT_EQ(choosing_head_list({}, 3), (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(choosing_head_list({0, 1, 0, 1}, 4), (std::vector<int>{1, 3}));
   EXPECT_TRUE(choosing_head_list({0, 0}, 2).empty());
-  expect_error([] { choosing_head_list({1}, 64); }, ErrorCode::kInvalidArgument, {"choosing has 1 entries", "64 kv heads"});
+  expect_error([] { choosing_head_list({1}, 64); }, ErrorCode::kInvalidArgument,
+               {"choosing has 1 entries", "64 kv heads"});
   const std::vector<float> rows = {0.f, 1.f, 10.f, 11.f, 20.f, 21.f, 30.f, 31.f};  // [4 heads][2]
   EXPECT_EQ(rows_of(rows, 2, {1, 3}), (std::vector<float>{10.f, 11.f, 30.f, 31.f}));
   const std::vector<std::vector<int64_t>> chosen = {{5}, {6, 7}};
