@@ -476,7 +476,7 @@ std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
   if (kernel == PrefillKernel::kBf16 && !bf16_softmax_usable(f))
     return "the bf16 prefill kernel needs AVX512-BF16 (vdpbf16ps) with AVX512DQ, which this CPU (" + f.brand + ") lacks";
   if (kernel == PrefillKernel::kAmx) {
-    if (!f.amx_bf16) {
+    if (!f.amx_bf16 && !amx_tiles_emulated()) {
       const std::string& why = amx_unusable_reason();
       return "the amx prefill kernel needs AMX bf16 tiles, which are not usable here: " +
              (why.empty() ? "the CPU (" + f.brand + ") has AMX without bf16" : why);
@@ -490,12 +490,20 @@ std::string prefill_kernel_unsupported_reason(PrefillKernel kernel) {
   return "";
 }
 
+bool amx_tiles_emulated() {
+#ifdef LONGCTX_AMX_EMULATION
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string prefill_kernel_engine(PrefillKernel kernel) {
   switch (kernel) {
     case PrefillKernel::kF32: return "f32 FMA (" + highway_target_name() + ")";
     case PrefillKernel::kBf16: return "vdpbf16ps";
     case PrefillKernel::kOnednn: return "oneDNN " + onednn_bf16_kernel();
-    case PrefillKernel::kAmx: return "AMX tdpbf16ps";
+    case PrefillKernel::kAmx: return amx_tiles_emulated() ? "AMX tdpbf16ps (emulated)" : "AMX tdpbf16ps";
   }
   return "?";
 }

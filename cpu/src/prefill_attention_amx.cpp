@@ -37,6 +37,10 @@
 
 #include "longctx/cpu/prefill_attention_kernels.h"
 
+#ifdef LONGCTX_AMX_EMULATION
+#include "amx_emulation.h"  // a developer build without AMX: the tile intrinsics emulated
+#endif
+
 namespace longctx::cpu::detail {
 namespace {
 

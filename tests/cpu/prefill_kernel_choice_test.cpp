@@ -68,7 +68,7 @@ TEST(PrefillAttention, Bf16KernelRunsWhereTheCpuHasAvx512Bf16) {
   const bool expected = has_bf16_kernel_isa(f);
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool amx = !kernels.empty() && kernels.front() == PrefillKernel::kAmx;
-  EXPECT_EQ(amx, f.amx_bf16 && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
+  EXPECT_EQ(amx, (f.amx_bf16 || amx_tiles_emulated()) && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
   EXPECT_EQ(kernels.back(), PrefillKernel::kF32);
   EXPECT_EQ(expected, std::find(kernels.begin(), kernels.end(), PrefillKernel::kBf16) != kernels.end());
   EXPECT_EQ(expected && !amx, kernels.front() == PrefillKernel::kBf16) << describe_cpu_features(f);
@@ -126,7 +126,7 @@ TEST(PrefillAttention, AmxKernelRunsWhereAmxIsUsable) {
   const CpuFeatures& f = cpu_features();
   const std::vector<PrefillKernel> kernels = supported_prefill_kernels();
   const bool listed = std::find(kernels.begin(), kernels.end(), PrefillKernel::kAmx) != kernels.end();
-  EXPECT_EQ(listed, f.amx_bf16 && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
+  EXPECT_EQ(listed, (f.amx_bf16 || amx_tiles_emulated()) && has_bf16_kernel_isa(f)) << describe_cpu_features(f);
   EXPECT_EQ(listed, prefill_kernel_unsupported_reason(PrefillKernel::kAmx).empty());
   if (listed) {
     EXPECT_EQ(kernels.front(), PrefillKernel::kAmx);

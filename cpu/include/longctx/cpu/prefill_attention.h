@@ -49,6 +49,10 @@ PrefillKernel best_prefill_kernel();
 // Why `kernel` cannot run here (the CPU lacks AVX512-BF16 or usable AMX;
 // oneDNN has no bf16 matmul), or "".
 std::string prefill_kernel_unsupported_reason(PrefillKernel kernel);
+// Whether this is a developer build whose amx kernel runs on emulated tiles
+// (cmake -DLONGCTX_AMX_EMULATION=ON): amx then runs, and auto takes it,
+// wherever the CPU has AVX512-BF16, at a small fraction of its speed.
+bool amx_tiles_emulated();
 // What computes a kernel's products here: "vdpbf16ps", "AMX tdpbf16ps", "oneDNN brg:avx512_core_amx", ...
 std::string prefill_kernel_engine(PrefillKernel kernel);
 // The kernel of the config key prefill_kernel: auto = best_prefill_kernel();
