@@ -38,14 +38,14 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "exp_hwy-inl.h"
-#include "widen_hwy-inl.h"
+#include "longctx/core/widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using cpu::HWY_NAMESPACE::ExpNonPositive;
-using cpu::HWY_NAMESPACE::LoadWidened;
+using longctx::HWY_NAMESPACE::LoadWidened;
 
 using DF = hn::ScalableTag<float>;
 using D1 = hn::CappedTag<float, 1>;  // one lane, for tails

@@ -15,13 +15,13 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "widen_hwy-inl.h"
+#include "longctx/core/widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using cpu::HWY_NAMESPACE::LoadWidened;
+using longctx::HWY_NAMESPACE::LoadWidened;
 
 using DF32 = hn::ScalableTag<float>;
 using VF32 = hn::Vec<DF32>;

@@ -1,14 +1,15 @@
 // Vectors of f32 from elements stored as f32, f16 or bf16 (exact widening),
 // for the Highway kernels that read the KV store's keys, values and q8_0
-// scales or a weight row: decode attention, block scoring and the decode matmul.
+// scales or a weight row: decode attention, block and token scoring and the
+// decode matmul.
 //
 // Include after hwy/highway.h, outside any namespace, in a file compiled per
 // target (foreach_target.h).
-#if defined(LONGCTX_CPU_WIDEN_HWY_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef LONGCTX_CPU_WIDEN_HWY_INL_H_
-#undef LONGCTX_CPU_WIDEN_HWY_INL_H_
+#if defined(LONGCTX_CORE_WIDEN_HWY_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef LONGCTX_CORE_WIDEN_HWY_INL_H_
+#undef LONGCTX_CORE_WIDEN_HWY_INL_H_
 #else
-#define LONGCTX_CPU_WIDEN_HWY_INL_H_
+#define LONGCTX_CORE_WIDEN_HWY_INL_H_
 #endif
 
 #include <cstddef>
@@ -17,7 +18,7 @@
 #include "longctx/core/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace longctx::cpu::HWY_NAMESPACE {
+namespace longctx::HWY_NAMESPACE {
 
 // Elements [i, i + Lanes(d)) of an array of kT (f32, f16 or bf16), widened to f32.
 template <DType kT, class D>
@@ -35,7 +36,7 @@ HWY_INLINE hwy::HWY_NAMESPACE::Vec<D> LoadWidened(D d, const void* elements, siz
   }
 }
 
-}  // namespace longctx::cpu::HWY_NAMESPACE
+}  // namespace longctx::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#endif  // LONGCTX_CPU_WIDEN_HWY_INL_H_
+#endif  // LONGCTX_CORE_WIDEN_HWY_INL_H_
