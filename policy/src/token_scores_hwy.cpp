@@ -5,6 +5,8 @@
 
 #include "token_scores.h"
 
+#include "longctx/core/error.h"
+
 // foreach_target.h re-includes this file once per target; the path is looked
 // up through the include directories (policy/include/../src is this folder).
 #undef HWY_TARGET_INCLUDE
@@ -12,6 +14,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "longctx/core/widen_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace longctx::policy::detail {
@@ -20,6 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+using longctx::HWY_NAMESPACE::LoadWidened;
 
 // One row's dot products with the tokens [i, i + 2 * lanes): two independent
 // sums over the channels, so that consecutive multiply-adds do not wait on each other.
@@ -65,6 +69,51 @@ void ScoreTokensT(const float* rows, int n_rows, int d, const float* kt, size_t 
     }
     hn::StoreU(hn::Mul(best_a, s), df, out + i);
     hn::StoreU(hn::Mul(best_b, s), df, out + i + lanes);
+  }
+}
+
+// The largest over the rows of their dot products with V vectors of tokens
+// from `first` of a page's K^T (kT elements, rows ld apart): V independent
+// sums per row, so that consecutive multiply-adds do not wait on each other.
+template <DType kT, int V>
+HWY_INLINE void PageMaxScores(const float* rows, int n_rows, int d, const void* k_t, size_t ld, size_t first,
+                              float* out) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  VF best[V];
+  for (VF& b : best) b = hn::Set(df, -HUGE_VALF);
+  for (int r = 0; r < n_rows; ++r) {
+    const float* row = rows + size_t(r) * size_t(d);
+    VF acc[V];
+    for (VF& a : acc) a = hn::Zero(df);
+    for (int c = 0; c < d; ++c) {
+      const VF qc = hn::Set(df, row[c]);
+      const size_t at = size_t(c) * ld + first;
+      for (int v = 0; v < V; ++v) acc[v] = hn::MulAdd(qc, LoadWidened<kT>(df, k_t, at + size_t(v) * lanes), acc[v]);
+    }
+    for (int v = 0; v < V; ++v) best[v] = hn::Max(best[v], acc[v]);
+  }
+  for (int v = 0; v < V; ++v) hn::StoreU(best[v], df, out + size_t(v) * lanes);
+}
+
+template <DType kT>
+void PageTokens(const float* rows, int n_rows, int d, const void* k_t, size_t ld, int first, int n, float* out) {
+  const size_t lanes = hn::Lanes(DF());
+  size_t i = 0;
+  for (; i + 8 * lanes <= size_t(n); i += 8 * lanes)
+    PageMaxScores<kT, 8>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
+  for (; i + 4 * lanes <= size_t(n); i += 4 * lanes)
+    PageMaxScores<kT, 4>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
+  for (; i < size_t(n); i += lanes) PageMaxScores<kT, 1>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
+}
+
+void ScorePageTokens(const float* rows, int n_rows, int d, const void* k_t, DType type, size_t ld, int first, int n,
+                     float* out) {
+  switch (type) {
+    case DType::kF32: return PageTokens<DType::kF32>(rows, n_rows, d, k_t, ld, first, n, out);
+    case DType::kF16: return PageTokens<DType::kF16>(rows, n_rows, d, k_t, ld, first, n, out);
+    case DType::kBF16: return PageTokens<DType::kBF16>(rows, n_rows, d, k_t, ld, first, n, out);
+    default: HWY_ASSERT(false);  // score_page_tokens checked it
   }
 }
 
@@ -136,11 +185,21 @@ namespace longctx::policy::detail {
 
 HWY_EXPORT(ScoreTokensT);
 HWY_EXPORT(RowScoresT);
+HWY_EXPORT(ScorePageTokens);
 HWY_EXPORT(SumExp);
 HWY_EXPORT(AddExp);
 
 void score_tokens_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {
   HWY_DYNAMIC_DISPATCH(ScoreTokensT)(rows, n_rows, d, kt, ld, n, scale, out);
+}
+
+void score_page_tokens(const float* rows, int n_rows, int d, const void* k_t, DType type, size_t ld, int first, int n,
+                       float* out) {
+  if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16)
+    fail(ErrorCode::kInternal, "score_page_tokens: keys of type ", dtype_name(type), ", not f32, f16 or bf16");
+  if (n % kTokenPad != 0)
+    fail(ErrorCode::kInternal, "score_page_tokens: ", n, " tokens, not a multiple of ", kTokenPad);
+  HWY_DYNAMIC_DISPATCH(ScorePageTokens)(rows, n_rows, d, k_t, type, ld, first, n, out);
 }
 
 void row_scores_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {

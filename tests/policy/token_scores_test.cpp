@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "hwy/targets.h"
 #include "hwy_target.h"
 #include "longctx/core/config.h"
+#include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 
@@ -67,6 +69,56 @@ TEST(TokenScores, MatchFp64OnEveryTarget) {
           }
         }
       }
+    }
+  }
+}
+
+// Keys scored in their page (score_page_tokens: f32, f16, bf16 as stored)
+// give exactly the scores of score_tokens_t over the same keys widened to
+// f32, at scale 1, for runs of whole vectors from any first token of a
+// block; anything else is refused.
+TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
+  std::mt19937 rng(47);
+  std::normal_distribution<float> normal;
+  constexpr int kBlock = 128;
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const longctx::testing::ForcedHighwayTarget forced(target);
+    for (const DType type : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (const int d : {64, 128, 256}) {
+        std::vector<float> wide(size_t(d) * kBlock);
+        for (float& x : wide) x = normal(rng);
+        std::vector<std::byte> page(wide.size() * dtype_size(type));
+        convert(wide.data(), DType::kF32, page.data(), type, wide.size());
+        convert(page.data(), type, wide.data(), DType::kF32, wide.size());  // the stored values, widened
+        for (const int group : {1, 3, 8}) {
+          for (const Reduce reduce : {Reduce::kSum, Reduce::kMax}) {
+            std::vector<float> q(size_t(group * d));
+            for (float& x : q) x = normal(rng);
+            const GroupQuery gq = group_query(make_view(q.data(), DType::kF32, {group, d}), 0, group, reduce);
+            for (const int first : {0, 16, 48, 112}) {
+              for (int n = kTokenPad; first + n <= kBlock; n += 3 * kTokenPad) {
+                SCOPED_TRACE(str_cat(dtype_name(type), ", d ", d, ", group ", group, ", ", reduce_name(reduce),
+                                     ", tokens [", first, ", ", first + n, ")"));
+                std::vector<float> in_page(static_cast<size_t>(n)), staged(static_cast<size_t>(n));
+                score_page_tokens(gq.rows.data(), gq.n_rows, d, page.data(), type, kBlock, first, n, in_page.data());
+                score_tokens_t(gq.rows.data(), gq.n_rows, d, wide.data() + first, kBlock, n, 1.f, staged.data());
+                for (int i = 0; i < n; ++i) ASSERT_EQ(in_page[size_t(i)], staged[size_t(i)]) << "token " << first + i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> rows(64, 1.f), out(32);
+  std::vector<uint8_t> codes(64 * kBlock);
+  for (const auto& [type, n] : {std::pair{DType::kQ8_0, 16}, std::pair{DType::kF16, 17}}) {
+    try {
+      score_page_tokens(rows.data(), 1, 64, codes.data(), type, kBlock, 0, n, out.data());
+      ADD_FAILURE() << dtype_name(type) << ", " << n << " tokens accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
     }
   }
 }
