@@ -23,11 +23,9 @@ void score_token_range(const kvstore::KVStore& store, int layer, int kv_head, co
                        int64_t end, std::vector<float>& keys, std::vector<float>& out) {
   const kvstore::StoreLayout& layout = store.layout();
   const int bs = layout.block_size;
-  // f32, f16 and bf16 keys are scored in their page, whole vectors of tokens
-  // at a time; the rest (q8_0, a span's last few tokens) through f32 keys
-  // staged in `keys`, which had cost as much as the products.
-  const bool in_page = layout.kv_type == DType::kF32 || layout.kv_type == DType::kF16 ||
-                       layout.kv_type == DType::kBF16;
+  // Keys are scored in their page, whole vectors of tokens at a time; a
+  // span's last few tokens through f32 keys staged in `keys` (staging every
+  // key had cost as much as the products).
   for (int64_t t = begin; t < end;) {
     const int64_t b = t / bs;
     const int n = int(std::min<int64_t>(end, (b + 1) * bs) - t);
@@ -35,10 +33,9 @@ void score_token_range(const kvstore::KVStore& store, int layer, int kv_head, co
     const kvstore::BlockView view = store.block(layer, kv_head, b);
     const size_t at = out.size();
     out.resize(at + size_t(padded_tokens(n)));
-    const int direct = in_page ? n / kTokenPad * kTokenPad : 0;
+    const int direct = n / kTokenPad * kTokenPad;
     if (direct > 0)
-      score_page_tokens(q.rows.data(), q.n_rows, q.d, view.k_t, layout.kv_type, size_t(bs), offset, direct,
-                        out.data() + at);
+      score_page_tokens(q.rows.data(), q.n_rows, q.d, view, layout.kv_type, bs, offset, direct, out.data() + at);
     if (direct < n) {
       const int rest = n - direct;
       const int ld = padded_tokens(rest);

@@ -38,13 +38,13 @@ inline int padded_tokens(int n) { return (n + kTokenPad - 1) / kTokenPad * kToke
 // multiply-adds where the target has them). out has room for padded_tokens(n).
 void score_tokens_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out);
 
-// score_tokens_t at scale 1 over a store page's keys as they are stored:
-// k_t holds K^T in `type` (f32, f16 or bf16), channel c's row at element
-// c * ld; out[i] for the tokens [first, first + n), n a multiple of
-// kTokenPad. The same sums in the same order as score_tokens_t over the keys
-// widened to f32 (exact), without staging them.
-void score_page_tokens(const float* rows, int n_rows, int d, const void* k_t, DType type, size_t ld, int first, int n,
-                       float* out);
+// score_tokens_t at scale 1 over a store page's keys as they are stored
+// (BlockView: K^T rows of block_size elements, q8_0 codes and scales):
+// out[i] for the tokens [first, first + n), n a multiple of kTokenPad. The
+// same sums in the same order as score_tokens_t over read_keys_t's f32 keys,
+// without staging them.
+void score_page_tokens(const float* rows, int n_rows, int d, const kvstore::BlockView& page, DType type, int block_size,
+                       int first, int n, float* out);
 
 // The same for each row alone: out[r * ld + i] = scale * sum_c row_r[c] *
 // kt[c * ld + i] for r < n_rows, i < n (out: n_rows rows of ld).

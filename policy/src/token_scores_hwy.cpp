@@ -72,12 +72,37 @@ void ScoreTokensT(const float* rows, int n_rows, int d, const float* kt, size_t 
   }
 }
 
+// A page's keys as f32 vectors: Load(df, c, i) is channel c of the tokens
+// [i, i + lanes), widened exactly as read_keys_t widens them.
+template <DType kT>  // f32, f16, bf16: K^T rows of ld elements
+struct PageKeys {
+  const void* k_t;
+  size_t ld;
+  HWY_INLINE VF Load(DF df, int c, size_t i) const { return LoadWidened<kT>(df, k_t, size_t(c) * ld + i); }
+};
+
+// q8_0: code times its group's scale in f32, an exact product, as
+// read_keys_t dequantizes. Token i's codes of channels c - c % 4 .. are one
+// int32 lane; byte c % 4 is channel c's.
+struct Q8PageKeys {
+  const int8_t* codes;
+  const uint16_t* scales;
+  int block_size;
+  HWY_INLINE VF Load(DF df, int c, size_t i) const {
+    const hn::RebindToSigned<DF> di;
+    const int quad = c % kvstore::kQ8KeyQuad;
+    const auto* lanes = reinterpret_cast<const int32_t*>(codes + kvstore::q8_key_code_offset(block_size, c - quad, 0));
+    const auto code = hn::ShiftRightSame(hn::ShiftLeftSame(hn::LoadU(di, lanes + i), 24 - 8 * quad), 24);
+    const VF scale = LoadWidened<DType::kF16>(df, scales, size_t(c / kvstore::kQ8Group) * size_t(block_size) + i);
+    return hn::Mul(hn::ConvertTo(df, code), scale);
+  }
+};
+
 // The largest over the rows of their dot products with V vectors of tokens
-// from `first` of a page's K^T (kT elements, rows ld apart): V independent
-// sums per row, so that consecutive multiply-adds do not wait on each other.
-template <DType kT, int V>
-HWY_INLINE void PageMaxScores(const float* rows, int n_rows, int d, const void* k_t, size_t ld, size_t first,
-                              float* out) {
+// from `first`: V independent sums per row, so that consecutive
+// multiply-adds do not wait on each other, each over the channels in order.
+template <class Keys, int V>
+HWY_INLINE void PageMaxScores(const float* rows, int n_rows, int d, const Keys& keys, size_t first, float* out) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   VF best[V];
@@ -88,32 +113,38 @@ HWY_INLINE void PageMaxScores(const float* rows, int n_rows, int d, const void* 
     for (VF& a : acc) a = hn::Zero(df);
     for (int c = 0; c < d; ++c) {
       const VF qc = hn::Set(df, row[c]);
-      const size_t at = size_t(c) * ld + first;
-      for (int v = 0; v < V; ++v) acc[v] = hn::MulAdd(qc, LoadWidened<kT>(df, k_t, at + size_t(v) * lanes), acc[v]);
+      for (int v = 0; v < V; ++v) acc[v] = hn::MulAdd(qc, keys.Load(df, c, first + size_t(v) * lanes), acc[v]);
     }
     for (int v = 0; v < V; ++v) best[v] = hn::Max(best[v], acc[v]);
   }
   for (int v = 0; v < V; ++v) hn::StoreU(best[v], df, out + size_t(v) * lanes);
 }
 
-template <DType kT>
-void PageTokens(const float* rows, int n_rows, int d, const void* k_t, size_t ld, int first, int n, float* out) {
+// Eight vectors of tokens at a time where there are: a block's channel rows
+// (128 tokens) are then read whole and in order, where runs of half of
+// them ran at two thirds of the read bandwidth.
+template <class Keys>
+void PageTokens(const float* rows, int n_rows, int d, const Keys& keys, int first, int n, float* out) {
   const size_t lanes = hn::Lanes(DF());
   size_t i = 0;
   for (; i + 8 * lanes <= size_t(n); i += 8 * lanes)
-    PageMaxScores<kT, 8>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
+    PageMaxScores<Keys, 8>(rows, n_rows, d, keys, size_t(first) + i, out + i);
   for (; i + 4 * lanes <= size_t(n); i += 4 * lanes)
-    PageMaxScores<kT, 4>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
-  for (; i < size_t(n); i += lanes) PageMaxScores<kT, 1>(rows, n_rows, d, k_t, ld, size_t(first) + i, out + i);
+    PageMaxScores<Keys, 4>(rows, n_rows, d, keys, size_t(first) + i, out + i);
+  for (; i < size_t(n); i += lanes) PageMaxScores<Keys, 1>(rows, n_rows, d, keys, size_t(first) + i, out + i);
 }
 
-void ScorePageTokens(const float* rows, int n_rows, int d, const void* k_t, DType type, size_t ld, int first, int n,
-                     float* out) {
+void ScorePageTokens(const float* rows, int n_rows, int d, const kvstore::BlockView& page, DType type, int block_size,
+                     int first, int n, float* out) {
+  const size_t ld = size_t(block_size);
   switch (type) {
-    case DType::kF32: return PageTokens<DType::kF32>(rows, n_rows, d, k_t, ld, first, n, out);
-    case DType::kF16: return PageTokens<DType::kF16>(rows, n_rows, d, k_t, ld, first, n, out);
-    case DType::kBF16: return PageTokens<DType::kBF16>(rows, n_rows, d, k_t, ld, first, n, out);
-    default: HWY_ASSERT(false);  // score_page_tokens checked it
+    case DType::kF32: return PageTokens(rows, n_rows, d, PageKeys<DType::kF32>{page.k_t, ld}, first, n, out);
+    case DType::kF16: return PageTokens(rows, n_rows, d, PageKeys<DType::kF16>{page.k_t, ld}, first, n, out);
+    case DType::kBF16: return PageTokens(rows, n_rows, d, PageKeys<DType::kBF16>{page.k_t, ld}, first, n, out);
+    case DType::kQ8_0: {
+      const Q8PageKeys keys{reinterpret_cast<const int8_t*>(page.k_t), page.k_scales, block_size};
+      return PageTokens(rows, n_rows, d, keys, first, n, out);
+    }
   }
 }
 
@@ -193,13 +224,11 @@ void score_tokens_t(const float* rows, int n_rows, int d, const float* kt, size_
   HWY_DYNAMIC_DISPATCH(ScoreTokensT)(rows, n_rows, d, kt, ld, n, scale, out);
 }
 
-void score_page_tokens(const float* rows, int n_rows, int d, const void* k_t, DType type, size_t ld, int first, int n,
-                       float* out) {
-  if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16)
-    fail(ErrorCode::kInternal, "score_page_tokens: keys of type ", dtype_name(type), ", not f32, f16 or bf16");
+void score_page_tokens(const float* rows, int n_rows, int d, const kvstore::BlockView& page, DType type, int block_size,
+                       int first, int n, float* out) {
   if (n % kTokenPad != 0)
     fail(ErrorCode::kInternal, "score_page_tokens: ", n, " tokens, not a multiple of ", kTokenPad);
-  HWY_DYNAMIC_DISPATCH(ScorePageTokens)(rows, n_rows, d, k_t, type, ld, first, n, out);
+  HWY_DYNAMIC_DISPATCH(ScorePageTokens)(rows, n_rows, d, page, type, block_size, first, n, out);
 }
 
 void row_scores_t(const float* rows, int n_rows, int d, const float* kt, size_t ld, int n, float scale, float* out) {

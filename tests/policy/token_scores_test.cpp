@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "hwy/targets.h"
@@ -18,6 +17,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
+#include "longctx/kvstore/kv_store.h"
 
 namespace longctx::policy::detail {
 namespace {
@@ -73,24 +73,66 @@ TEST(TokenScores, MatchFp64OnEveryTarget) {
   }
 }
 
-// Keys scored in their page (score_page_tokens: f32, f16, bf16 as stored)
-// give exactly the scores of score_tokens_t over the same keys widened to
-// f32, at scale 1, for runs of whole vectors from any first token of a
-// block; anything else is refused.
+// A block page's keys of one kv head in `type` (K^T rows of kBlock; q8_0:
+// codes in quads of channels and f16 scales per 32 channels), random, and
+// the same keys as read_keys_t gives them, widened or dequantized to f32.
+struct TestPage {
+  static constexpr int kBlock = 128;
+  std::vector<std::byte> keys;
+  std::vector<uint16_t> scales;
+  std::vector<float> wide;  // [d][kBlock]
+  kvstore::BlockView view() const {
+    kvstore::BlockView v;
+    v.k_t = keys.data();
+    v.k_scales = scales.empty() ? nullptr : scales.data();
+    v.n_filled = kBlock;
+    return v;
+  }
+};
+
+TestPage random_page(DType type, int d, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  TestPage page;
+  page.wide.resize(size_t(d) * TestPage::kBlock);
+  if (type != DType::kQ8_0) {
+    for (float& x : page.wide) x = normal(rng);
+    page.keys.resize(page.wide.size() * dtype_size(type));
+    convert(page.wide.data(), DType::kF32, page.keys.data(), type, page.wide.size());
+    convert(page.keys.data(), type, page.wide.data(), DType::kF32, page.wide.size());  // the stored values
+    return page;
+  }
+  std::uniform_int_distribution<int> code(-127, 127);
+  page.keys.resize(page.wide.size());
+  for (std::byte& b : page.keys) b = std::byte(uint8_t(int8_t(code(rng))));
+  std::vector<float> scales(size_t(d / kvstore::kQ8Group) * TestPage::kBlock);
+  for (float& x : scales) x = std::abs(normal(rng)) / 64 + 1e-4f;
+  page.scales.resize(scales.size());
+  convert(scales.data(), DType::kF32, page.scales.data(), DType::kF16, scales.size());
+  for (int c = 0; c < d; ++c) {
+    for (int t = 0; t < TestPage::kBlock; ++t) {
+      const auto codes = reinterpret_cast<const int8_t*>(page.keys.data());
+      const float scale = f16_bits_to_f32(page.scales[size_t(c / kvstore::kQ8Group) * TestPage::kBlock + size_t(t)]);
+      page.wide[size_t(c) * TestPage::kBlock + size_t(t)] =
+          float(codes[kvstore::q8_key_code_offset(TestPage::kBlock, c, t)]) * scale;
+    }
+  }
+  return page;
+}
+
+// Keys scored in their page (score_page_tokens: f32, f16, bf16 and q8_0 as
+// stored) give exactly the scores of score_tokens_t over the same keys as
+// read_keys_t gives them in f32, at scale 1, for runs of whole vectors from
+// any first token of a block; other counts are refused.
 TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
   std::mt19937 rng(47);
   std::normal_distribution<float> normal;
-  constexpr int kBlock = 128;
+  constexpr int kBlock = TestPage::kBlock;
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
     const longctx::testing::ForcedHighwayTarget forced(target);
-    for (const DType type : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
       for (const int d : {64, 128, 256}) {
-        std::vector<float> wide(size_t(d) * kBlock);
-        for (float& x : wide) x = normal(rng);
-        std::vector<std::byte> page(wide.size() * dtype_size(type));
-        convert(wide.data(), DType::kF32, page.data(), type, wide.size());
-        convert(page.data(), type, wide.data(), DType::kF32, wide.size());  // the stored values, widened
+        const TestPage page = random_page(type, d, rng);
         for (const int group : {1, 3, 8}) {
           for (const Reduce reduce : {Reduce::kSum, Reduce::kMax}) {
             std::vector<float> q(size_t(group * d));
@@ -101,8 +143,8 @@ TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
                 SCOPED_TRACE(str_cat(dtype_name(type), ", d ", d, ", group ", group, ", ", reduce_name(reduce),
                                      ", tokens [", first, ", ", first + n, ")"));
                 std::vector<float> in_page(static_cast<size_t>(n)), staged(static_cast<size_t>(n));
-                score_page_tokens(gq.rows.data(), gq.n_rows, d, page.data(), type, kBlock, first, n, in_page.data());
-                score_tokens_t(gq.rows.data(), gq.n_rows, d, wide.data() + first, kBlock, n, 1.f, staged.data());
+                score_page_tokens(gq.rows.data(), gq.n_rows, d, page.view(), type, kBlock, first, n, in_page.data());
+                score_tokens_t(gq.rows.data(), gq.n_rows, d, page.wide.data() + first, kBlock, n, 1.f, staged.data());
                 for (int i = 0; i < n; ++i) ASSERT_EQ(in_page[size_t(i)], staged[size_t(i)]) << "token " << first + i;
               }
             }
@@ -111,15 +153,13 @@ TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
       }
     }
   }
+  const TestPage page = random_page(DType::kF16, 64, rng);
   std::vector<float> rows(64, 1.f), out(32);
-  std::vector<uint8_t> codes(64 * kBlock);
-  for (const auto& [type, n] : {std::pair{DType::kQ8_0, 16}, std::pair{DType::kF16, 17}}) {
-    try {
-      score_page_tokens(rows.data(), 1, 64, codes.data(), type, kBlock, 0, n, out.data());
-      ADD_FAILURE() << dtype_name(type) << ", " << n << " tokens accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
-    }
+  try {
+    score_page_tokens(rows.data(), 1, 64, page.view(), DType::kF16, kBlock, 0, 17, out.data());
+    ADD_FAILURE() << "17 tokens accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
   }
 }
 
