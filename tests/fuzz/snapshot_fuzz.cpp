@@ -30,18 +30,19 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "longctx/core/crc32c.h"
 #include "longctx/core/error.h"
 #include "longctx/kvstore/snapshot.h"
+#include "../kvstore/snapshot_store.h"
 
 namespace {
 
 using namespace longctx;
 using namespace longctx::kvstore;
+using namespace longctx::kvstore::snapshot_testing;
 using RT = RepresentativeType;
 
 [[noreturn]] void finding(const std::string& what) {
@@ -87,11 +88,6 @@ StoreSpec spec_of(int index, bool small_capacity) {
   return s;
 }
 
-const NumaTopology& topology() {
-  static const NumaTopology topo = NumaTopology::detect();
-  return topo;
-}
-
 MemoryBudget& budget() {
   static MemoryBudget b(uint64_t{1} << 30);
   return b;
@@ -99,26 +95,6 @@ MemoryBudget& budget() {
 
 std::unique_ptr<KVStore> make_store(const StoreSpec& s) {
   return std::make_unique<KVStore>(s.shape, s.cfg, budget(), topology());
-}
-
-void append_random(KVStore& store, int layer, int64_t n, uint32_t seed) {
-  if (n <= 0) return;
-  const KVShape& s = store.layout().shape;
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
-  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
-  const size_t n_values = size_t(n) * size_t(s.n_kv_heads) * size_t(s.head_dim);
-  std::vector<float> k(n_values), v(n_values), importance(size_t(n) * size_t(s.n_kv_heads));
-  for (float& x : k) x = value(rng);
-  for (float& x : v) x = value(rng);
-  for (float& x : importance) x = weight(rng);
-  const TensorView kv = make_view(k.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
-  const TensorView vv = make_view(v.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
-  if (store.layout().rep_type == RT::kDynamic) {
-    store.append(layer, kv, vv, make_view(importance.data(), DType::kF32, {n, s.n_kv_heads}));
-  } else {
-    store.append(layer, kv, vv);
-  }
 }
 
 // ---- files ---------------------------------------------------------------------
@@ -160,16 +136,7 @@ const std::vector<uint8_t>& valid_snapshot(int config, int variant) {
   return cache.emplace(key, std::move(bytes)).first->second;
 }
 
-// ---- little-endian helpers and checksum repair ------------------------------------
-
-uint64_t get_le(const std::vector<uint8_t>& f, size_t at, int width) {
-  uint64_t v = 0;
-  for (int i = 0; i < width; ++i) v |= uint64_t(f[at + size_t(i)]) << (8 * i);
-  return v;
-}
-void put_le(std::vector<uint8_t>& f, size_t at, uint64_t v, int width) {
-  for (int i = 0; i < width && at + size_t(i) < f.size(); ++i) f[at + size_t(i)] = uint8_t(v >> (8 * i));
-}
+// ---- checksum repair (get_le, put_le: snapshot_store.h) ----------------------------
 
 // Header fields: offset and width (docs/snapshot-format.md).
 struct Field {
@@ -326,32 +293,6 @@ void apply_patch(std::vector<uint8_t>& f, const uint8_t* rec) {
 
 // ---- the store's state -------------------------------------------------------------
 
-struct Image {
-  std::vector<int64_t> n_tokens;
-  std::vector<std::byte> bytes;
-  std::vector<const std::byte*> addresses;
-  bool operator==(const Image&) const = default;
-};
-
-Image image_of(const KVStore& store) {
-  const StoreLayout& l = store.layout();
-  Image image;
-  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
-    image.n_tokens.push_back(store.n_tokens(layer));
-    for (int head = 0; head < l.shape.n_kv_heads; ++head) {
-      for (const std::byte* page : SnapshotAccess::pages(store, layer, head)) {
-        image.bytes.insert(image.bytes.end(), page, page + l.page_bytes);
-        image.addresses.push_back(page);
-      }
-      for (const std::byte* page : SnapshotAccess::rep_pages(store, layer, head)) {
-        image.bytes.insert(image.bytes.end(), page, page + l.rep_page_bytes);
-        image.addresses.push_back(page);
-      }
-    }
-  }
-  return image;
-}
-
 // Reads every block's K, V and record through the public API.
 void read_everything(const KVStore& store) {
   const StoreLayout& l = store.layout();
@@ -474,7 +415,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  const Image before = image_of(*store);
+  const StoreImage before = image_of(*store);
   bool loaded = false;
   try {
     load_snapshot(*store, path, expected, mode);

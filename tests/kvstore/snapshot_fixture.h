@@ -1,7 +1,8 @@
-// Helpers of the snapshot tests (snapshot_*_test.cpp): small stores with
-// random content, images of a store to compare, the file bytes and the
-// header fields of docs/snapshot-format.md read by an independent parser,
-// and the SnapshotTest fixture (a temporary folder per test, the stores).
+// Helpers of the snapshot tests (snapshot_*_test.cpp): small store configs,
+// beside snapshot_store.h's random content and store images, the public view
+// of a store to compare, the file bytes and the header fields of
+// docs/snapshot-format.md read by an independent parser, and the
+// SnapshotTest fixture (a temporary folder per test, the stores).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,13 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "longctx/core/crc32c.h"
 #include "longctx/core/error.h"
 #include "longctx/kvstore/snapshot.h"
+#include "snapshot_store.h"
 
 namespace longctx::kvstore::snapshot_testing {
 
@@ -42,57 +43,6 @@ inline LongContextConfig small_config(RepresentativeType rep, DType kv_type = DT
   cfg.preselect_block_count = 2;
   cfg.dense_layer_num = 0;
   return cfg;
-}
-
-inline const NumaTopology& topology() {
-  static const NumaTopology topo = NumaTopology::detect();
-  return topo;
-}
-
-// Appends n tokens of random K, V (and, for DYNAMIC, importance) to one layer.
-inline void append_random(KVStore& store, int layer, int64_t n, uint32_t seed) {
-  const KVShape& s = store.layout().shape;
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
-  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
-  const size_t n_values = size_t(n) * size_t(s.n_kv_heads) * size_t(s.head_dim);
-  std::vector<float> k(n_values), v(n_values), importance(size_t(n) * size_t(s.n_kv_heads));
-  for (float& x : k) x = value(rng);
-  for (float& x : v) x = value(rng);
-  for (float& x : importance) x = weight(rng);
-  const TensorView k_view = make_view(k.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
-  const TensorView v_view = make_view(v.data(), DType::kF32, {n, s.n_kv_heads, s.head_dim});
-  if (store.layout().rep_type == RepresentativeType::kDynamic) {
-    store.append(layer, k_view, v_view, make_view(importance.data(), DType::kF32, {n, s.n_kv_heads}));
-  } else {
-    store.append(layer, k_view, v_view);
-  }
-}
-
-// Every byte of every page and rep page, their addresses and the token counts.
-struct StoreImage {
-  std::vector<int64_t> n_tokens;
-  std::vector<std::byte> bytes;
-  std::vector<const std::byte*> addresses;
-};
-
-inline StoreImage image_of(const KVStore& store) {
-  const StoreLayout& l = store.layout();
-  StoreImage image;
-  for (int layer = 0; layer < l.shape.n_layers; ++layer) {
-    image.n_tokens.push_back(store.n_tokens(layer));
-    for (int head = 0; head < l.shape.n_kv_heads; ++head) {
-      for (const std::byte* page : SnapshotAccess::pages(store, layer, head)) {
-        image.bytes.insert(image.bytes.end(), page, page + l.page_bytes);
-        image.addresses.push_back(page);
-      }
-      for (const std::byte* page : SnapshotAccess::rep_pages(store, layer, head)) {
-        image.bytes.insert(image.bytes.end(), page, page + l.rep_page_bytes);
-        image.addresses.push_back(page);
-      }
-    }
-  }
-  return image;
 }
 
 // What readers see through the public API: K, V, fill, records, valid slots.
@@ -160,16 +110,6 @@ inline void write_bytes(const fs::path& path, const std::vector<std::byte>& byte
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
-}
-
-inline uint64_t get_le(const std::vector<std::byte>& f, size_t at, int width) {
-  uint64_t v = 0;
-  for (int i = 0; i < width; ++i) v |= uint64_t(f[at + size_t(i)]) << (8 * i);
-  return v;
-}
-
-inline void put_le(std::vector<std::byte>& f, size_t at, uint64_t v, int width) {
-  for (int i = 0; i < width; ++i) f[at + size_t(i)] = std::byte(v >> (8 * i));
 }
 
 // Offsets of docs/snapshot-format.md (version 3, as version 2), written out again here on purpose.
