@@ -120,14 +120,19 @@ HWY_INLINE void PageMaxScores(const float* rows, int n_rows, int d, const Keys& 
   for (int v = 0; v < V; ++v) hn::StoreU(best[v], df, out + size_t(v) * lanes);
 }
 
-// Eight vectors of tokens at a time where there are: on 16 lanes a block's
-// channel rows (128 tokens) are then read whole and in order. Four vectors,
-// two passes down the rows, took 1.45x the time with the keys in DRAM (the
-// 128K window at 32/8 x 128, f16, Zen 4).
+// 128 tokens at a time where there are (eight vectors of 16 lanes, sixteen
+// of 8): a block's channel rows are then read whole and in order. Half as
+// many, two passes down the rows, took 1.45x the time with the keys in DRAM
+// on 16 lanes and 1.3-1.4x on 8 (the 128K window at 32/8 x 128, f16, Zen 4,
+// its AVX-512 and AVX2 code); sixteen accumulators on AVX2's 16 registers
+// spill, and still ran faster.
 template <class Keys>
 void PageTokens(const float* rows, int n_rows, int d, const Keys& keys, int first, int n, float* out) {
   const size_t lanes = hn::Lanes(DF());
   size_t i = 0;
+  if (lanes <= 8)
+    for (; i + 16 * lanes <= size_t(n); i += 16 * lanes)
+      PageMaxScores<Keys, 16>(rows, n_rows, d, keys, size_t(first) + i, out + i);
   for (; i + 8 * lanes <= size_t(n); i += 8 * lanes)
     PageMaxScores<Keys, 8>(rows, n_rows, d, keys, size_t(first) + i, out + i);
   for (; i + 4 * lanes <= size_t(n); i += 4 * lanes)
