@@ -72,19 +72,9 @@ StoreSpec spec_of(int index, bool small_capacity) {
   const bool tail = (index / 20) % 2 == 1;
   const int bs = kBlockSizes[(index / 40) % 4];
   s.shape = KVShape{2, 2, kv == DType::kQ8_0 ? 32 : 8};
-  LongContextConfig& c = s.cfg;
-  c.block_size = bs;
-  c.max_seq_len = small_capacity ? 16 : 64;
-  c.kv_type = kv;
-  c.representative_type = rep;
-  c.representative_num = rep == RT::kFix || rep == RT::kDynamic ? std::min(3, bs) : rep == RT::kQuest ? 2 : 1;
-  c.tail = tail ? TailMode::kEstimate : TailMode::kDrop;
-  c.chunk_size = 16;
-  c.local_windows_len = 8;
-  c.initial_len = 4;
-  c.second_select_num = 2;
-  c.preselect_block_count = 2;
-  c.dense_layer_num = 0;
+  s.cfg = small_config(rep, kv, bs, small_capacity ? 16 : 64);
+  if (rep == RT::kFix || rep == RT::kDynamic) s.cfg.representative_num = std::min(3, bs);  // blocks of 1 to 3 tokens
+  s.cfg.tail = tail ? TailMode::kEstimate : TailMode::kDrop;
   return s;
 }
 

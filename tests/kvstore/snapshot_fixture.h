@@ -26,25 +26,6 @@ namespace fs = std::filesystem;
 
 inline const KVShape kShape{2, 2, 8};  // 2 layers, 2 kv heads, head_dim 8
 
-inline LongContextConfig small_config(RepresentativeType rep, DType kv_type = DType::kF16, int block_size = 4,
-                                      int64_t max_seq_len = 64) {
-  LongContextConfig cfg;
-  cfg.block_size = block_size;
-  cfg.max_seq_len = max_seq_len;
-  cfg.kv_type = kv_type;
-  cfg.representative_type = rep;
-  cfg.representative_num = rep == RepresentativeType::kFix || rep == RepresentativeType::kDynamic ? 3
-                           : rep == RepresentativeType::kQuest                                      ? 2
-                                                                                                    : 1;
-  cfg.chunk_size = 16;
-  cfg.local_windows_len = 8;
-  cfg.initial_len = 4;
-  cfg.second_select_num = 2;
-  cfg.preselect_block_count = 2;
-  cfg.dense_layer_num = 0;
-  return cfg;
-}
-
 // What readers see through the public API: K, V, fill, records, valid slots.
 inline std::vector<std::byte> public_view_of(const KVStore& store) {
   const StoreLayout& l = store.layout();

@@ -1,7 +1,7 @@
 // The GoogleTest-free half of the snapshot tests' helpers, shared with the
-// snapshot fuzz target (tests/fuzz/snapshot_fuzz.cpp): stores filled with
-// random content, an image of a store's bytes and page addresses to compare,
-// and the little-endian fields of a snapshot file.
+// snapshot fuzz target (tests/fuzz/snapshot_fuzz.cpp): small store configs,
+// stores filled with random content, an image of a store's bytes and page
+// addresses to compare, and the little-endian fields of a snapshot file.
 #pragma once
 
 #include <cstddef>
@@ -9,10 +9,32 @@
 #include <random>
 #include <vector>
 
+#include "longctx/core/config.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kvstore/snapshot.h"
 
 namespace longctx::kvstore::snapshot_testing {
+
+// The config of the snapshot tests' small stores: a representative type, kv
+// type, block size and capacity, the rest fixed.
+inline LongContextConfig small_config(RepresentativeType rep, DType kv_type = DType::kF16, int block_size = 4,
+                                      int64_t max_seq_len = 64) {
+  LongContextConfig cfg;
+  cfg.block_size = block_size;
+  cfg.max_seq_len = max_seq_len;
+  cfg.kv_type = kv_type;
+  cfg.representative_type = rep;
+  cfg.representative_num = rep == RepresentativeType::kFix || rep == RepresentativeType::kDynamic ? 3
+                           : rep == RepresentativeType::kQuest                                      ? 2
+                                                                                                    : 1;
+  cfg.chunk_size = 16;
+  cfg.local_windows_len = 8;
+  cfg.initial_len = 4;
+  cfg.second_select_num = 2;
+  cfg.preselect_block_count = 2;
+  cfg.dense_layer_num = 0;
+  return cfg;
+}
 
 inline const NumaTopology& topology() {
   static const NumaTopology topo = NumaTopology::detect();
