@@ -1,6 +1,8 @@
 // Writes the seed corpus of the GGUF fuzzer: small valid files that cover
 // every metadata type, the tensor types, both versions and a few alignments.
 //   longctx_gguf_seeds DIR
+// Built with the tests (ctest gguf_fuzz_seeds runs it), so that it keeps
+// compiling without the clang fuzz build.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -9,8 +11,12 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "longctx/core/ggml_types.h"
+#include "longctx/model/gguf.h"
 #include "longctx/model/gguf_writer.h"
 
+using longctx::GgmlType;
+using longctx::GgmlTypeInfo;
 using namespace longctx::model;
 
 namespace {
@@ -81,9 +87,18 @@ GgufWriter every_type() {
   return w;
 }
 
+// Writes a seed and reads it back: each must be a file the reader takes
+// whole (every tensor dequantized), or the fuzzer would start from inputs
+// that only reach the reader's first checks.
 void write(const std::filesystem::path& dir, const char* name, const GgufWriter& w, uint32_t version,
            uint32_t alignment) {
-  w.write((dir / name).string(), version, alignment);
+  const std::string path = (dir / name).string();
+  w.write(path, version, alignment);
+  const GgufFile f = GgufFile::open(path);
+  if (f.version() != version || f.alignment() != alignment)
+    longctx::fail(longctx::ErrorCode::kInternal, path, " reads back as version ", f.version(), ", alignment ",
+                  f.alignment(), "; written as ", version, ", ", alignment);
+  for (const GgufTensorInfo& tensor : f.tensors()) f.tensor_f32(tensor);
 }
 
 }  // namespace
