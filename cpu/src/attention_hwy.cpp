@@ -370,7 +370,9 @@ float SoftmaxUpdate(float* s, int n, float& m, float& l) {
   for (; j < n; ++j) chunk_max = std::max(chunk_max, s[j]);
 
   const float m_new = std::max(m, chunk_max);
-  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
+  // exp(0) = 1 exactly, so a chunk that leaves the max where it was (most
+  // do) skips the libm call: 1.6% of q8_0 decode's samples hot.
+  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.f : m_new == m ? 1.f : std::exp(m - m_new);
   auto vsum = hn::Zero(df);
   const auto vm = hn::Set(df, m_new);
   for (j = 0; j + lanes <= n; j += lanes) {

@@ -2,6 +2,7 @@
 // threads, merge) and attention_hwy.cpp (the Highway code). Private to cpu/.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -40,9 +41,13 @@ namespace {  // internal linkage: each file compiled for its own ISA keeps its o
 inline void prefetch_step(LinePrefetch& p, size_t bytes) {
   constexpr size_t kLineBytes = 64;
   p.credit += bytes;
-  for (; p.credit >= kLineBytes && p.at < p.end; p.credit -= kLineBytes, p.at += kLineBytes) {
-    __builtin_prefetch(p.at, 0, 2);
-  }
+  // The lines counted first: a loop testing both bounds per line took 14% of
+  // the q8_0 score kernel's samples hot.
+  if (p.at >= p.end) return;
+  const size_t lines = std::min(p.credit / kLineBytes, (size_t(p.end - p.at) + kLineBytes - 1) / kLineBytes);
+  for (size_t i = 0; i < lines; ++i) __builtin_prefetch(p.at + i * kLineBytes, 0, 2);
+  p.credit -= lines * kLineBytes;
+  p.at += lines * kLineBytes;
 }
 
 // Query heads the integer q8_0 kernels keep in registers at a time (AVX2: 4
