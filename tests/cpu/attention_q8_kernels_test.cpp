@@ -2,8 +2,9 @@
 // scalar emulations of their contracts, bit for bit: the scores of the AVX2,
 // AVX-VNNI and AVX512-VNNI kernels and the P.V of the AVX-VNNI and
 // AVX512-VNNI ones, each skipped with the reason where the CPU lacks its
-// instructions. Whole decode attention, on every path, is checked against the
-// fp64 reference in attention_test.cpp.
+// instructions; and the prefetch walk those kernels step. Whole decode
+// attention, on every path, is checked against the fp64 reference in
+// attention_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,6 +186,28 @@ TEST(Q8DecodeKernels, Q8PvOnAvxVnniMatchesItsContractBitForBit) {
 TEST(Q8DecodeKernels, Q8PvOnAvx512VnniMatchesItsContractBitForBit) {
   if (!detail::has_q8_vnni_kernels()) GTEST_SKIP() << "no AVX512-VNNI here";
   expect_q8_pv_matches_its_contract(detail::accumulate_q8_avx512_vnni);
+}
+
+// prefetch_step counts its lines before it issues them; the walk must stand
+// where a line-by-line walk would (64 bytes of credit per line, up to the
+// line that holds end - 1), over random step sizes, spans and alignments.
+TEST(Q8DecodeKernels, PrefetchWalkStepsAsALineByLineWalk) {
+  std::mt19937 rng(91);
+  std::vector<char> buffer(16384);
+  for (int trial = 0; trial < 500; ++trial) {
+    const size_t begin = rng() % 128, span = rng() % 8192;
+    detail::LinePrefetch walk{buffer.data() + begin, buffer.data() + begin + span, 0};
+    detail::LinePrefetch expected = walk;
+    for (int step = 0; step < 64; ++step) {
+      const size_t bytes = rng() % 400;
+      detail::prefetch_step(walk, bytes);
+      for (expected.credit += bytes; expected.credit >= 64 && expected.at < expected.end;
+           expected.credit -= 64, expected.at += 64) {
+      }
+      ASSERT_EQ(walk.at - buffer.data(), expected.at - buffer.data()) << "trial " << trial << ", step " << step;
+      ASSERT_EQ(walk.credit, expected.credit) << "trial " << trial << ", step " << step;
+    }
+  }
 }
 
 }  // namespace

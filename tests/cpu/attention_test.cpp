@@ -307,28 +307,6 @@ double default_scale(const AttnCase& c) { return 1.f / std::sqrt(float(c.head_di
 // SSE4, SSSE3, the scalar fallback, ... as available).
 std::vector<int64_t> targets_under_test() { return hwy::SupportedAndGeneratedTargets(); }
 
-// prefetch_step counts its lines before it issues them; the walk must stand
-// where a line-by-line walk would (64 bytes of credit per line, up to the
-// line that holds end - 1), over random step sizes, spans and alignments.
-TEST(DecodeAttention, PrefetchWalkStepsAsALineByLineWalk) {
-  std::mt19937 rng(91);
-  std::vector<char> buffer(16384);
-  for (int trial = 0; trial < 500; ++trial) {
-    const size_t begin = rng() % 128, span = rng() % 8192;
-    detail::LinePrefetch walk{buffer.data() + begin, buffer.data() + begin + span, 0};
-    detail::LinePrefetch expected = walk;
-    for (int step = 0; step < 64; ++step) {
-      const size_t bytes = rng() % 400;
-      detail::prefetch_step(walk, bytes);
-      for (expected.credit += bytes; expected.credit >= 64 && expected.at < expected.end;
-           expected.credit -= 64, expected.at += 64) {
-      }
-      ASSERT_EQ(walk.at - buffer.data(), expected.at - buffer.data()) << "trial " << trial << ", step " << step;
-      ASSERT_EQ(walk.credit, expected.credit) << "trial " << trial << ", step " << step;
-    }
-  }
-}
-
 TEST(DecodeAttention, TargetsUnderTestCoverEveryPathThisCpuRuns) {
   const std::vector<int64_t> targets = targets_under_test();
   auto has = [&](int64_t t) { return std::find(targets.begin(), targets.end(), t) != targets.end(); };
