@@ -114,7 +114,7 @@ void check_decode_query(const KVStore& store, int layer, const TensorView& q, co
   const StoreLayout& layout = store.layout();
   if (layer < 0 || layer >= layout.shape.n_layers)
     fail(ErrorCode::kInvalidArgument, what, ": layer ", layer, " out of range [0, ", layout.shape.n_layers, ")");
-  const std::string q_name = str_cat(what, ": q");
+  const CheckName q_name(what, ": q");
   check_dtype(q, q_name.c_str(), DType::kF32);
   check_shape(q, q_name.c_str(), {-1, layout.shape.head_dim});
   check_inner_contiguous(q, q_name.c_str());

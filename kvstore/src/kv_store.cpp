@@ -62,11 +62,11 @@ WriteScratch& write_scratch() {
   return scratch;
 }
 
-void check_importance(const TensorView& importance, const std::string& what, int64_t n, int n_kv_heads) {
-  check_shape(importance, what.c_str(), {n, n_kv_heads});
-  check_dtype(importance, what.c_str(), DType::kF32);
+void check_importance(const TensorView& importance, const char* what, int64_t n, int n_kv_heads) {
+  check_shape(importance, what, {n, n_kv_heads});
+  check_dtype(importance, what, DType::kF32);
   if (n == 0) return;
-  check_inner_contiguous(importance, what.c_str());
+  check_inner_contiguous(importance, what);
   const float* data = static_cast<const float*>(importance.data);
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < n_kv_heads; ++h) {
@@ -368,21 +368,22 @@ void KVStore::append(int layer, const TensorView& k, const TensorView& v, const 
   const int d = layout_.shape.head_dim;
   if (layer < 0 || layer >= n_layers)
     fail(ErrorCode::kInvalidArgument, "KV store append: layer ", layer, " out of range [0, ", n_layers, ")");
-  const std::string where = str_cat("KV store append (layer ", layer, "): ");
-  check_shape(k, (where + "k").c_str(), {-1, n_heads, d});
+  const CheckName where("KV store append (layer ", layer, "): ");
+  const CheckName k_name(where.c_str(), "k"), v_name(where.c_str(), "v");
+  check_shape(k, k_name.c_str(), {-1, n_heads, d});
   const int64_t n = k.shape[0];
-  if (n < 0) fail(ErrorCode::kInvalidArgument, where, "k has ", n, " tokens");
-  check_shape(v, (where + "v").c_str(), {n, n_heads, d});
+  if (n < 0) fail(ErrorCode::kInvalidArgument, where.c_str(), "k has ", n, " tokens");
+  check_shape(v, v_name.c_str(), {n, n_heads, d});
   const bool has_importance = importance.rank != 0;
-  if (has_importance) check_importance(importance, where + "importance", n, n_heads);
+  if (has_importance) check_importance(importance, CheckName(where.c_str(), "importance").c_str(), n, n_heads);
   if (n == 0) return;
-  check_inner_contiguous(k, (where + "k").c_str());
-  check_inner_contiguous(v, (where + "v").c_str());
+  check_inner_contiguous(k, k_name.c_str());
+  check_inner_contiguous(v, v_name.c_str());
   dtype_size(k.dtype);  // throws for a dtype outside the enum, before anything changes
   dtype_size(v.dtype);
   const int64_t n0 = n_tokens_[size_t(layer)];
   if (n > config_.max_seq_len - n0)
-    fail(ErrorCode::kInvalidArgument, where, n0, " tokens held + ", n, " appended would exceed max_seq_len ",
+    fail(ErrorCode::kInvalidArgument, where.c_str(), n0, " tokens held + ", n, " appended would exceed max_seq_len ",
          config_.max_seq_len);
   if (layout_.kv_type == DType::kQ8_0) check_q8_storable(*this, layer, k, v);
   else check_storable(*this, layer, k, v);
@@ -511,14 +512,14 @@ void KVStore::add_importance(int layer, int64_t first_token, const TensorView& i
     fail(ErrorCode::kInvalidArgument, "KV store add_importance: representative_type is ",
          representative_type_name(layout_.rep_type), ", only DYNAMIC keeps importance");
   check_layer(layer, "add_importance");
-  const std::string what = str_cat("KV store add_importance (layer ", layer, "): importance");
+  const CheckName what("KV store add_importance (layer ", layer, "): importance");
   check_shape(importance, what.c_str(), {-1, n_heads});
   const int64_t n = importance.shape[0];
   const int64_t held = n_tokens_[size_t(layer)];
   if (first_token < 0 || first_token > held || n > held - first_token)
     fail(ErrorCode::kInvalidArgument, "KV store add_importance: tokens [", first_token, ", ", first_token + n,
          ") out of range: layer ", layer, " holds ", held, " tokens");
-  check_importance(importance, what, n, n_heads);
+  check_importance(importance, what.c_str(), n, n_heads);
   if (n == 0) return;
 
   const int bs = layout_.block_size;

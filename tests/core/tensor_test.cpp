@@ -13,6 +13,23 @@
 namespace longctx {
 namespace {
 
+TEST(Tensor, CheckNameJoinsTextAndIntegersAndCutsLongNames) {
+  EXPECT_STREQ(CheckName("KV store append (layer ", 3, "): ", "k").c_str(), "KV store append (layer 3): k");
+  EXPECT_STREQ(CheckName(int64_t{-9000000000}, " and ", size_t{0}).c_str(), "-9000000000 and 0");
+  EXPECT_STREQ(CheckName().c_str(), "");
+  const std::string long_text(200, 'x');
+  const CheckName cut(long_text.c_str(), 12);
+  EXPECT_EQ(std::string(cut.c_str()), std::string(127, 'x'));  // the integer past the cut is dropped too
+  // What check_* reports with it.
+  std::vector<float> data(6);
+  try {
+    check_shape(make_view(data.data(), DType::kF32, {2, 3}), CheckName("layer ", 7, ": k").c_str(), {2, 4});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 7: k: expected shape"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tensor, MakeViewIsRowMajorAndContiguous) {
   std::vector<uint16_t> storage(4096 * 8 * 128);
   const TensorView view = make_view(storage.data(), DType::kF16, {4096, 8, 128});

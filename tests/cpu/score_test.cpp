@@ -613,12 +613,13 @@ TEST(ScoreBlocks, RejectsBadArguments) {
   const MutableTensorView out = make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n});
   const Query q = random_query(2 * c.n_kv_heads, c.head_dim, rng);
   const auto expect_invalid = [&](const TensorView& query, const MutableTensorView& result, const ScoreParams& params,
-                                  int layer) {
+                                  int layer, const char* says = "score_blocks") {
     try {
       score_blocks(ts.store(), layer, query, params, result);
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what() << "\n  should say: " << says;
     }
   };
   expect_invalid(q.view, out, ScoreParams{}, 2);   // no layer 2
@@ -626,11 +627,13 @@ TEST(ScoreBlocks, RejectsBadArguments) {
   std::vector<float> q3(size_t(3 * c.head_dim), 1.f);  // 3 query heads for 2 kv heads
   expect_invalid(make_view(q3.data(), DType::kF32, {3, c.head_dim}), out, ScoreParams{}, 1);
   expect_invalid(make_view(q3.data(), DType::kF32, {1, c.head_dim}), out, ScoreParams{}, 1);  // fewer than kv heads
-  expect_invalid(make_view(q3.data(), DType::kF32, {1, 3 * c.head_dim}), out, ScoreParams{}, 1);
-  expect_invalid(make_view(q3.data(), DType::kF16, {2, c.head_dim}), out, ScoreParams{}, 1);
+  expect_invalid(make_view(q3.data(), DType::kF32, {1, 3 * c.head_dim}), out, ScoreParams{}, 1,
+                 "score_blocks: q: expected shape");
+  expect_invalid(make_view(q3.data(), DType::kF16, {2, c.head_dim}), out, ScoreParams{}, 1,
+                 "score_blocks: q: expected dtype f32");
   TensorView strided_inner = q.view;
   strided_inner.strides[1] = 2;
-  expect_invalid(strided_inner, out, ScoreParams{}, 1);
+  expect_invalid(strided_inner, out, ScoreParams{}, 1, "score_blocks: q: innermost dimension");
   expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n - 1}), ScoreParams{}, 1);
   expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF16, {c.n_kv_heads, n}), ScoreParams{}, 1);
   expect_invalid(q.view, make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads * n}), ScoreParams{}, 1);

@@ -245,13 +245,14 @@ TEST(KVStore, AppendRejectsBadInputAndLeavesStoreUnchanged) {
   const TensorView none{};
   expect_error([&] { s.append(-1, k.view, v.view); }, ErrorCode::kInvalidArgument, {"layer -1", "[0, 2)"});
   expect_error([&] { s.append(2, k.view, v.view); }, ErrorCode::kInvalidArgument, {"layer 2"});
-  expect_error([&] { s.append(1, k3.view, v.view); }, ErrorCode::kInvalidArgument, {"k"});
+  expect_error([&] { s.append(1, k3.view, v.view); }, ErrorCode::kInvalidArgument, {"KV store append (layer 1): k:"});
   expect_error([&] { s.append(1, k8.view, k8.view); }, ErrorCode::kInvalidArgument, {"k"});
-  expect_error([&] { s.append(1, k.view, v5.view); }, ErrorCode::kInvalidArgument, {"v"});
+  expect_error([&] { s.append(1, k.view, v5.view); }, ErrorCode::kInvalidArgument, {"KV store append (layer 1): v:"});
   expect_error([&] { s.append(1, k_2d, v.view); }, ErrorCode::kInvalidArgument, {"k"});
-  expect_error([&] { s.append(1, k_strided_inner, v.view); }, ErrorCode::kInvalidArgument, {"k"});
+  expect_error([&] { s.append(1, k_strided_inner, v.view); }, ErrorCode::kInvalidArgument,
+               {"KV store append (layer 1): k: innermost"});
   expect_error([&] { s.append(1, k.view, v.view, make_view(imp.data(), DType::kF32, {6, 3})); },
-               ErrorCode::kInvalidArgument, {"importance"});
+               ErrorCode::kInvalidArgument, {"KV store append (layer 1): importance:"});
   expect_error([&] { s.append(1, k.view, v.view, make_view(imp.data(), DType::kF32, {12})); },
                ErrorCode::kInvalidArgument, {"importance"});
   expect_error([&] { s.append(1, k.view, v.view, make_view(imp_f16.data(), DType::kF16, {6, 2})); },
@@ -533,7 +534,7 @@ TEST(KVStore, AddImportanceValidatesBeforeChanging) {
                {"layer 1", "0 tokens"});
   expect_error([&] { s.add_importance(2, 0, importance_view(ones, 0, 1, 2)); }, ErrorCode::kInvalidArgument, {"layer 2"});
   expect_error([&] { s.add_importance(0, 0, make_view(ones.data(), DType::kF32, {2, 3})); }, ErrorCode::kInvalidArgument,
-               {"importance"});
+               {"KV store add_importance (layer 0): importance:"});
   expect_error([&] { s.add_importance(0, 0, importance_view(inf, 0, 4, 2)); }, ErrorCode::kInvalidArgument,
                {"importance", "[1, 1]"});
   EXPECT_TRUE(before == store_bytes(s));
