@@ -78,8 +78,14 @@ using detail::kTileAlign;
 // Keys per tile: K^T and V of one tile are 128 x d f32 each (64 KiB at d=128).
 constexpr int64_t kKeyTile = 128;
 // kAmx's key tiles: its P V product has the tile's keys as depth, and a tile
-// product runs longer for each time its O block is loaded and stored.
-constexpr int64_t kAmxKeyTile = 512;
+// product runs longer for each time its O block is loaded and stored; but
+// each block of 32 rows streams the whole tile's K and V tiles through the
+// tile loads, from L2 once they outgrow L1. 512 keys ran 14% faster than
+// 128 on 16 cores of an AMX Xeon (4096 queries over 128K); on 2 cores of
+// another (2026-12-02, 4096 queries over 32K, 32/8 heads), 256 ran 6.7%
+// faster than 512 at head_dim 128 (medians of four alternated runs, 1.82
+// against 1.95 s) and the same at 32, 64 and 256, and 128 slower again.
+constexpr int64_t kAmxKeyTile = 256;
 // Rows (positions x heads of a group) per query tile: as many as make the
 // tile's Q and O 128 KiB each (256 rows at d=128), so that with S and the key
 // tile one work item's data (512 KiB at d=128) stays in L2. Larger tiles

@@ -6,7 +6,7 @@
 //                    P = exp(S - m) in bf16, m the row's reference max
 // then, for the whole tile,
 //   O += P V         on bf16 tiles, O's f32 blocks loaded into the tiles and back
-// so S stays in L1 and P (32 KiB at 512 keys) in the core's caches between
+// so S stays in L1 and P (16 KiB at 256 keys) in the core's caches between
 // the products. m is raised only when a chunk's max passes it by more than
 // kMaxLead; the P already written (relative to the old m) then goes into O
 // before the row's O and l are rescaled.

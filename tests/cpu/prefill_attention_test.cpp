@@ -113,7 +113,7 @@ TEST(PrefillAttention, ExplicitScaleIsUsed) {
 }
 
 // Histories and chunks longer than several key tiles (128 keys; the amx
-// kernel's 512): the online softmax carries m, l and O from tile to tile,
+// kernel's 256): the online softmax carries m, l and O from tile to tile,
 // through history tiles and chunk tiles whose causal mask cuts inside them.
 TEST(PrefillAttention, KeysOverSeveralKeyTilesMatchReference) {
   std::mt19937 rng(31);
