@@ -151,10 +151,17 @@ double measure_copy_gbps(size_t bytes, int threads, int reps) {
 }
 
 void evict_caches() {
-  static std::vector<char> buffer(size_t(256) << 20);
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, buffer.size(), size_t(1) << 20),
+  static const std::vector<uint64_t> buffer = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where the system does not say
+    const size_t bytes = std::max(size_t(256) << 20, 2 * size_t(std::max(l3, 0L)));
+    return std::vector<uint64_t>(bytes / sizeof(uint64_t), 1);
+  }();
+  constexpr size_t kWordsPerLine = 64 / sizeof(uint64_t);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, buffer.size(), size_t(1) << 17),
                     [](const tbb::blocked_range<size_t>& range) {
-                      for (size_t i = range.begin(); i < range.end(); i += 64) buffer[i] = char(buffer[i] + 1);
+                      uint64_t sum = 0;
+                      for (size_t i = range.begin(); i < range.end(); i += kWordsPerLine) sum += buffer[i];
+                      asm volatile("" : : "r"(sum));  // keeps the reads
                     });
 }
 

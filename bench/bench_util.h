@@ -90,12 +90,17 @@ struct TempModel {
 // threads each copying a contiguous slice.
 double measure_copy_gbps(size_t bytes, int threads, int reps);
 
-// Writes a 256 MiB buffer (larger than the last-level cache) on every core
-// of the current thread limit, so that the next timed call reads its data from
-// DRAM, as a decode step of one layer finds its K/V and representatives after
-// the other layers ran, and finds the thread pool awake: evicting on one
-// thread lets the pool's workers fall asleep, and the timed call then pays for
-// waking them, which a real step does not.
+// Reads a buffer of twice the last-level cache (256 MiB at least) on every
+// core of the current thread limit, so that the next timed call reads its
+// data from DRAM, as a decode step of one layer finds its K/V and
+// representatives after the other layers ran, and finds the thread pool
+// awake: evicting on one thread lets the pool's workers fall asleep, and the
+// timed call then pays for waking them, which a real step does not. A fixed
+// 256 MiB left a 480 MiB L3 (a 2-core Xeon VM with AMX, 2026-12-02) holding
+// much of the data: the 128K sparse attention took 2.1 ms on one thread
+// after it and 5-6.7 ms after 1.5 GiB. Reads, not writes: the previous
+// layers leave clean lines, and dirty ones would add their write-backs to
+// the timed call.
 void evict_caches();
 
 // Read-only bandwidth over `bytes` (the roofline of read-bound kernels such
