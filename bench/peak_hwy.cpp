@@ -4,8 +4,6 @@
 // bandwidth on Highway's best vector target, so memory-bound kernels can be
 // quoted as a share of what DRAM delivers.
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -16,6 +14,7 @@
 #include <tbb/parallel_for.h>
 
 #include "bench_util.h"
+#include "longctx/core/huge_pages.h"
 #include "longctx/cpu/peak_loops.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -63,16 +62,13 @@ double measure_bf16_gflops(int threads) {
 double measure_read_gbps(size_t bytes, int threads, int reps) {
   constexpr size_t kSliceAlign = 64;  // words: whole vectors of every target, 4 at a time
   const size_t words = bytes / sizeof(uint64_t) / kSliceAlign * kSliceAlign;
-  // On 2 MiB pages, as the KV blocks, representatives and weights it bounds
+  // On huge pages, as the KV blocks, representatives and weights it bounds
   // are (BlockPool, CpuBackend): a 2-core Zen 5 read 48 GB/s through 4 KiB
   // pages and 70 through 2 MiB ones, so a probe on 4 KiB pages put dense
   // decode at 1.25x "the bandwidth".
-  constexpr size_t kHugePage = size_t(2) << 20;
-  const size_t alloc_bytes = (words * sizeof(uint64_t) + kHugePage - 1) / kHugePage * kHugePage;
-  void* memory = nullptr;
-  if (posix_memalign(&memory, kHugePage, alloc_bytes) != 0) throw std::bad_alloc();
+  void* memory = allocate_on_huge_pages(words * sizeof(uint64_t));
+  if (memory == nullptr) throw std::bad_alloc();
   const std::unique_ptr<void, void (*)(void*)> owned(memory, std::free);
-  (void)madvise(memory, alloc_bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB, as the store's
   auto* data = static_cast<uint64_t*>(memory);
   for (size_t i = 0; i < words; ++i) data[i] = i;
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, size_t(threads));

@@ -2,7 +2,6 @@
 // the math is in cpu_backend_ops.cpp (oneTBB) and cpu_backend_matmul.cpp (oneDNN).
 #include "longctx/cpu/cpu_backend.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -13,6 +12,7 @@
 #include "cpu_backend_internal.h"
 #include "longctx/core/backend_args.h"
 #include "longctx/core/error.h"
+#include "longctx/core/huge_pages.h"
 #include "longctx/cpu/quant_matmul.h"
 
 namespace longctx::cpu {
@@ -28,18 +28,12 @@ uint64_t physical_memory_bytes() {
   return bytes;
 }
 
-// Tensors from this size on (weights, in practice) start on a 2 MiB boundary
-// and ask for transparent huge pages: streaming gigabytes of weights through
-// 4 KiB pages costs a TLB miss every 4 KiB.
-constexpr size_t kHugePage = size_t(2) << 20;
+// Tensors from this size on (weights, in practice) go on huge pages.
 constexpr size_t kHugePageMinBytes = size_t(4) << 20;
 
 void* allocate(size_t bytes) {
   if (bytes < kHugePageMinBytes) return ::operator new(bytes, std::align_val_t(64), std::nothrow);
-  void* data = nullptr;
-  if (posix_memalign(&data, kHugePage, bytes) != 0) return nullptr;
-  madvise(data, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
-  return data;
+  return allocate_on_huge_pages(bytes);
 }
 
 void release(void* data, size_t bytes) {
