@@ -286,9 +286,9 @@ void run_tile(const Problem& p, int kv_head, int64_t i_begin, int64_t i_end, Til
     // The keys each active row sees, set per position for its g rows: the
     // row index divided by g for each row and key tile held about half of
     // this function's own samples in a profile at the demo's shape (Zen 5).
-    for (int64_t i = first_i, r = 0; i < i_end; ++i) {
+    for (int64_t i = first_i; i < i_end; ++i) {
       const int valid = int(tile_history + std::clamp<int64_t>(p.first_pos + i - chunk0 + 1, 0, count - tile_history));
-      for (int j = 0; j < g; ++j) scratch.valid[size_t(r++)] = valid;
+      std::fill_n(scratch.valid.begin() + (i - first_i) * g, g, valid);
     }
     if (amx) {
       // Whole tiles of 32 keys, packed tile by tile: the columns past the
