@@ -101,9 +101,13 @@ void quantize_acts(const float* x, int64_t rows, int64_t k, int64_t ldx, int64_t
         sum += sum4;
       }
       if (block == 256) out.sum16[size_t(r * (k / 16) + g)] = static_cast<int16_t>(sum);
-      else out.dsum[size_t(r * (k / 32) + g / 2)] += d[g / 2] * static_cast<float>(sum);
       out.minus_sum32[size_t(r * (k / 32) + g / 2)] -= sum;
     }
+    // d times the exact sum of 32 codes, one rounding: adding d times each
+    // half's sum rounded twice, and lost most of its digits where the halves
+    // nearly cancel.
+    for (int64_t b = 0; block == 32 && b < k / 32; ++b)
+      out.dsum[size_t(r * (k / 32) + b)] = d[b] * static_cast<float>(-out.minus_sum32[size_t(r * (k / 32) + b)]);
     for (int64_t b = 0; block == 256 && b < k / 256; ++b) {
       const int32_t* sub = out.minus_sum32.data() + r * (k / 32) + 8 * b;  // |sum| <= 32 * 127: int16
       for (int w = 0; w < 4; ++w) {
