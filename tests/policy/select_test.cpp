@@ -287,7 +287,10 @@ TEST(SelectBlocks, ChoosingHeadsAloneChoose) {
                     make_mutable_view(scores.data(), DType::kF32, {c.n_kv_heads, n_context}));
   std::vector<float> chooser_scores(scores.begin(), scores.begin() + n_context);  // heads 0 and 2
   chooser_scores.insert(chooser_scores.end(), scores.begin() + 2 * n_context, scores.end());
-  // Ada-KV compares attention shares: each row's softmax over its ranked blocks at 1/sqrt(head_dim).
+  // Ada-KV compares attention shares: each row's log softmax over its ranked
+  // blocks at 1/sqrt(head_dim). Logs, as select_blocks ranks them: this
+  // store's scores span some 2000, so most shares underflow f32 to 0 and
+  // would tie.
   std::vector<float> chooser_shares = chooser_scores;
   for (int r = 0; r < 2; ++r) {
     float* row = chooser_shares.data() + r * n_context;
@@ -296,7 +299,7 @@ TEST(SelectBlocks, ChoosingHeadsAloneChoose) {
     double m = -INFINITY, total = 0.0;
     for (int64_t i = lo; i < hi; ++i) m = std::max(m, row[i] * scale);
     for (int64_t i = lo; i < hi; ++i) total += std::exp(row[i] * scale - m);
-    for (int64_t i = lo; i < hi; ++i) row[i] = float(std::exp(row[i] * scale - m) / total);
+    for (int64_t i = lo; i < hi; ++i) row[i] = float(row[i] * scale - m - std::log(total));
   }
 
   SelectSpec spec;
