@@ -245,8 +245,11 @@ TEST(AdakvTest, LowerL1LossThanUniformOnMixedConcentration) {
     size_t adaptive_total = 0;
     for (const auto& a : adaptive) adaptive_total += a.size();
     ASSERT_EQ(adaptive_total, size_t(kHeads * kBudget));
+    // Which flat head receives more depends on the draw (the spread of its
+    // logits); together they receive what the peaked heads give away.
     EXPECT_LT(adaptive[0].size(), size_t(kBudget)) << "peaked heads give budget away";
-    EXPECT_GT(adaptive[2].size(), size_t(kBudget)) << "flat heads receive it";
+    EXPECT_LT(adaptive[1].size(), size_t(kBudget)) << "peaked heads give budget away";
+    EXPECT_GT(adaptive[2].size() + adaptive[3].size(), size_t(2 * kBudget)) << "flat heads receive it";
 
     const kvstore::Partition part = store.partition(0);
     const auto kept_mass = [&](const std::vector<std::vector<int64_t>>& chosen) {
