@@ -377,7 +377,12 @@ TEST(Quoka, PrefillIsRestrictedPrefillOverSelectionAndDenseAtFullBudget) {
 // A chunk whose queries share one direction, plus a few rows that are the
 // synthetic workload's needle-aligned query: those rows are the least similar
 // to the mean, are retained, and their cosine with the needle keys puts every
-// needle token among the 3% of candidates kept.
+// needle token among the 6% of candidates kept. The needles' worst rank is
+// usually 15-32, but one needle token of workload seed 1 (kv head 1) has a
+// cosine of 0.26 only, and the random retained rows put it at rank 128-182 in
+// 2 of 500 chunk draws (a sweep of 2000 draws, not committed); b_sa = 256
+// keeps it with a margin, while 256 random candidates of the 4028 would hold
+// all 16 needle tokens with p < 1e-18.
 TEST(Quoka, KeepsNeedlesAlignedWithSomeChunkQueries) {
   SyntheticSpec spec;
   spec.n_tokens = 4096;
@@ -406,14 +411,14 @@ TEST(Quoka, KeepsNeedlesAlignedWithSomeChunkQueries) {
           q[size_t((i * hq + h) * d + c)] = w.q[size_t(h * d + c)] + 0.1f * normal_values(1, rng)[0];
     QuokaConfig config;
     config.n_q = 8;
-    config.b_sa = 128;
+    config.b_sa = 256;
     config.b_cp = 64;
     const Selection sel = quoka_select_keys(*t->store, 1, spec.n_tokens,
                                             make_view(q.data(), DType::kF32, {n, hq, d}), config, 4, 64);
     bool all = true;
     for (int h = 0; h < n_kv; ++h) {
       const std::vector<int64_t> kept = positions_of(sel.spans[size_t(h)]);
-      EXPECT_EQ(int64_t(kept.size()), 4 + 128 + 64);
+      EXPECT_EQ(int64_t(kept.size()), 4 + 256 + 64);
       for (int64_t needle : w.needle_tokens) {
         const bool found = std::binary_search(kept.begin(), kept.end(), needle);
         EXPECT_TRUE(found) << "seed " << seed << " kv head " << h << ": needle token " << needle << " dropped";
