@@ -1,6 +1,9 @@
 #include "server_engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "chat_session.h"
@@ -105,11 +108,24 @@ Metrics Engine::metrics() const {
 }
 
 void Engine::work() {
+  // A request's activations are freed into glibc's heaps, which keep their
+  // pages resident (some 20 MiB after a burst of small requests); once the
+  // engine has been idle this long they go back to the system. Waiting for
+  // idleness keeps the trim, a walk over every heap, out of a burst.
+  constexpr std::chrono::milliseconds kIdleBeforeTrim{250};
+  bool trimmed = true;  // nothing freed since the last trim
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      const auto ready = [&] { return stopping_ || !queue_.empty(); };
+      if (!trimmed && !wake_.wait_for(lock, kIdleBeforeTrim, ready)) {
+        lock.unlock();
+        malloc_trim(0);
+        trimmed = true;
+        lock.lock();
+      }
+      wake_.wait(lock, ready);
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -117,6 +133,7 @@ void Engine::work() {
       metrics_.running = 1;
       running_ = job;
     }
+    trimmed = false;
     try {
       run(*job);
     } catch (const ApiError& e) {
