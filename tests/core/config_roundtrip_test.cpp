@@ -14,6 +14,7 @@
 
 #include "config_fixture.h"
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx {
 namespace {
@@ -124,7 +125,7 @@ LongContextConfig random_valid_config(std::mt19937_64& rng) {
 }
 
 TEST(ConfigRoundTrip, RandomValidConfigs) {
-  std::mt19937_64 rng(20240611);
+  std::mt19937_64 rng(test_seed(20240611));
   for (int i = 0; i < 400; ++i) {
     const LongContextConfig config = random_valid_config(rng);
     ASSERT_NO_THROW(validate_config(config)) << "generator made an invalid config, iteration " << i;

@@ -15,6 +15,7 @@
 #include "hwy/targets.h"
 #include "hwy_target.h"
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx {
 namespace {
@@ -289,7 +290,7 @@ uint16_t expected_nan(const Format16& format, uint32_t f32_bits) {
 // concentrated where the format's values live, against the reference.
 void check_random_patterns(const Format16& format, uint32_t seed) {
   const ReferenceRounder reference(format);
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   std::uniform_int_distribution<uint32_t> any_bits;
   // f32 exponent fields that reach the format's subnormals .. just past its overflow.
   std::uniform_int_distribution<uint32_t> exponent_field(
@@ -419,7 +420,7 @@ TEST(DtypeConvert, EveryPairEveryTargetMatchesScalar) {
   for (size_t n = 0; n <= 67; ++n) lengths.push_back(n);
   for (size_t n : {255, 1001, 0x10000 + 3}) lengths.push_back(n);
 
-  std::mt19937 rng(42);
+  std::mt19937 rng(test_seed(42));
   for (int64_t target : targets) {
     SCOPED_TRACE(target == 0 ? "default dispatch" : hwy::TargetName(target));
     const ForcedHighwayTarget forced(target);

@@ -17,6 +17,7 @@
 #include "core/ggml_test_util.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/ggml_types.h"
+#include "test_seed.h"
 
 namespace longctx {
 namespace {
@@ -154,7 +155,7 @@ void check_steps(GgmlType type, const float* x, const uint8_t* b) {
 }
 
 TEST(GgmlQuantize, ErrorWithinTheFormatsBoundOnHardInputs) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   for (GgmlType type : kBlockTypes) {
     const GgmlTypeInfo& info = ggml_type_info(type);
     SCOPED_TRACE(info.name);
@@ -202,7 +203,7 @@ TEST(GgmlQuantize, ErrorWithinTheFormatsBoundOnHardInputs) {
 // uniform quantizer with the same steps (RMS step / sqrt(12)), and quantizing
 // the rows separately gives the bytes of the whole.
 TEST(GgmlQuantize, GaussianRowsAccuracyAndRowIndependence) {
-  std::mt19937 rng(12);
+  std::mt19937 rng(test_seed(12));
   std::normal_distribution<float> normal;
   std::vector<float> x(256 * 64);
   for (float& v : x) v = normal(rng);
@@ -231,7 +232,7 @@ TEST(GgmlQuantize, GaussianRowsAccuracyAndRowIndependence) {
 }
 
 TEST(GgmlQuantize, PlainTypesMatchDtypeConversions) {
-  std::mt19937 rng(13);
+  std::mt19937 rng(test_seed(13));
   std::normal_distribution<float> normal(0.f, 10.f);
   std::vector<float> x(100);
   for (float& v : x) v = normal(rng);

@@ -13,6 +13,7 @@
 #include "core/ggml_test_util.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/ggml_types.h"
+#include "test_seed.h"
 
 namespace longctx {
 namespace {
@@ -67,7 +68,7 @@ TEST(GgmlTypes, Bytes) {
 }
 
 TEST(GgmlTypes, DequantizeMatchesReferenceOnRandomBlocks) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   for (GgmlType type : dequantizable_types()) {
     const GgmlTypeInfo& info = ggml_type_info(type);
     SCOPED_TRACE(info.name);
@@ -111,7 +112,7 @@ TEST(GgmlTypes, DequantizeF16AndBf16SpecialValues) {
 // five-bit quants) the way the spec describes and checks that decoding gives
 // d*scale*q - dmin*min.
 TEST(GgmlTypes, Q4KAndQ5KFromLogicalValues) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K}) {
     SCOPED_TRACE(ggml_type_info(type).name);
     const bool five = type == GgmlType::kQ5_K;
@@ -151,7 +152,7 @@ TEST(GgmlTypes, Q4KAndQ5KFromLogicalValues) {
 
 // Same for Q6_K: 16 int8 scales, 256 six-bit quants.
 TEST(GgmlTypes, Q6KFromLogicalValues) {
-  std::mt19937 rng(4);
+  std::mt19937 rng(test_seed(4));
   for (int trial = 0; trial < 20; ++trial) {
     int scale[16], q[256];
     for (int& s : scale) s = int(rng() % 256) - 128;

@@ -28,6 +28,7 @@
 #include "../../cpu/src/attention_kernel.h"
 #include "reference.h"
 #include "store_fixture.h"
+#include "test_seed.h"
 
 namespace longctx::cpu {
 namespace {
@@ -350,7 +351,7 @@ TEST(DecodeAttention, RandomShapesAndSelectionsOnEveryTargetMatchReference) {
   const int head_dims[] = {64, 128, 256};
   const int groups[] = {1, 2, 4, 8, 3, 5};
   const std::vector<int64_t> targets = targets_under_test();
-  std::mt19937 rng(2024);
+  std::mt19937 rng(test_seed(2024));
   int index = 0;
   for (DType dtype : dtypes) {
     for (int block_size : block_sizes) {
@@ -390,7 +391,7 @@ TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasThem) {
   const std::vector<int64_t> targets = targets_under_test();
   const auto has = [&](int64_t target) { return std::find(targets.begin(), targets.end(), target) != targets.end(); };
   if (!has(HWY_SSE4)) GTEST_SKIP() << "needs the SSE4 Highway target to compare with";
-  std::mt19937 rng(41);
+  std::mt19937 rng(test_seed(41));
   const AttnCase c{DType::kQ8_0, 64, 128, 2, 4, 64 * 9 + 13};
   const AttnStore s(c, random_kv(c, rng), rng);
   const std::vector<float> q = random_q(c, rng);
@@ -413,7 +414,7 @@ TEST(DecodeAttention, Q8IntegerKernelsRunWhereTheCpuHasThem) {
 }
 
 TEST(DecodeAttention, FullSelectionEqualsDense) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   const AttnCase cases[] = {
       {DType::kF16, 16, 64, 2, 4, 16 * 9 + 7},
       {DType::kBF16, 64, 128, 1, 8, 64 * 5},
@@ -446,7 +447,7 @@ TEST(DecodeAttention, FullSelectionEqualsDense) {
 }
 
 TEST(DecodeAttention, SplitSizesAgreeAndThreadCountDoesNotChangeTheResult) {
-  std::mt19937 rng(17);
+  std::mt19937 rng(test_seed(17));
   const AttnCase c{DType::kF16, 64, 128, 2, 4, 64 * 20 + 29};
   const AttnStore s(c, random_kv(c, rng), rng);
   const std::vector<float> q = random_q(c, rng);
@@ -471,7 +472,7 @@ TEST(DecodeAttention, SplitSizesAgreeAndThreadCountDoesNotChangeTheResult) {
 // very different lengths and empty heads included, explicit and default
 // splits, 1 and 3 threads), and a head it refuses leaves every row unwritten.
 TEST(DecodeAttention, HeadByHeadEqualsTheWholeSelectionBitForBit) {
-  std::mt19937 rng(29);
+  std::mt19937 rng(test_seed(29));
   const AttnCase cases[] = {
       {DType::kF16, 64, 128, 4, 4, 64 * 40 + 29},
       {DType::kQ8_0, 32, 64, 8, 2, 32 * 70 + 5},
@@ -541,7 +542,7 @@ TEST(DecodeAttention, HeadByHeadEqualsTheWholeSelectionBitForBit) {
 // while every selected logit is about -34: reading any of them moves out far
 // from the reference over the selected tokens.
 TEST(DecodeAttention, ReadsOnlySelectedTokens) {
-  std::mt19937 rng(23);
+  std::mt19937 rng(test_seed(23));
   std::normal_distribution<float> normal;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
     const AttnCase c{dtype, 64, 128, 2, 2, 64 * 15 + 21};
@@ -588,7 +589,7 @@ TEST(DecodeAttention, ReadsOnlySelectedTokens) {
 }
 
 TEST(DecodeAttention, EmptySelectionsAndEmptyLayersGiveZeroAndMinusInfinity) {
-  std::mt19937 rng(29);
+  std::mt19937 rng(test_seed(29));
   AttnCase c{DType::kF16, 16, 64, 2, 4, 40};
   const AttnStore s(c, random_kv(c, rng), rng);
   const std::vector<float> q = random_q(c, rng);
@@ -608,7 +609,7 @@ TEST(DecodeAttention, EmptySelectionsAndEmptyLayersGiveZeroAndMinusInfinity) {
 // of 1/8: exact f32 logits), keys of norm 1e3 times the others, identical keys:
 // finite results that match the reference, on every target.
 TEST(DecodeAttention, HardLogitsNeverMakeNaN) {
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   std::normal_distribution<float> normal;
   const AttnCase c{DType::kF16, 16, 64, 2, 2, 16 * 6 + 5};
   const int64_t row = int64_t(c.n_kv_heads) * c.head_dim;
@@ -662,7 +663,7 @@ TEST(DecodeAttention, HardLogitsNeverMakeNaN) {
 
 // One kv head, a long context: many flash-decoding pieces merged.
 TEST(DecodeAttention, LongContextOneKvHead) {
-  std::mt19937 rng(37);
+  std::mt19937 rng(test_seed(37));
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     const AttnCase c{dtype, 128, 128, 1, 8, 20000};
     SCOPED_TRACE(c.describe());
@@ -678,7 +679,7 @@ TEST(DecodeAttention, LongContextOneKvHead) {
 // q and out with padded rows, a custom scale: only the rows' first head_dim
 // elements are read and written.
 TEST(DecodeAttention, StridedViewsAndCustomScale) {
-  std::mt19937 rng(41);
+  std::mt19937 rng(test_seed(41));
   const AttnCase c{DType::kBF16, 16, 64, 2, 3, 16 * 4 + 9};
   const AttnStore s(c, random_kv(c, rng), rng);
   const std::vector<float> q = random_q(c, rng);
@@ -707,7 +708,7 @@ TEST(DecodeAttention, StridedViewsAndCustomScale) {
 }
 
 TEST(DecodeAttention, RejectsBadArgumentsNamingThem) {
-  std::mt19937 rng(43);
+  std::mt19937 rng(test_seed(43));
   const AttnCase c{DType::kF16, 16, 64, 2, 2, 50};
   const AttnStore s(c, random_kv(c, rng), rng);
   std::vector<float> q = random_q(c, rng), out(q.size(), 9.f), lse(4, 9.f);

@@ -31,6 +31,7 @@
 #include "prefill_fixture.h"
 #include "reference.h"
 #include "store_fixture.h"
+#include "test_seed.h"
 
 namespace longctx::cpu {
 namespace {
@@ -53,7 +54,7 @@ TEST(PrefillAttention, RandomShapesOnEveryTargetMatchReference) {
   const int block_sizes[] = {1, 16, 64, 128};
   const int head_dims[] = {64, 128, 256};
   const int groups[] = {1, 2, 4, 8};
-  std::mt19937 rng(2024);
+  std::mt19937 rng(test_seed(2024));
   int checked = 0;
   for (DType kv_type : types) {
     for (int block_size : block_sizes) {
@@ -100,7 +101,7 @@ TEST(PrefillAttention, ExplicitScaleIsUsed) {
   c.n_kv_heads = 2;
   c.history = 70;
   c.n = 40;
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   auto t = make_store(c, c.n_tokens());
   fill_random(*t->store, c.n_tokens(), rng);
   Buffers b(c, rng);
@@ -116,7 +117,7 @@ TEST(PrefillAttention, ExplicitScaleIsUsed) {
 // kernel's 256): the online softmax carries m, l and O from tile to tile,
 // through history tiles and chunk tiles whose causal mask cuts inside them.
 TEST(PrefillAttention, KeysOverSeveralKeyTilesMatchReference) {
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   for (const auto& [history, n, head_dim, g] : {std::tuple<int64_t, int64_t, int, int>{1300, 37, 128, 4},
                                                 std::tuple<int64_t, int64_t, int, int>{0, 1100, 64, 1},
                                                 std::tuple<int64_t, int64_t, int, int>{600, 40, 256, 2}}) {
@@ -148,7 +149,7 @@ TEST(PrefillAttention, ChunkingAndThreadsDoNotChangeResults) {
   c.n_kv_heads = 2;
   c.g = 4;
   c.n = 1100;  // several key tiles of every kernel
-  std::mt19937 rng(77);
+  std::mt19937 rng(test_seed(77));
   const size_t token_size = size_t(c.n_kv_heads * c.head_dim);
   const std::vector<float> k = normal_values(size_t(c.n) * token_size, rng);
   const std::vector<float> v = normal_values(size_t(c.n) * token_size, rng);
@@ -208,7 +209,7 @@ void expect_every_kernel_exact(const kvstore::KVStore& store, int64_t first_pos,
 // every logit (q_0 = +-100, k_0 = 100), the other channels add small integers,
 // so the softmax is not trivial and every logit is exact in f32.
 TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   std::uniform_int_distribution<int> small(-2, 2);
   for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
     PrefillCase c;
@@ -244,7 +245,7 @@ TEST(PrefillAttention, LogitsNearPlusMinus1e4AreFiniteAndCorrect) {
 // queries' channel 0 is 200. Every key before the jump must drop out of O
 // and l, whatever chunk of a tile it sits in.
 TEST(PrefillAttention, LogitJumpPastExpRangeDropsEarlierKeys) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   std::uniform_int_distribution<int> small(-2, 2);
   for (DType kv_type : {DType::kF32, DType::kF16}) {
     PrefillCase c;
@@ -279,7 +280,7 @@ TEST(PrefillAttention, LogitJumpPastExpRangeDropsEarlierKeys) {
 // weight on the sinks; queries leaning away must still attend the rest.
 // Integer data and scale 1 keep the logits (up to ~2.6e6) exact.
 TEST(PrefillAttention, HugeNormSinkKeysNeverGiveNaN) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   std::uniform_int_distribution<int> small(-2, 2), lean(0, 2);
   for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (float sink_value : {60.f, 1e4f}) {
@@ -317,7 +318,7 @@ TEST(PrefillAttention, EmptyChunkWritesNothing) {
   c.n_kv_heads = 2;
   c.g = 2;
   c.n = 0;
-  std::mt19937 rng(1);
+  std::mt19937 rng(test_seed(1));
   auto t = make_store(c, 40);
   fill_random(*t->store, 40, rng);
   float q = 0, out = kSentinel, lse = kSentinel;
@@ -335,7 +336,7 @@ TEST(PrefillAttention, RejectsInvalidArgumentsNamingThem) {
   c.head_dim = 64;
   c.n = 5;
   c.history = 15;
-  std::mt19937 rng(9);
+  std::mt19937 rng(test_seed(9));
   auto t = make_store(c, c.n_tokens());
   fill_random(*t->store, c.n_tokens(), rng);  // layer 1: 20 tokens
   const kvstore::KVStore& store = *t->store;
@@ -442,7 +443,7 @@ void run_restricted(const kvstore::KVStore& store, int64_t first_pos, const Sele
 
 // Each query attends its kv head's spans plus the chunk up to itself.
 TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
-  std::mt19937 rng(606);
+  std::mt19937 rng(test_seed(606));
   int checked = 0;
   for (DType kv_type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     for (int block_size : {1, 16, 64}) {
@@ -514,7 +515,7 @@ TEST(PrefillAttention, RestrictedHistoryOnEveryTargetMatchesReference) {
 // The span [0, first_pos), whole or cut into adjacent pieces, is the dense
 // prefill bit for bit (same key list, same tiles).
 TEST(PrefillAttention, FullHistorySpansEqualDenseBitForBit) {
-  std::mt19937 rng(707);
+  std::mt19937 rng(test_seed(707));
   for (int64_t history : {0, 1, 127, 128, 300}) {
     PrefillCase c;
     c.kv_type = DType::kF16;
@@ -555,7 +556,7 @@ TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
   c.g = 2;
   c.n = 5;
   c.history = 15;
-  std::mt19937 rng(10);
+  std::mt19937 rng(test_seed(10));
   auto t = make_store(c, c.n_tokens());
   fill_random(*t->store, c.n_tokens(), rng);
   Buffers b(c, rng);
@@ -584,7 +585,7 @@ TEST(PrefillAttention, RejectsInvalidHistorySpansNamingThem) {
 // exactly as the argument s, within 1 ulp (2u relative) of exp in fp64 down
 // to -86, 0 below it and in masked columns; m' = 0 and l = sum of p.
 TEST(PrefillAttention, F32SoftmaxExpIsWithin1UlpOnEveryTarget) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   std::uniform_real_distribution<float> uniform(-90.f, 0.f);
   std::vector<float> args = {-1e-7f, -0.34657f, -0.34658f, -0.5f, -1.f, -85.99f, -86.f, -86.01f, -87.5f, -104.f};
   for (int i = 0; i < 40000; ++i) args.push_back(i < 8000 ? uniform(rng) / 90.f : uniform(rng));
@@ -632,7 +633,7 @@ TEST(PrefillAttention, F32SoftmaxExpIsWithin1UlpOnEveryTarget) {
 TEST(PrefillAttention, Bf16SoftmaxExpIsWithinItsBound) {
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   if (!why.empty()) GTEST_SKIP() << why;
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   std::uniform_real_distribution<float> uniform(-87.f, 0.f);
   std::vector<float> ts = {0.f, -0.5f, -1.f, -1.5f, -1e-7f, -86.99f};
   for (int i = 0; i < 20000; ++i) ts.push_back(i < 4000 ? uniform(rng) / 87.f : uniform(rng));
@@ -668,7 +669,7 @@ namespace longctx::cpu {
 TEST(PrefillAttention, AmxTilePackingMatchesItsLayout) {
   const std::string why = prefill_kernel_unsupported_reason(PrefillKernel::kBf16);
   if (!why.empty()) GTEST_SKIP() << why;
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   std::normal_distribution<float> normal(0.f, 3.f);
   constexpr uint32_t kSentinel = 0xdeadbeef;
   for (size_t rows : {1, 2, 17, 31, 32, 33, 64, 100, 128}) {

@@ -21,6 +21,7 @@
 #include "longctx/cpu/peak_loops.h"
 #include "longctx/cpu/prefill_attention.h"
 #include "prefill_fixture.h"
+#include "test_seed.h"
 
 namespace longctx::cpu {
 namespace {
@@ -36,7 +37,7 @@ bool has_bf16_kernel_isa(const CpuFeatures& f) {
 // Running `kernel` on a small case throws Error(kUnsupported) mentioning `needle`.
 void expect_refused(PrefillKernel kernel, const std::string& needle) {
   PrefillCase c;
-  std::mt19937 rng(9);
+  std::mt19937 rng(test_seed(9));
   auto t = make_store(c, c.n_tokens());
   fill_random(*t->store, c.n_tokens(), rng);
   Buffers b(c, rng);
@@ -177,7 +178,7 @@ TEST(PrefillAttention, OnednnKernelLeavesTheCallersOpenMpThreadCount) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(before + 3);
   PrefillCase c;
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   auto t = make_store(c, c.n_tokens());
   fill_random(*t->store, c.n_tokens(), rng);
   Buffers b(c, rng);

@@ -25,6 +25,7 @@
 #include "longctx/core/dtype.h"
 #include "longctx/cpu/quant_matmul.h"
 #include "hwy_target.h"
+#include "test_seed.h"
 
 namespace longctx::cpu {
 namespace {
@@ -137,7 +138,7 @@ TEST_P(QuantMatmulTest, MatchesFp64ProductOfDequantizedWeights) {
   if (!why.empty()) GTEST_SKIP() << why;
   const GgmlTypeInfo& info = ggml_type_info(type);
   if (!info.dequantizable) GTEST_SKIP() << info.name << ": core cannot dequantize it, so there is no reference";
-  std::mt19937 rng(1234 + static_cast<int>(type) * 10 + static_cast<int>(isa));
+  std::mt19937 rng(test_seed(1234 + static_cast<int>(type) * 10 + static_cast<int>(isa)));
   const int64_t block = quant_act_block(type);
   for (int trial = 0; trial < 12; ++trial) {
     const int64_t k = info.block_elems * (1 + int64_t(rng() % (block == 256 ? 6 : 40)));
@@ -201,7 +202,7 @@ TEST(QuantMatmul, GroupsPackAsDocumentedAndUnpackEveryRow) {
       {GgmlType::kQ3_K, {{4, 32}, {4, 64}, {4, 12}, {2, 2}}},
       {GgmlType::kQ2_K, {{4, 16}, {4, 64}, {2, 2}, {2, 2}}},
   };
-  std::mt19937 rng(21);
+  std::mt19937 rng(test_seed(21));
   for (const auto& [type, fields] : layouts) {
     for (QuantLayout layout : {QuantLayout::kRows8, QuantLayout::kRows16}) {
       const GgmlTypeInfo& info = ggml_type_info(type);
@@ -239,7 +240,7 @@ TEST_P(QuantMatmulTest, NonFiniteActivationsGiveNaN) {
   const std::string why = isa_unsupported_reason(isa);
   if (!why.empty()) GTEST_SKIP() << why;
   const GgmlTypeInfo& info = ggml_type_info(type);
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   const int64_t k = 2 * info.block_elems;
   const std::vector<uint8_t> w = random_blocks(type, 2, rng);
   std::vector<float> x(size_t(2 * k), 0.5f);
@@ -280,7 +281,7 @@ TEST(QuantMatmul, IsasAreListedBestFirstWithGenericLast) {
 // (0.5 - 2^-25 among them), zero, subnormal and non-finite blocks must give the
 // scalar rule's codes and scales bit for bit.
 TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   for (int64_t block : {32, 256}) {
     const int64_t n_blocks = 24, k = block * n_blocks;
     std::vector<float> x(static_cast<size_t>(k));
@@ -340,7 +341,7 @@ TEST(QuantMatmul, QuantizesHardBlocksAsTheScalarRuleOnEveryHighwayTarget) {
 }
 
 TEST(QuantMatmul, QuantizedActivationsHoldScalesAndSums) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   const std::vector<float> x = random_acts(3, 512, rng);
   for (int64_t block : {32, 256}) {
     QuantizedActs acts;

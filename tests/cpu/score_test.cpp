@@ -39,6 +39,7 @@
 #include "reference.h"
 #include "store_fixture.h"
 #include "../../cpu/src/quant_dot.h"
+#include "test_seed.h"
 
 namespace longctx::cpu {
 namespace {
@@ -223,7 +224,7 @@ Expected expected_scores(const TestStore& ts, const StoreReference& ref, const Q
 }
 
 TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
-  std::mt19937 rng(20240611);
+  std::mt19937 rng(test_seed(20240611));
   const std::vector<int64_t> targets = targets_to_test();
   std::vector<StoreCase> cases;
   // Partial last blocks in the context: FIX with 2 of 4 slots valid, DYNAMIC with 3 of 6.
@@ -277,7 +278,7 @@ TEST(ScoreBlocks, MatchesFp64ReferenceForEveryTypeDtypeGqaAndTarget) {
 // the query heads of the group), up to the fp32 accumulation error; on q8_0
 // too, whose records round the extremes outward for that.
 TEST(ScoreBlocks, QuestBoundsEveryKeyOfTheBlock) {
-  std::mt19937 rng(77);
+  std::mt19937 rng(test_seed(77));
   int bounded = 0;
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     for (int i = 0; i < 4; ++i) {
@@ -340,7 +341,7 @@ TEST(ScoreBlocks, Q8QuestBoundHoldsWhereItIsTight) {
   const auto topology = kvstore::NumaTopology::detect();
   kvstore::MemoryBudget budget(uint64_t{1} << 30);
   kvstore::KVStore store({1, 1, kDim}, config, budget, topology);
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   std::normal_distribution<float> normal;
   std::vector<float> k(size_t(2 * kBlocks) * kDim), v(k.size());
   for (int b = 0; b < kBlocks; ++b)
@@ -377,7 +378,7 @@ TEST(ScoreBlocks, Q8QuestBoundHoldsWhereItIsTight) {
 // an error of the integer kernel far larger than its query codes' 2^-16; here
 // only the fp32 accumulation and those codes are allowed for.
 TEST(ScoreBlocks, Q8ScoresMatchTheStoredCodes) {
-  std::mt19937 rng(9);
+  std::mt19937 rng(test_seed(9));
   const std::vector<int64_t> targets = targets_to_test();
   int blocks_checked = 0;
   for (const RT type : {RT::kQuest, RT::kMax, RT::kMean, RT::kFix, RT::kDynamic}) {
@@ -450,7 +451,7 @@ TEST(ScoreBlocks, Q8ScoresMatchTheStoredCodes) {
 // zero codes, and a group holding NaN or Inf gets a NaN scale, its
 // neighbours unchanged.
 TEST(ScoreBlocks, Q8QueryCodesAreWithinHalfAScale) {
-  std::mt19937 rng(404);
+  std::mt19937 rng(test_seed(404));
   std::normal_distribution<float> normal;
   constexpr int kLen = 256, kRows = 3, kGroups = kRows * kLen / 32;
   // One group's codes and scale against its values.
@@ -502,7 +503,7 @@ TEST(ScoreBlocks, Q8QueryCodesAreWithinHalfAScale) {
 }
 
 TEST(ScoreBlocks, EmptyContextWritesNothing) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   StoreCase c;
   c.n_tokens = 20;
   c.initial_len = 8;
@@ -521,7 +522,7 @@ TEST(ScoreBlocks, EmptyContextWritesNothing) {
 // the row it sees is the final one. Arenas of 1, 2 and 4 threads cut each
 // head's 600 blocks into 1 to 4 pieces.
 TEST(ScoreBlocks, HeadScoredSeesEachCompleteRowOnce) {
-  std::mt19937 rng(8);
+  std::mt19937 rng(test_seed(8));
   StoreCase c;
   c.n_kv_heads = 4;
   c.n_tokens = 16 * 600 + 5;
@@ -556,7 +557,7 @@ TEST(ScoreBlocks, HeadScoredSeesEachCompleteRowOnce) {
 // scores it, head_scored for those heads alone, every other row untouched
 // (the NaN it was filled with). Every subset of 4 heads, on 1 and 2 threads.
 TEST(ScoreBlocks, ScoresOnlyTheNamedHeads) {
-  std::mt19937 rng(9);
+  std::mt19937 rng(test_seed(9));
   StoreCase c;
   c.n_kv_heads = 4;
   c.n_tokens = 16 * 300 + 7;
@@ -603,7 +604,7 @@ TEST(ScoreBlocks, ScoresOnlyTheNamedHeads) {
 }
 
 TEST(ScoreBlocks, RejectsBadArguments) {
-  std::mt19937 rng(6);
+  std::mt19937 rng(test_seed(6));
   StoreCase c;
   c.n_tokens = 100;
   const TestStore ts(c, rng);

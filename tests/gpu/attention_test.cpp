@@ -27,6 +27,7 @@
 #include "longctx/kvstore/kv_store.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "test_seed.h"
 
 namespace longctx::gpu {
 namespace {
@@ -220,7 +221,7 @@ void run_prefill_case(const PrefillCase& c, std::mt19937& rng) {
 }
 
 TEST_F(GpuAttention, PrefillMatchesReferenceOverShapes) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   // (n_q, n_kv, q_first_pos): single token, square causal, chunk after a
   // history, more queries than keys, rows before any key, no keys, all keys.
   const int64_t shapes[][3] = {{1, 1, 0},    {13, 13, 0},   {113, 300, 187}, {300, 113, 0},
@@ -244,7 +245,7 @@ TEST_F(GpuAttention, PrefillMatchesReferenceOverShapes) {
 }
 
 TEST_F(GpuAttention, PrefillRandomShapes) {
-  std::mt19937 rng(23);
+  std::mt19937 rng(test_seed(23));
   std::uniform_int_distribution<int> pick(0, 1 << 20);
   const int dims[] = {64, 128, 256}, groups[] = {1, 2, 4, 8};
   for (int iter = 0; iter < 12; ++iter) {
@@ -263,7 +264,7 @@ TEST_F(GpuAttention, PrefillRandomShapes) {
 }
 
 TEST_F(GpuAttention, PrefillHardInputs) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   for (DType dtype : {DType::kF16, DType::kBF16})
     for (int d : {64, 128, 256})
       for (Values values : {Values::kLargeScores, Values::kNegativeScores}) {
@@ -329,7 +330,7 @@ void run_local_case(const LocalCase& c, std::mt19937& rng) {
 }
 
 TEST_F(GpuAttention, LocalWindowMatchesReference) {
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   // (capacity, first_pos, last_pos): full ring after wrap-around, first_pos
   // cutting the ring, ring not yet full, capacity 1, empty ranges, long
   // windows that split over blocks.
@@ -380,7 +381,7 @@ void run_store_case(DType dtype, int64_t n, int64_t row_elems, int64_t first_pos
 }
 
 TEST_F(GpuAttention, StoreKVLinearAndRing) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     run_store_case(dtype, 13, 256, 0, 40, false, rng);
     run_store_case(dtype, 27, 64, 13, 40, false, rng);   // ends exactly at capacity
@@ -409,7 +410,7 @@ TEST_F(GpuAttention, LocalPartMergedWithCpuPartEqualsCpuDense) {
   const kvstore::NumaTopology topology = kvstore::NumaTopology::detect();
   kvstore::KVStore store(kvstore::KVShape{1, n_kv_heads, d}, config, budget, topology);
 
-  std::mt19937 rng(77);
+  std::mt19937 rng(test_seed(77));
   std::normal_distribution<float> normal;
   const size_t row = size_t(n_kv_heads) * d;
   std::vector<float> k(size_t(n_tokens) * row), v(k.size()), q(size_t(n_heads) * d);

@@ -21,6 +21,7 @@
 #include "longctx/scheduler/sequence.h"
 #include "longctx/tools/test_model.h"
 #include "scheduler/sequence_fixture.h"
+#include "test_seed.h"
 
 namespace longctx::gpu {
 namespace {
@@ -141,7 +142,7 @@ void prefill_and_check(Backend& backend, const Shape& s, int layer, int64_t hist
 }
 
 TEST_F(CudaDeviceAttentionTest, PrefillChunksMatchFp64ReferenceAndCopyTheirKV) {
-  std::mt19937 rng(21);
+  std::mt19937 rng(test_seed(21));
   auto backend = make_backend(DType::kBF16);
   struct Heads {
     int n_heads, n_kv_heads, head_dim;
@@ -234,7 +235,7 @@ void restart_and_check(Backend& backend, const Shape& s, int layer, int64_t from
 }
 
 TEST_F(CudaDeviceAttentionTest, DecodeLocalMergedWithCpuPartMatchesFullAttention) {
-  std::mt19937 rng(22);
+  std::mt19937 rng(test_seed(22));
   auto backend = make_backend(DType::kBF16);
   for (DType kv : {DType::kF16, DType::kBF16}) {
     Shape s;
@@ -299,7 +300,7 @@ TEST_F(CudaDeviceAttentionTest, RejectsBadShapesAndCallsOutOfOrder) {
 }
 
 TEST_F(CudaDeviceAttentionTest, BudgetsThrowOutOfMemoryAndKeepTheOldState) {
-  std::mt19937 rng(23);
+  std::mt19937 rng(test_seed(23));
   // Device: a second configuration beyond the budget leaves the first working.
   auto backend = make_backend(DType::kBF16, 8u << 20, 7168);
   DeviceAttention& da = *backend->device_attention();
@@ -361,7 +362,7 @@ TEST_F(CudaDeviceAttentionTest, SequenceOnGeneratedModelsGivesTheCpuBackendsLogi
     const std::string& name = spec.name;
     const std::vector<uint8_t> bytes = tools::make_test_model(spec).to_bytes();
     const model::GgufFile file = model::GgufFile::from_bytes(bytes, name);
-    std::mt19937 rng(uint32_t(spec.seed) + 9);
+    std::mt19937 rng(test_seed(uint32_t(spec.seed) + 9));
     std::uniform_int_distribution<int32_t> dist(0, spec.n_vocab - 1);
     std::vector<int32_t> tokens(44);
     for (int32_t& t : tokens) t = dist(rng);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx::kvstore {
 namespace {
@@ -68,7 +69,7 @@ TEST(BlockPool, GeometryFollowsPageSize) {
 }
 
 TEST(BlockPool, SlabBytesForMatchesReferenceAndRealPools) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   for (const size_t bytes : {size_t{64}, size_t{100}, size_t{4096}, size_t{65536 + 8}, size_t{700000},
                              kSlabBytes, kSlabBytes + 64, 5 * kMiB + 3}) {
     for (int trial = 0; trial < 4; ++trial) {
@@ -255,7 +256,7 @@ TEST(BlockPool, ConcurrentAllocateAndReleaseAreConsistent) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::mt19937 rng(99u + unsigned(t));
+      std::mt19937 rng(test_seed(99u + unsigned(t)));
       std::vector<std::byte*> held;
       for (int i = 0; i < 2000; ++i) {
         const auto pages = pool.allocate(1 + rng() % 24);

@@ -15,6 +15,7 @@
 #include "error_message.h"
 #include "kv_reference.h"
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx::kvstore {
 namespace {
@@ -140,7 +141,7 @@ TEST(Preflight, DefaultModelNeedsSixteenGiBPlusReps) {
 }
 
 TEST(Preflight, IsSlabBytesPerNodeForPagesAndRepPages) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   for (int trial = 0; trial < 20; ++trial) {
     const RT rep = RT(rng() % 5);
     const int bs = 1 + int(rng() % 200);
@@ -198,7 +199,7 @@ TEST(KVStore, FullStoreUsesExactlyThePreflightBytes) {
     const LongContextConfig config = small_config(16, DType::kF16, rep, 3, 3000);
     const Preflight p = preflight(StoreLayout::make(shape, config), config.max_seq_len, {0, 0, 0});
     TestStore ts = make_store(shape, config, p.total_bytes);
-    std::mt19937 rng(1);
+    std::mt19937 rng(test_seed(1));
     const Input k = random_input(rng, 3000, 3, 64, DType::kF16, false);
     const Input v = random_input(rng, 3000, 3, 64, DType::kF16, false);
     for (int layer = 0; layer < 3; ++layer) {
@@ -220,7 +221,7 @@ TEST(KVStore, AppendRejectsBadInputAndLeavesStoreUnchanged) {
   const KVShape shape{2, 2, 16};
   TestStore ts = make_store(shape, small_config(4, DType::kBF16, RT::kDynamic, 2, 20));
   KVStore& s = *ts.store;
-  std::mt19937 rng(2);
+  std::mt19937 rng(test_seed(2));
   const Input k = random_input(rng, 6, 2, 16, DType::kF32, false);
   const Input v = random_input(rng, 6, 2, 16, DType::kF32, false);
   s.append(0, k.view, v.view);
@@ -293,7 +294,7 @@ TEST(KVStore, BudgetExhaustedMidAppendLeavesStoreUnchanged) {
     SCOPED_TRACE(sc.what);
     TestStore ts = make_store(sc.shape, sc.config);
     KVStore& s = *ts.store;
-    std::mt19937 rng(4);
+    std::mt19937 rng(test_seed(4));
     const int heads = sc.shape.n_kv_heads, dim = sc.shape.head_dim;
     const Input k = random_input(rng, sc.first + sc.second, heads, dim, DType::kF32, true);
     const Input v = random_input(rng, sc.first + sc.second, heads, dim, DType::kF32, true);
@@ -335,7 +336,7 @@ TEST(KVStore, PartitionMatchesPerTokenClassification) {
         config.initial_len = initial;
         config.local_windows_len = local;
         TestStore ts = make_store({1, 1, 8}, config);
-        std::mt19937 rng(uint32_t(bs * 10000 + initial * 100 + local));
+        std::mt19937 rng(test_seed(uint32_t(bs * 10000 + initial * 100 + local)));
         const Input k = random_input(rng, 80, 1, 8, DType::kF16, false);
         for (int64_t n = 0; n <= 80; ++n) {
           if (n > 0) ts.store->append(0, slice_tokens(k.view, n - 1, n), slice_tokens(k.view, n - 1, n));
@@ -384,7 +385,7 @@ TEST(KVStore, PartitionMatchesPerTokenClassification) {
 TEST(KVStore, AccessorsAreBoundsChecked) {
   TestStore ts = make_store({2, 3, 8}, small_config(4, DType::kF16, RT::kFix, 2, 40));
   KVStore& s = *ts.store;
-  std::mt19937 rng(6);
+  std::mt19937 rng(test_seed(6));
   const Input k = random_input(rng, 9, 3, 8, DType::kF16, false);
   s.append(1, k.view, k.view);  // layer 1: 3 blocks; layer 0: none
   EXPECT_EQ(s.n_blocks(1), 3);
@@ -413,7 +414,7 @@ TEST(KVStore, ClearReturnsPagesAndKeepsSlabs) {
   const KVShape shape{2, 2, 64};
   const LongContextConfig config = small_config(16, DType::kF16, RT::kMean, 1, 500);
   TestStore ts = make_store(shape, config);
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   const Input k = random_input(rng, 300, 2, 64, DType::kF32, false);
   const Input v = random_input(rng, 300, 2, 64, DType::kF32, false);
   auto fill = [&] {
@@ -454,7 +455,7 @@ TEST(KVStore, TruncateToWholeBlocksEqualsAppendingOnlyThoseTokens) {
     const KVShape shape{2, 2, 64};
     const int64_t n = 6000;  // more blocks than a ~64 KiB rep page holds records
     const LongContextConfig config = small_config(16, c.kv, c.rep, c.rep_num, n);
-    std::mt19937 rng(11);
+    std::mt19937 rng(test_seed(11));
     const Input k = random_input(rng, n, 2, 64, DType::kF32, false);
     const Input v = random_input(rng, n, 2, 64, DType::kF32, false);
     auto append = [&](KVStore& store, int64_t begin, int64_t end) {
@@ -493,7 +494,7 @@ TEST(KVStore, TruncateToWholeBlocksEqualsAppendingOnlyThoseTokens) {
 TEST(KVStore, ArbitraryOuterStridesGiveTheSameBytes) {
   const int n = 37, heads = 3, dim = 32;
   const LongContextConfig config = small_config(16, DType::kF16, RT::kQuest, 2, n);
-  std::mt19937 rng(8);
+  std::mt19937 rng(test_seed(8));
   const Input k = random_input(rng, n, heads, dim, DType::kF32, false);
   const Input v = random_input(rng, n, heads, dim, DType::kF32, false);
   std::vector<float> k_head_major(size_t(n) * heads * dim), v_head_major(k_head_major.size());
@@ -519,7 +520,7 @@ TEST(KVStore, ArbitraryOuterStridesGiveTheSameBytes) {
 
 TEST(KVStore, AddImportanceValidatesBeforeChanging) {
   TestStore dyn = make_store({2, 2, 8}, small_config(4, DType::kF32, RT::kDynamic, 2, 40));
-  std::mt19937 rng(10);
+  std::mt19937 rng(test_seed(10));
   const Input k = random_input(rng, 10, 2, 8, DType::kF32, false);
   dyn.store->append(0, k.view, k.view);
   const StoreBytes before = store_bytes(*dyn.store);
@@ -561,7 +562,7 @@ TEST(KVStore, TwoNodeTopologyPlacesHeadsAndCountsMemoryPerNode) {
   for (int h = 0; h < 5; ++h) EXPECT_EQ(s.node_of_head(h), expected[size_t(h)]);
   EXPECT_EQ(s.head_nodes(), place_kv_heads(5, {0, 1}));
 
-  std::mt19937 rng(12);
+  std::mt19937 rng(test_seed(12));
   const Input k = random_input(rng, 200, 5, 64, DType::kBF16, true);
   const Input v = random_input(rng, 200, 5, 64, DType::kBF16, true);
   s.append(0, k.view, v.view);

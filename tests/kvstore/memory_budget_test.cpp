@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx::kvstore {
 namespace {
@@ -143,7 +144,7 @@ TEST(MemoryBudget, ConcurrentReserveAndReleaseStayConsistent) {
   std::atomic<int64_t> refused{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::mt19937 rng(1234u + unsigned(t));
+      std::mt19937 rng(test_seed(1234u + unsigned(t)));
       std::vector<uint64_t> held;
       for (int i = 0; i < 20000; ++i) {
         const uint64_t bytes = 1 + rng() % (8 * 4096);

@@ -22,6 +22,7 @@
 
 #include "kvstore/kv_reference.h"
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx::kvstore {
 namespace {
@@ -59,7 +60,7 @@ std::unique_ptr<Record> run_items(const KVStore& store, const std::vector<int>& 
 }
 
 std::vector<int> random_heads(int64_t n, int n_kv_heads, uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   std::vector<int> heads(static_cast<size_t>(n));
   for (int& h : heads) h = int(rng() % uint32_t(n_kv_heads));
   return heads;

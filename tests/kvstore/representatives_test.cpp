@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kv_reference.h"
+#include "test_seed.h"
 
 namespace longctx::kvstore {
 namespace {
@@ -81,7 +82,7 @@ TensorView chunk_importance(const LayerData& data, int64_t begin, int64_t end, b
 
 // Appends every layer's data in the given arrival mode, layers interleaved.
 void fill(KVStore& store, const std::vector<LayerData>& layers, Arrival arrival, uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   std::vector<std::vector<int64_t>> cuts;
   for (const auto& d : layers) cuts.push_back(cut_points(arrival, d.k.n, store.layout().block_size, rng));
   for (size_t step = 1;; ++step) {
@@ -100,7 +101,7 @@ void fill(KVStore& store, const std::vector<LayerData>& layers, Arrival arrival,
 
 void run_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.describe());
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   const int n_layers = int(c.tokens.size());
   const int64_t max_seq_len = *std::max_element(c.tokens.begin(), c.tokens.end());
   LongContextConfig config = small_config(c.block_size, c.kv, c.rep, c.rep_num, max_seq_len);
@@ -172,7 +173,7 @@ void randomize_counts(Case& c, std::mt19937& rng) {
 // Every (type, kv dtype, block size); head dims rotate so each block size
 // meets each head dim. Token counts mostly end inside a block.
 TEST(Representatives, MatchReferenceForEveryTypeDtypeAndArrival) {
-  std::mt19937 rng(20240611);
+  std::mt19937 rng(test_seed(20240611));
   std::set<std::pair<int, int>> seen_dims;  // (block size, head dim)
   int index = 0;
   for (RT rep : kTypes)
@@ -224,7 +225,7 @@ TEST(Representatives, LargestHeadDimAndOddBlockSize) {
 TEST(Representatives, FixOffsetsAreFloorOfStride) {
   LongContextConfig config = small_config(10, DType::kF32, RT::kFix, 3, 10);
   TestStore ts = make_store({1, 1, 8}, config);
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   const Input k = random_input(rng, 10, 1, 8, DType::kF32, false);
   const Input v = random_input(rng, 10, 1, 8, DType::kF32, false);
   const int expected_valid[] = {1, 1, 1, 2, 2, 2, 3, 3, 3, 3};  // offsets 0, 3, 6; n_filled = t + 1
@@ -247,7 +248,7 @@ TEST(Representatives, FixOffsetsAreFloorOfStride) {
 TEST(Representatives, DynamicTiesAndAddImportance) {
   LongContextConfig config = small_config(8, DType::kF32, RT::kDynamic, 2, 8);
   TestStore ts = make_store({1, 1, 8}, config);
-  std::mt19937 rng(9);
+  std::mt19937 rng(test_seed(9));
   const Input k = random_input(rng, 8, 1, 8, DType::kF32, false);
   const Input v = random_input(rng, 8, 1, 8, DType::kF32, false);
   ts.store->append(0, k.view, v.view);
@@ -275,7 +276,7 @@ TEST(Representatives, DynamicTiesAndAddImportance) {
 // QUEST's extremes rounded outward), byte for byte. head_dim a
 // multiple of 32, each block size meeting each head dim.
 TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
-  std::mt19937 rng(20251125);
+  std::mt19937 rng(test_seed(20251125));
   const int head_dims[] = {32, 64, 128, 256};
   int index = 0;
   for (RT rep : kTypes)
@@ -295,7 +296,7 @@ TEST(Representatives, Q8MatchReferenceForEveryTypeAndArrival) {
 // and squared keys (q8_0: dequantized), next to every representative type's parts,
 // the same bits whatever way the tokens arrive.
 TEST(Representatives, TailSumsMatchReferenceForEveryTypeDtypeAndArrival) {
-  std::mt19937 rng(20261126);
+  std::mt19937 rng(test_seed(20261126));
   int index = 0;
   for (RT rep : kTypes)
     for (DType kv : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
@@ -326,7 +327,7 @@ TEST(Representatives, QuestBoundsStoredKeys) {
   for (DType kv : kDtypes) {
     LongContextConfig config = small_config(16, kv, RT::kQuest, 2, 40);
     TestStore ts = make_store({1, 1, 64}, config);
-    std::mt19937 rng(11);
+    std::mt19937 rng(test_seed(11));
     const Input k = random_input(rng, 40, 1, 64, DType::kF32, false);
     const Input v = random_input(rng, 40, 1, 64, DType::kF32, false);
     ts.store->append(0, k.view, v.view);

@@ -15,6 +15,7 @@
 #include "longctx/core/file.h"
 #include "longctx/model/gguf.h"
 #include "longctx/model/gguf_writer.h"
+#include "test_seed.h"
 
 namespace longctx::model {
 namespace {
@@ -164,7 +165,7 @@ TEST(GgufRoundTrip, TypedGetterErrors) {
 }
 
 TEST(GgufRoundTrip, EveryTensorTypeVersionAndAlignment) {
-  std::mt19937 rng(42);
+  std::mt19937 rng(test_seed(42));
   const GgmlType all[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ8_1, GgmlType::kQ2_K, GgmlType::kQ3_K,
                           GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_K, GgmlType::kI8,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "test_seed.h"
 
 namespace longctx::model {
 namespace {
@@ -49,7 +50,7 @@ std::vector<float> random_logits(std::mt19937_64& rng, size_t n, float scale) {
 }
 
 TEST(Sampler, GreedyIsArgmax) {
-  std::mt19937_64 rng(1);
+  std::mt19937_64 rng(test_seed(1));
   for (int trial = 0; trial < 50; ++trial) {
     const auto logits = random_logits(rng, 1 + rng() % 300, 3.0f);
     size_t best = 0;
@@ -66,7 +67,7 @@ TEST(Sampler, GreedyIsArgmax) {
 }
 
 TEST(Sampler, DistributionMatchesReference) {
-  std::mt19937_64 rng(2);
+  std::mt19937_64 rng(test_seed(2));
   const double temps[] = {0.3, 1.0, 2.5};
   const int ks[] = {0, 1, 3, 17, 1000};
   const double ps[] = {0.0, 0.3, 0.9, 0.999, 1.0};
@@ -120,7 +121,7 @@ TEST(Sampler, DrawsFollowTheDistribution) {
 }
 
 TEST(Sampler, SameSeedSameTokens) {
-  std::mt19937_64 rng(3);
+  std::mt19937_64 rng(test_seed(3));
   const auto logits = random_logits(rng, 500, 1.5f);
   const auto draw = [&](uint64_t seed) {
     Sampler s(SamplerParams{1.0, 0, 1.0, seed});

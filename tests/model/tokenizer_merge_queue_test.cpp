@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../../model/src/merge_queue.h"
+#include "test_seed.h"
 
 namespace longctx::model::detail {
 namespace {
@@ -24,7 +25,7 @@ struct Higher {
 };
 
 TEST(MergeQueue, PopsBestKeyThenLeftmost) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   for (int trial = 0; trial < 200; ++trial) {
     MergeQueue<int, Lower, Item> queue;
     std::multiset<std::pair<int, int>> reference;  // (key, left), smallest first

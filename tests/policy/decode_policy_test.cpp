@@ -26,6 +26,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/preselect.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -59,7 +60,7 @@ class Fixture {
   static constexpr int kGroup = 2;  // query heads per kv head
 
   Fixture(const LongContextConfig& config, kvstore::KVShape shape, int64_t n_prompt, uint32_t seed)
-      : shape_(shape), budget_(uint64_t{1} << 28), rng_(seed) {
+      : shape_(shape), budget_(uint64_t{1} << 28), rng_(test_seed(seed)) {
     store_ = std::make_unique<kvstore::KVStore>(shape, config, budget_, topology());
     append_all(n_prompt);
   }
@@ -344,7 +345,7 @@ struct HotTokenStore {
     store = std::make_unique<kvstore::KVStore>(kvstore::KVShape{1, 1, kDim}, config, budget, topology());
     const int n = 4 * kBlock;  // blocks 0..2 context, block 3 the local window
     std::vector<float> k(size_t(n * kDim)), v(size_t(n * kDim), 0.f);
-    std::mt19937 rng(1);
+    std::mt19937 rng(test_seed(1));
     std::normal_distribution<float> noise(0.f, 0.1f);
     for (float& x : k) x = noise(rng);
     for (const int t : kHot) k[size_t(t * kDim)] = 8.f;
@@ -665,7 +666,7 @@ TEST(DecodePolicy, ModelScaleReachesEveryPolicy) {
     DecodePolicy at_default(c.config, doubled.store(), kHeadDimScale, c.heads);
     DecodePolicy at_default_q(c.config, unscaled.store(), kHeadDimScale, c.heads);
     EXPECT_EQ(at_half.attn_scale(), 0.5f);
-    std::mt19937 rng(17);
+    std::mt19937 rng(test_seed(17));
     std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
     auto random = [&](int64_t n) {
       std::vector<float> x(static_cast<size_t>(n));

@@ -19,6 +19,7 @@
 #include "longctx/cpu/attention.h"
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -158,7 +159,7 @@ std::vector<float> random_vector(std::mt19937& rng, size_t n, float sigma) {
 // with decode_attention over the reference's kept set). Returns false when an
 // eviction was too close to call and the comparison stopped early.
 bool run_case(const Case& c, uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   Fixture fx(c);
   const float key_sigma = 1.5f;
   fx.append(c.n_prompt, [&](int, int) { return std::normal_distribution<float>(0.f, key_sigma)(rng); }, rng);
@@ -253,7 +254,7 @@ bool run_case(const Case& c, uint32_t seed) {
 }
 
 TEST(PolicyH2O, MatchesTheFp64ReferenceOnRandomStores) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(test_seed(7));
   int decided = 0;
   const int kCases = 120;
   for (int i = 0; i < kCases; ++i) {
@@ -291,7 +292,7 @@ TEST(PolicyH2O, TiesEvictTheOlderTokenAndEvictionIsPermanent) {
   c.head_dim = 8;
   c.n_prompt = 12;
   c.steps = 3;
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   Fixture fx(c);
   fx.append(c.n_prompt, [](int, int) { return 0.f; }, rng);
   const std::vector<float> window = random_vector(rng, 8, 1.f);
@@ -336,7 +337,7 @@ TEST(PolicyH2O, ParamsFromConfigAndErrors) {
   c.g = 2;
   c.head_dim = 8;
   c.n_prompt = 6;
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   Fixture fx(c);
   fx.append(c.n_prompt, [&](int, int) { return 0.5f; }, rng);
   H2OState state(2, {4, 1, 0.f});

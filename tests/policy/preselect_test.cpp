@@ -26,6 +26,7 @@
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/adakv.h"
 #include "longctx/policy/preselect.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -185,7 +186,7 @@ Votes reference_votes(const VoteFixture& f) {
 }
 
 TEST(SnapKVTest, TokenVotesMatchFp64Reference) {
-  std::mt19937 rng(2024);
+  std::mt19937 rng(test_seed(2024));
   const int block_sizes[] = {1, 4, 16};
   const int groups[] = {1, 2, 4};
   const int64_t windows[] = {1, 3, 32};
@@ -220,7 +221,7 @@ TEST(SnapKVTest, TokenVotesMatchFp64Reference) {
 }
 
 TEST(SnapKVTest, RejectsBadArguments) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(test_seed(5));
   VoteCase c;
   c.n_tokens = 12;
   c.w = 3;
@@ -250,7 +251,7 @@ TEST(SnapKVTest, RejectsBadArguments) {
 // ---- block sums --------------------------------------------------------------------
 
 TEST(PreselectTest, BlockVotesSumContextTokens) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   for (int trial = 0; trial < 40; ++trial) {
     VoteCase c;
     c.block_size = 1 + int(rng() % 9);
@@ -299,7 +300,7 @@ kvstore::Partition make_partition(int64_t first_block, int64_t n_context, int bl
 }
 
 TEST(PreselectTest, PreselectedSetsMatchBruteForce) {
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   for (int trial = 0; trial < 300; ++trial) {
     const int n_heads = 1 + int(rng() % 4);
     const int64_t n_context = int64_t(rng() % 30);
@@ -340,7 +341,7 @@ TEST(PreselectTest, PreselectedSetsMatchBruteForce) {
 }
 
 TEST(PreselectTest, RestrictedReselection) {
-  std::mt19937 rng(77);
+  std::mt19937 rng(test_seed(77));
   for (int trial = 0; trial < 200; ++trial) {
     const int n_heads = 1 + int(rng() % 4);
     const int64_t n_context = 1 + int64_t(rng() % 30);
@@ -425,7 +426,7 @@ TEST(PreselectTest, BlocksRankedSincePreselectionCompete) {
 // ---- DYNAMIC representatives -------------------------------------------------------
 
 TEST(PreselectTest, FeedDynamicPicksTopVotedTokens) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(test_seed(3));
   for (int trial = 0; trial < 12; ++trial) {
     VoteCase c;
     c.rep = RepresentativeType::kDynamic;

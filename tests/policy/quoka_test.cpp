@@ -26,6 +26,7 @@
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/quoka.h"
 #include "longctx/workloads/synthetic.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -221,7 +222,7 @@ std::vector<float> random_queries(int64_t n, int n_q_heads, int d, std::mt19937&
 }
 
 TEST(Quoka, KeptKeysMatchFp64Reference) {
-  std::mt19937 rng(4242);
+  std::mt19937 rng(test_seed(4242));
   const int d = 64;
   int cases = 0, skipped = 0;
   int64_t kept_checked = 0;
@@ -286,7 +287,7 @@ TEST(Quoka, KeptKeysMatchFp64Reference) {
 
 TEST(Quoka, FirstChunkHasNoHistory) {
   auto t = make_store(DType::kF16, 16, 2, 64, 100);
-  std::mt19937 rng(1);
+  std::mt19937 rng(test_seed(1));
   const std::vector<float> k = normal_values(size_t(50 * 2 * 64), rng), v = normal_values(k.size(), rng);
   append(*t->store, 1, k, v, 50);
   const std::vector<float> q = random_queries(50, 4, 64, rng);
@@ -304,7 +305,7 @@ TEST(Quoka, TiesKeepLowerPositions) {
   const int d = 64, n_kv = 2;
   const int64_t history = 300, n = 20;
   auto t = make_store(DType::kF16, 16, n_kv, d, history + n);
-  std::mt19937 rng(8);
+  std::mt19937 rng(test_seed(8));
   const std::vector<float> one_key = normal_values(size_t(d), rng);
   std::vector<float> k(size_t((history + n) * n_kv * d));
   for (size_t i = 0; i < k.size(); ++i) k[i] = one_key[i % size_t(d)];
@@ -333,7 +334,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(Quoka, PrefillIsRestrictedPrefillOverSelectionAndDenseAtFullBudget) {
   const int d = 64, n_kv = 2, g = 2;
   const int64_t history = 500, n = 70;
-  std::mt19937 rng(31);
+  std::mt19937 rng(test_seed(31));
   auto t = make_store(DType::kF16, 16, n_kv, d, history + n);
   const std::vector<float> k = normal_values(size_t((history + n) * n_kv * d), rng), v = normal_values(k.size(), rng);
   append(*t->store, 1, k, v, history + n);
@@ -399,7 +400,7 @@ TEST(Quoka, KeepsNeedlesAlignedWithSomeChunkQueries) {
     const int d = spec.head_dim, hq = spec.n_q_heads, n_kv = spec.n_kv_heads;
     const int64_t n = 64;
     auto t = make_store(DType::kF16, spec.block_size, n_kv, d, spec.n_tokens + n);
-    std::mt19937 rng(uint32_t(100 + seed));
+    std::mt19937 rng(test_seed(uint32_t(100 + seed)));
     append(*t->store, 1, w.k, w.v, spec.n_tokens);
     const std::vector<float> chunk_k = normal_values(size_t(n * n_kv * d), rng);
     append(*t->store, 1, chunk_k, chunk_k, n);
@@ -432,7 +433,7 @@ TEST(Quoka, KeepsNeedlesAlignedWithSomeChunkQueries) {
 
 TEST(Quoka, RejectsInvalidArgumentsNamingThem) {
   auto t = make_store(DType::kF32, 16, 2, 64, 100);
-  std::mt19937 rng(2);
+  std::mt19937 rng(test_seed(2));
   const std::vector<float> k = normal_values(size_t(40 * 2 * 64), rng);
   append(*t->store, 1, k, k, 40);
   const kvstore::KVStore& store = *t->store;

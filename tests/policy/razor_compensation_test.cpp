@@ -14,6 +14,7 @@
 #include "longctx/core/error.h"
 #include "longctx/policy/razor.h"
 #include "razor_fixture.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -24,7 +25,7 @@ using namespace razor_testing;
 // ---- ranges ---------------------------------------------------------------------------
 
 TEST(RazorRanges, MatchPerTokenRolesAndSpans) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(test_seed(11));
   for (int trial = 0; trial < 200; ++trial) {
     RazorParams p;
     p.sinks = int64_t(rng() % 8);
@@ -109,7 +110,7 @@ TEST(RazorRanges, ParamsFromConfig) {
 // the compensation partials against the reference; then equal bit for bit to
 // a compensation built at once.
 TEST(RazorCompensation, IncrementalMatchesReferenceAndFromScratch) {
-  std::mt19937 rng(2024);
+  std::mt19937 rng(test_seed(2024));
   for (int trial = 0; trial < 40; ++trial) {
     Case c = random_case(rng);
     SCOPED_TRACE(c.describe());

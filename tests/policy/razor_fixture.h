@@ -25,6 +25,7 @@
 #include "longctx/kvstore/memory_budget.h"
 #include "longctx/kvstore/numa.h"
 #include "longctx/policy/razor.h"
+#include "test_seed.h"
 
 namespace longctx::policy::razor_testing {
 
@@ -154,7 +155,7 @@ class RazorStore {
  public:
   static constexpr int kLayer = 1;
 
-  RazorStore(const Case& c, uint32_t seed) : case_(c), rng_(seed), budget_(uint64_t{1} << 30) {
+  RazorStore(const Case& c, uint32_t seed) : case_(c), rng_(test_seed(seed)), budget_(uint64_t{1} << 30) {
     LongContextConfig config = cpu::testing::kernel_store_config(c.kv_type, c.block_size, c.max_tokens);
     config.initial_len = c.initial_len;
     config.local_windows_len = c.local_windows_len;

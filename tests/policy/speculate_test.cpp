@@ -13,6 +13,7 @@
 #include "longctx/core/error.h"
 #include "longctx/cpu/attention.h"
 #include "longctx/policy/decode_policy.h"
+#include "test_seed.h"
 
 namespace longctx::policy {
 namespace {
@@ -23,7 +24,7 @@ struct Fixture {
   kvstore::MemoryBudget budget{uint64_t{1} << 30};
   LongContextConfig config;
   std::unique_ptr<kvstore::KVStore> store;
-  std::mt19937 rng{41};
+  std::mt19937 rng{test_seed(41)};
 
   Fixture() {
     config.block_size = 16;

@@ -18,6 +18,7 @@
 #include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kvstore/kv_store.h"
+#include "test_seed.h"
 
 namespace longctx::policy::detail {
 namespace {
@@ -29,7 +30,7 @@ const double kU = std::ldexp(1.0, -24);  // f32 unit roundoff
 // (kMax), within head_dim + group + 2 roundings of sum |q k|. Token counts
 // around whole vectors of every target, head_dim 64/128/256, groups 1-8.
 TEST(TokenScores, MatchFp64OnEveryTarget) {
-  std::mt19937 rng(41);
+  std::mt19937 rng(test_seed(41));
   std::normal_distribution<float> normal;
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
@@ -125,7 +126,7 @@ TestPage random_page(DType type, int d, std::mt19937& rng) {
 // any first token of a block up to its end (the kernel takes 128 tokens, 64,
 // then single vectors); other counts are refused.
 TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
-  std::mt19937 rng(47);
+  std::mt19937 rng(test_seed(47));
   std::normal_distribution<float> normal;
   constexpr int kBlock = TestPage::kBlock;
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
@@ -168,7 +169,7 @@ TEST(TokenScores, PageScoresEqualStagedScoresOnEveryTarget) {
 // and the rest, against fp64 within head_dim + 2 roundings of sum |q k|;
 // nothing written past padded_tokens(n) in a row of ld.
 TEST(TokenScores, RowScoresMatchFp64OnEveryTarget) {
-  std::mt19937 rng(44);
+  std::mt19937 rng(test_seed(44));
   std::normal_distribution<float> normal;
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
@@ -207,7 +208,7 @@ TEST(TokenScores, RowScoresMatchFp64OnEveryTarget) {
 // acc += exp(x - s) * f against fp64, within a few ulp of each term and one
 // rounding of the sum, for lengths around whole vectors.
 TEST(TokenScores, AddExpMatchesFp64OnEveryTarget) {
-  std::mt19937 rng(43);
+  std::mt19937 rng(test_seed(43));
   std::uniform_real_distribution<float> uniform(-30.f, 5.f);
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
@@ -230,7 +231,7 @@ TEST(TokenScores, AddExpMatchesFp64OnEveryTarget) {
 // sum exp(x f - s) against fp64, for lengths around whole vectors, within a
 // few ulp of each exponential and of the rounding of its argument.
 TEST(TokenScores, SumExpMatchesFp64OnEveryTarget) {
-  std::mt19937 rng(42);
+  std::mt19937 rng(test_seed(42));
   std::uniform_real_distribution<float> uniform(-30.f, 5.f);
   for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));

@@ -22,6 +22,7 @@
 #include "longctx/core/backend.h"
 #include "longctx/core/error.h"
 #include "longctx/scheduler/transformer.h"
+#include "test_seed.h"
 
 namespace longctx::testing {
 
@@ -37,7 +38,7 @@ struct HostModel {
 
 // n tokens uniform in [0, n_vocab), reproducible from seed.
 inline std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   std::uniform_int_distribution<int32_t> dist(0, int32_t(n_vocab - 1));
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int32_t& x : t) x = dist(rng);
@@ -47,7 +48,7 @@ inline std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint32_t s
 // Random weights of the given spec: matrices uniform in +-1/sqrt(in) (unit
 // output variance for unit inputs), norm weights around 1, biases +-0.5.
 inline HostModel random_host_model(const scheduler::TransformerSpec& spec, uint32_t seed, bool tied = false) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(test_seed(seed));
   auto uniform = [&](int64_t n, double lo, double hi) {
     std::uniform_real_distribution<float> dist{float(lo), float(hi)};
     std::vector<float> x(static_cast<size_t>(n), 0.0f);
