@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <yaml-cpp/eventhandler.h>
 
 #include "config_internal.h"
 #include "longctx/core/error.h"
@@ -126,22 +129,68 @@ std::string key_name(const YAML::Node& key_node, const std::string& source) {
   return key_node.Scalar();
 }
 
-void read_file_settings(const std::string& yaml_text, const std::string& source, Settings& settings) {
-  std::vector<YAML::Node> documents;
+// Where a document starts and where its first value is (none: empty).
+struct DocumentScan : YAML::EventHandler {
+  YAML::Mark start;
+  std::optional<YAML::Mark> first_value;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    start = mark;
+    first_value.reset();
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { saw(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    saw(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    saw(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    saw(mark);
+  }
+  void OnMapEnd() override {}
+  void saw(const YAML::Mark& mark) {
+    if (!first_value) first_value = mark;
+  }
+};
+
+// The first YAML document of the text (null if it is empty). Not
+// YAML::LoadAll: yaml-cpp 0.7's never returns on text such as a lone ','
+// (each round yields an empty document without consuming the token, until
+// memory runs out; yaml-cpp issue #1040), so the documents are walked here
+// and one that does not advance is a syntax error.
+YAML::Node first_document(const std::string& yaml_text, const std::string& source) {
   try {
-    documents = YAML::LoadAll(yaml_text);
+    std::istringstream in(yaml_text);
+    YAML::Parser parser(in);
+    DocumentScan doc;
+    std::optional<YAML::Mark> previous_start;
+    for (int index = 0; parser.HandleNextDocument(doc); ++index) {
+      if (previous_start && doc.start.pos == previous_start->pos) {
+        std::string_view rest = std::string_view(yaml_text).substr(std::min(size_t(doc.start.pos), yaml_text.size()));
+        rest = rest.substr(0, rest.find('\n'));
+        fail(ErrorCode::kConfig, place(source, doc.start), ": YAML syntax error: cannot read a value from '",
+             shown(rest), "'");
+      }
+      // A second document would be silently ignored by a reader of the first.
+      if (index > 0 && doc.first_value) {
+        fail(ErrorCode::kConfig, place(source, *doc.first_value),
+             ": a config is one YAML document; this is a second one (remove the '---' before it)");
+      }
+      previous_start = doc.start;
+    }
+    return YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     fail(ErrorCode::kConfig, place(source, e.mark), ": YAML syntax error: ", e.msg);
   }
-  // A second document would be silently ignored by a reader of the first.
-  for (size_t i = 1; i < documents.size(); ++i) {
-    if (!documents[i].IsNull()) {
-      fail(ErrorCode::kConfig, place(source, documents[i].Mark()),
-           ": a config is one YAML document; this is a second one (remove the '---' before it)");
-    }
-  }
-  if (documents.empty() || documents[0].IsNull()) return;  // an empty file: every default
-  const YAML::Node& root = documents[0];
+}
+
+void read_file_settings(const std::string& yaml_text, const std::string& source, Settings& settings) {
+  const YAML::Node root = first_document(yaml_text, source);
+  if (root.IsNull()) return;  // an empty file: every default
   if (!root.IsMap()) {
     fail(ErrorCode::kConfig, place(source, root.Mark()),
          ": the top level must be a map of keys (key: value), got ", describe(root));

@@ -49,6 +49,19 @@ TEST(ConfigErrors, OneDocumentOnly) {
   EXPECT_EQ(config_error("block_size: 16\n---\nblock_size: 32\n"),
             "x.yaml:3:1: a config is one YAML document; this is a second one (remove the '---' before it)");
   EXPECT_EQ(parse_config("---\nblock_size: 16\n...\n", "d").block_size, 16);
+  // A document after an empty one is still a second document; empty ones are ignored.
+  EXPECT_EQ(config_error("block_size: 16\n---\n---\nchunk_size: 32\n"),
+            "x.yaml:4:1: a config is one YAML document; this is a second one (remove the '---' before it)");
+  EXPECT_EQ(parse_config("block_size: 16\n---\n---\n", "d").block_size, 16);
+}
+
+// yaml-cpp 0.7's LoadAll never returns on these (a stray ',' is never
+// consumed; its memory grows until the process is killed): a syntax error here.
+TEST(ConfigErrors, StrayFlowEntryIsASyntaxError) {
+  EXPECT_EQ(config_error(","), "x.yaml:1:1: YAML syntax error: cannot read a value from ','");
+  EXPECT_EQ(config_error("\n\n  , # a comma\n"), "x.yaml:3:3: YAML syntax error: cannot read a value from ', # a comma'");
+  EXPECT_EQ(config_error(",\nblock_size: 16\n"), "x.yaml:1:1: YAML syntax error: cannot read a value from ','");
+  EXPECT_EQ(config_error(", , ,"), "x.yaml:1:1: YAML syntax error: cannot read a value from ', , ,'");
 }
 
 TEST(ConfigErrors, YamlSyntax) {
