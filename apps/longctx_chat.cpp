@@ -425,10 +425,7 @@ int main(int argc, char** argv) {
   } catch (const Interrupted& interrupted) {
     std::fprintf(stderr, "\nlongctx-chat: interrupted %s\n", interrupted.when);
     return 130;
-  } catch (const longctx::Error& e) {
-    std::fprintf(stderr, "longctx-chat: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // longctx::Error included
     std::fprintf(stderr, "longctx-chat: %s\n", e.what());
     return 1;
   }

@@ -212,10 +212,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   try {
     return run(parse_args(argc, argv));
-  } catch (const longctx::Error& e) {
-    std::fprintf(stderr, "longctx-perplexity: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // longctx::Error included
     std::fprintf(stderr, "longctx-perplexity: %s\n", e.what());
     return 1;
   }
