@@ -1,14 +1,21 @@
 // libFuzzer entry for the GGUF reader: any input must either be rejected with
-// longctx::Error or give a file whose every accessor works within the input.
+// longctx::Error or give a file whose every accessor works within the input;
+// and the tokenizer and model checks built from its metadata must either
+// refuse it with longctx::Error or work.
 // Anything else (a crash, a sanitizer report, another exception such as
 // std::bad_alloc from an unchecked count) is a finding. See CMakeLists.txt.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "longctx/core/error.h"
 #include "longctx/model/gguf.h"
+#include "longctx/model/llama.h"
+#include "longctx/model/tokenizer.h"
 
 namespace {
 
@@ -68,6 +75,35 @@ void exercise(const GgufFile& f, std::span<const uint8_t> input) {
   }
 }
 
+// What a model file's metadata feeds beyond the reader: the tokenizer (its
+// vocabulary checks, then a round trip of a short prompt) and the Llama
+// hyperparameters and tensor checks Model::open runs before loading a weight.
+void exercise_model_metadata(const GgufFile& f) {
+  std::optional<Tokenizer> tok;
+  try {
+    tok.emplace(tokenizer_from_gguf(f));
+  } catch (const Error&) {
+  }
+  if (tok) {
+    try {  // a tokenizer that was built takes any text
+      const std::vector<int32_t> ids = tok->encode("Hello world, 12 abc\n", true, false);
+      for (const int32_t id : ids) check(id >= 0 && id < tok->n_vocab(), "token id in range");
+      (void)tok->decode(ids);
+      (void)tok->encode("<s>[INST] x <|im_end|>", false, true);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "a built tokenizer refused text: %s\n", e.what());
+      std::abort();
+    }
+  }
+  try {
+    scheduler::TransformerSpec spec = read_llama_spec(f);
+    check(spec.n_layers > 0 && spec.head_dim > 0, "a read spec has layers and heads");
+    check_llama_tensors(f, spec);
+    if (tok) (void)check_model_file(f, *tok);
+  } catch (const Error&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -75,6 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const GgufFile f = GgufFile::from_bytes(input, "fuzz.gguf");
     exercise(f, input);
+    exercise_model_metadata(f);
   } catch (const Error&) {
     // Rejected: the expected outcome for most inputs.
   }

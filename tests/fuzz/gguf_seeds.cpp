@@ -1,5 +1,6 @@
 // Writes the seed corpus of the GGUF fuzzer: small valid files that cover
-// every metadata type, the tensor types, both versions and a few alignments.
+// every metadata type, the tensor types, both versions and a few alignments,
+// an SPM and a BPE vocabulary and two whole (tiny) models.
 //   longctx_gguf_seeds DIR
 // Built with the tests (ctest gguf_fuzz_seeds runs it), so that it keeps
 // compiling without the clang fuzz build.
@@ -14,6 +15,9 @@
 #include "longctx/core/ggml_types.h"
 #include "longctx/model/gguf.h"
 #include "longctx/model/gguf_writer.h"
+#include "longctx/model/llama.h"
+#include "longctx/model/tokenizer.h"
+#include "longctx/tools/test_model.h"
 
 using longctx::GgmlType;
 using longctx::GgmlTypeInfo;
@@ -87,11 +91,60 @@ GgufWriter every_type() {
   return w;
 }
 
+// A byte-level BPE vocabulary (Llama-3's pre-tokenizer): the 256 byte
+// characters, a few merges and a control token.
+GgufWriter bpe_vocabulary() {
+  GgufWriter w;
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", "llama-bpe");
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {  // GPT-2's byte -> character map
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    int cp = b;
+    if (!printable) {
+      cp = 256;
+      for (int x = 0; x < b; ++x)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) ++cp;
+    }
+    std::string utf8;
+    if (cp < 0x80) utf8 += char(cp);
+    else utf8 += char(0xC0 | (cp >> 6)), utf8 += char(0x80 | (cp & 0x3F));
+    tokens.push_back(utf8);
+  }
+  for (const char* t : {"he", "ll", "hell", "hello", "\xC4\xA0w", "<|begin_of_text|>"}) tokens.emplace_back(t);
+  std::vector<int32_t> types(tokens.size(), 1);
+  types.back() = 3;
+  w.set_string_array("tokenizer.ggml.tokens", tokens);
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_string_array("tokenizer.ggml.merges", {"h e", "l l", "he ll", "hell o", "\xC4\xA0 w"});
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(tokens.size() - 1));
+  return w;
+}
+
+// A whole Llama model, as small as the layout allows: the seed from which the
+// fuzzer reaches read_llama_spec's and check_llama_tensors' later checks.
+GgufWriter tiny_model(const std::string& arch, bool qkv_bias) {
+  longctx::tools::TestModelSpec spec;
+  spec.name = "fuzz-seed";
+  spec.arch = arch;
+  spec.n_layers = 1;
+  spec.n_heads = 2;
+  spec.n_kv_heads = 1;
+  spec.head_dim = 16;
+  spec.n_embd = 32;
+  spec.n_ff = 32;
+  spec.n_vocab = 260;
+  spec.qkv_bias = qkv_bias;
+  spec.weight_type = GgmlType::kQ8_0;
+  return longctx::tools::make_test_model(spec);
+}
+
 // Writes a seed and reads it back: each must be a file the reader takes
-// whole (every tensor dequantized), or the fuzzer would start from inputs
-// that only reach the reader's first checks.
+// whole (every tensor dequantized; a vocabulary builds its tokenizer; a whole
+// model passes check_model_file), or the fuzzer would start from inputs that
+// only reach the first checks.
 void write(const std::filesystem::path& dir, const char* name, const GgufWriter& w, uint32_t version,
-           uint32_t alignment) {
+           uint32_t alignment, bool whole_model = false) {
   const std::string path = (dir / name).string();
   w.write(path, version, alignment);
   const GgufFile f = GgufFile::open(path);
@@ -99,6 +152,10 @@ void write(const std::filesystem::path& dir, const char* name, const GgufWriter&
     longctx::fail(longctx::ErrorCode::kInternal, path, " reads back as version ", f.version(), ", alignment ",
                   f.alignment(), "; written as ", version, ", ", alignment);
   for (const GgufTensorInfo& tensor : f.tensors()) f.tensor_f32(tensor);
+  if (f.has("tokenizer.ggml.model")) {
+    const Tokenizer tok = tokenizer_from_gguf(f);
+    if (whole_model) check_model_file(f, tok);
+  }
 }
 
 }  // namespace
@@ -116,6 +173,9 @@ int main(int argc, char** argv) {
     write(dir, "llama_v2_align8.gguf", llama_like(), 2, 8);
     write(dir, "every_type.gguf", every_type(), 3, 32);
     write(dir, "every_type_align1.gguf", every_type(), 3, 1);
+    write(dir, "bpe_vocabulary.gguf", bpe_vocabulary(), 3, 32);
+    write(dir, "tiny_llama_q8_0.gguf", tiny_model("llama", false), 3, 32, true);
+    write(dir, "tiny_qwen2_bias.gguf", tiny_model("qwen2", true), 3, 32, true);
     return 0;
   } catch (const longctx::Error& e) {
     std::fprintf(stderr, "longctx_gguf_seeds: %s\n", e.what());
