@@ -132,5 +132,23 @@ TEST(StopFilter, AnyCutIntoPiecesGivesTheTextBeforeTheFirstStop) {
   }
 }
 
+// The stop strings are checked as each piece (a token's text) arrives, so the
+// text ends at the first one a piece completes, even where a longer stop
+// string that began earlier would have completed a piece later; among those a
+// piece completes at once, the earliest to start wins.
+TEST(StopFilter, EndsAtTheStopStringAPieceCompletesFirst) {
+  const std::vector<std::string> stop = {"ND", "END more"};
+  auto filtered = [&](const std::vector<std::string>& pieces) {
+    StopFilter filter(stop);
+    std::string out;
+    for (const std::string& p : pieces) out += filter.push(p);
+    return out + filter.finish();
+  };
+  EXPECT_EQ(filtered({"xEN", "D mo", "re"}), "xE");  // "ND" completes first
+  EXPECT_EQ(filtered({"xE", "ND", " more"}), "xE");
+  EXPECT_EQ(filtered({"xEN", "D more"}), "x");        // both at once: "END more" starts first
+  EXPECT_EQ(filtered({"xEND more"}), "x");
+}
+
 }  // namespace
 }  // namespace longctx::server
