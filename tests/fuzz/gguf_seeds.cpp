@@ -91,32 +91,25 @@ GgufWriter every_type() {
   return w;
 }
 
-// A byte-level BPE vocabulary (Llama-3's pre-tokenizer): the 256 byte
-// characters, a few merges and a control token.
+// A byte-level BPE vocabulary (Llama-3's pre-tokenizer): printable ASCII,
+// which byte-level BPE spells as itself, 'Ġ' and 'Ċ' (its space and
+// newline), a few merges, an unknown and a control token. Bytes it has no
+// token for become the unknown token.
 GgufWriter bpe_vocabulary() {
   GgufWriter w;
   w.set_string("tokenizer.ggml.model", "gpt2");
   w.set_string("tokenizer.ggml.pre", "llama-bpe");
   std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) {  // GPT-2's byte -> character map
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    int cp = b;
-    if (!printable) {
-      cp = 256;
-      for (int x = 0; x < b; ++x)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) ++cp;
-    }
-    std::string utf8;
-    if (cp < 0x80) utf8 += char(cp);
-    else utf8 += char(0xC0 | (cp >> 6)), utf8 += char(0x80 | (cp & 0x3F));
-    tokens.push_back(utf8);
-  }
-  for (const char* t : {"he", "ll", "hell", "hello", "\xC4\xA0w", "<|begin_of_text|>"}) tokens.emplace_back(t);
+  for (char c = '!'; c <= '~'; ++c) tokens.emplace_back(1, c);
+  for (const char* t : {"\xC4\xA0", "\xC4\x8A", "he", "ll", "hell", "hello", "\xC4\xA0w", "<unk>", "<|begin_of_text|>"})
+    tokens.emplace_back(t);
   std::vector<int32_t> types(tokens.size(), 1);
-  types.back() = 3;
+  types[tokens.size() - 2] = 2;  // unknown
+  types.back() = 3;               // control
   w.set_string_array("tokenizer.ggml.tokens", tokens);
   w.set_i32_array("tokenizer.ggml.token_type", types);
   w.set_string_array("tokenizer.ggml.merges", {"h e", "l l", "he ll", "hell o", "\xC4\xA0 w"});
+  w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(tokens.size() - 2));
   w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(tokens.size() - 1));
   return w;
 }
