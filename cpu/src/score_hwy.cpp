@@ -52,9 +52,11 @@ HWY_INLINE void Dots(const float* queries, const std::byte* key, size_t len, flo
       for (int c = 0; c < kChains; ++c)
         sum[q][c] = hn::MulAdd(hn::LoadU(df, queries + q * len + i + c * lanes), k[c], sum[q][c]);
   }
-  for (int c = 0; i + lanes <= len; i += lanes, ++c) {  // fewer than kChains vectors left
+  // Fewer than kChains vectors left, into chain 0: a chain picked at run
+  // time kept every sum in memory (stored and reloaded around each record).
+  for (; i + lanes <= len; i += lanes) {
     const VF32 k0 = LoadWidened<kT>(df, key, i);
-    for (int q = 0; q < kQ; ++q) sum[q][c] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k0, sum[q][c]);
+    for (int q = 0; q < kQ; ++q) sum[q][0] = hn::MulAdd(hn::LoadU(df, queries + q * len + i), k0, sum[q][0]);
   }
   for (int q = 0; q < kQ; ++q) {
     VF32 total = sum[q][0];
@@ -153,7 +155,9 @@ HWY_INLINE void SlotDots(const ScoreRun& run, int q0, const std::byte* record, i
                reinterpret_cast<const int8_t*>(record) + size_t(slot) * len,
                record + run.scales_offset + size_t(slot) * len / 16, len, dots);
   } else {
-    Dots<kT, kQ>(run.queries + size_t(q0) * len, record + size_t(slot) * len * dtype_size(kT), len, dots);
+    // The element size as a constant: dtype_size is a call, made for every record.
+    constexpr size_t kElementBytes = kT == DType::kF32 ? 4 : 2;
+    Dots<kT, kQ>(run.queries + size_t(q0) * len, record + size_t(slot) * len * kElementBytes, len, dots);
   }
 }
 
